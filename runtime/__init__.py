@@ -1,0 +1,1 @@
+"""fastpath.runtime: the native baseline engine."""
