@@ -1,0 +1,74 @@
+"""The FMHA library contract, and the dense path most libraries share."""
+
+from __future__ import annotations
+
+import torch
+
+from .metadata import AttentionConfig, AttentionMetadata, AttentionShapes, gather_kv, prefill_mask
+
+
+class FmhaLibrary:
+    """An attention implementation. `is_available` and `supports` return reasons; an empty list means yes."""
+
+    name: str = ""
+
+    def is_available(self, cfg: AttentionConfig) -> list[str]:
+        return []
+
+    def supports(self, shapes: AttentionShapes) -> list[str]:
+        return []
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+
+
+class DenseFmhaLibrary(FmhaLibrary):
+    """Gathers each sequence's keys and values out of the paged cache, then runs one dense kernel.
+
+    Subclasses implement `dense(q, k, v, mask, causal_lower_right, scale)` on [S, H, L, D] tensors.
+    """
+
+    def dense(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+        scale: float,
+    ) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement dense")
+
+    def forward(self, q, k_cache, v_cache, meta, scale):
+        if meta.phase == "decode":
+            return self._decode(q, k_cache, v_cache, meta, scale)
+        return self._prefill(q, k_cache, v_cache, meta, scale)
+
+    def _decode(self, q, k_cache, v_cache, meta, scale):
+        length = meta.kv_len()
+        k = gather_kv(k_cache, meta.block_tables, length)
+        v = gather_kv(v_cache, meta.block_tables, length)
+        mask = meta.decode_mask() if meta.decode_shapes().needs_mask else None
+        out = self.dense(q[:, :, None, :], k, v, mask, False, scale)  # [S, H, 1, D]
+        return out[:, :, 0, :]
+
+    def _prefill(self, q, k_cache, v_cache, meta, scale):
+        outs = []
+        start = 0
+        window = meta.sliding_window
+        for i, (qlen, ctx) in enumerate(zip(meta.query_lens, meta.context_lens_host, strict=True)):
+            qi = q[start : start + qlen].transpose(0, 1)[None]  # [1, H, Lq, D]
+            k = gather_kv(k_cache, meta.block_tables[i : i + 1], ctx)
+            v = gather_kv(v_cache, meta.block_tables[i : i + 1], ctx)
+            mask = prefill_mask(qlen, ctx, window, q.device) if window is not None else None
+            out = self.dense(qi, k, v, mask, mask is None, scale)
+            outs.append(out[0].transpose(0, 1))
+            start += qlen
+        return torch.cat(outs, dim=0)

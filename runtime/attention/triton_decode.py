@@ -1,0 +1,153 @@
+"""fastpath's paged decode kernel (Triton): reads only each sequence's live pages, split across the KV length.
+
+Dense libraries gather the whole block-table width per step; at batch 1 with a long `max_seq_len` that
+gather costs more than the attention. This kernel walks the block table in place instead.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from .library import FmhaLibrary
+from .metadata import AttentionConfig, AttentionShapes
+
+_kernels = None
+
+
+def _load_kernels():
+    global _kernels
+    if _kernels is not None:
+        return _kernels
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_kernel(
+        q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, acc_ptr, ml_ptr, scale,
+        stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+        PAGES_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
+    ):  # fmt: skip
+        seq = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        ctx = tl.load(lens_ptr + seq)
+        offs_g = tl.arange(0, GROUP_PAD)
+        offs_d = tl.arange(0, HEAD_DIM)
+        offs_s = tl.arange(0, BLOCK)
+        heads = kvh * GROUP + offs_g
+        q = tl.load(
+            q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=offs_g[:, None] < GROUP,
+            other=0.0,
+        )
+        start = split * PAGES_PER_SPLIT * BLOCK
+        end = tl.minimum(start + PAGES_PER_SPLIT * BLOCK, ctx)
+        lo = start
+        if WINDOW > 0:
+            lo = tl.maximum(start, ((ctx - WINDOW) // BLOCK) * BLOCK)
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_sum = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        for tok0 in range(lo, end, BLOCK):
+            page = tl.load(tables_ptr + seq * stride_bt + tok0 // BLOCK)
+            kv_off = (
+                page.to(tl.int64) * stride_kb
+                + offs_s[:, None] * stride_ks
+                + kvh * stride_kh
+                + offs_d[None, :]
+            )
+            k = tl.load(k_ptr + kv_off)
+            v = tl.load(v_ptr + kv_off)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            pos = tok0 + offs_s
+            valid = pos < ctx
+            if WINDOW > 0:
+                valid = valid & (pos >= ctx - WINDOW)
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            l_sum = l_sum * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m = m_new
+        row = (seq * tl.num_programs(1) + kvh) * NUM_SPLITS + split
+        tl.store(acc_ptr + (row * GROUP_PAD + offs_g[:, None]) * HEAD_DIM + offs_d[None, :], acc)
+        tl.store(ml_ptr + (row * GROUP_PAD + offs_g) * 2, m)
+        tl.store(ml_ptr + (row * GROUP_PAD + offs_g) * 2 + 1, l_sum)
+
+    @triton.jit
+    def reduce_kernel(
+        acc_ptr, ml_ptr, out_ptr, stride_ot, stride_oh,
+        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    ):  # fmt: skip
+        seq = tl.program_id(0)
+        head = tl.program_id(1)
+        kvh = head // GROUP
+        g = head % GROUP
+        offs_d = tl.arange(0, HEAD_DIM)
+        base = (seq * tl.num_programs(1) // GROUP + kvh) * NUM_SPLITS
+        offs_split = tl.arange(0, NUM_SPLITS)
+        rows = (base + offs_split) * GROUP_PAD + g
+        m = tl.load(ml_ptr + rows * 2)
+        l_sum = tl.load(ml_ptr + rows * 2 + 1)
+        m_max = tl.max(m, 0)
+        w = tl.where(m == float("-inf"), 0.0, tl.exp(m - m_max))
+        acc = tl.load(acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :])
+        out = tl.sum(acc * w[:, None], 0) / tl.sum(l_sum * w, 0)
+        tl.store(out_ptr + seq * stride_ot + head * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty))
+
+    _kernels = (split_kernel, reduce_kernel)
+    return _kernels
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class TritonDecodeAttention(FmhaLibrary):
+    name = "triton_decode"
+
+    def is_available(self, cfg: AttentionConfig) -> list[str]:
+        reasons = []
+        if cfg.device_type != "cuda":
+            reasons.append(f"triton_decode runs on CUDA only (device is {cfg.device_type})")
+        if importlib.util.find_spec("triton") is None:
+            reasons.append("the triton package is not installed")
+        if cfg.dtype not in (torch.float16, torch.bfloat16):
+            reasons.append(f"triton_decode uses tensor cores, which would round {cfg.dtype} to tf32")
+        if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
+            reasons.append(f"triton_decode needs a power-of-two head_dim >= 16, got {cfg.head_dim}")
+        return reasons
+
+    def supports(self, shapes: AttentionShapes) -> list[str]:
+        return [] if shapes.phase == "decode" else ["triton_decode implements the decode phase only"]
+
+    def forward(self, q, k_cache, v_cache, meta, scale):
+        split_kernel, reduce_kernel = _load_kernels()
+        seqs, heads, dim = q.shape
+        kv_heads, block = k_cache.shape[2], k_cache.shape[1]
+        group = heads // kv_heads
+        group_pad = max(16, _next_pow2(group))
+        width = meta.block_tables.shape[1]
+        # Enough programs to cover the SMs twice at batch 1; fewer, longer splits as the batch grows.
+        target_splits = max(1, 256 // max(1, seqs * kv_heads))
+        num_splits = min(_next_pow2(width), _next_pow2(target_splits))
+        pages_per_split = -(-width // num_splits)
+        acc = torch.empty(seqs * kv_heads * num_splits * group_pad, dim, device=q.device, dtype=torch.float32)
+        ml = torch.empty(seqs * kv_heads * num_splits * group_pad, 2, device=q.device, dtype=torch.float32)
+        out = torch.empty_like(q)
+        split_kernel[(seqs, kv_heads, num_splits)](
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, acc, ml, scale,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            meta.block_tables.stride(0),
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim, BLOCK=block,
+            PAGES_PER_SPLIT=pages_per_split, NUM_SPLITS=num_splits, WINDOW=meta.sliding_window or 0,
+        )  # fmt: skip
+        reduce_kernel[(seqs, heads)](
+            acc, ml, out, out.stride(0), out.stride(1),
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim, NUM_SPLITS=num_splits,
+        )  # fmt: skip
+        return out

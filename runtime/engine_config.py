@@ -1,0 +1,70 @@
+"""Everything an executor is built from, resolved: no 'auto' is left in it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: ModelConfig
+    checkpoint: Path | None  # None: seeded random weights
+    device: torch.device
+    dtype: torch.dtype
+    max_batch_size: int = 16
+    max_seq_len: int = 4096
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_blocks: int | None = None  # None: sized from the batch and sequence limits (and free memory)
+    cuda_graphs: bool = False
+    graph_batch_sizes: tuple[int, ...] = ()
+    fmha_enabled: tuple[str, ...] | None = None
+    fmha_prepend: tuple[str, ...] = ()
+    dispatch_mode: str = "auto"
+    on_unsupported: str = "warn_once"
+    guided_backend: str = "none"
+    seed: int = 0
+    tensor_parallel_size: int = 1
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' was requested but no CUDA device is visible")
+    if device.type not in ("cuda", "cpu"):
+        raise ValueError(f"device: {device} is not supported (cuda, cpu or auto)")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype: {dtype} is not supported; use one of {', '.join(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def resolve_graph_sizes(
+    enabled: bool | None, sizes, device: torch.device, max_batch_size: int
+) -> tuple[int, ...]:
+    """Graph buckets: the requested ones, else powers of two up to max_batch_size (which is always covered)."""
+    if enabled is False or device.type != "cuda":
+        if enabled and device.type != "cuda":
+            raise ValueError("cuda_graphs: CUDA graphs were requested on a CPU device")
+        return ()
+    chosen = sorted({int(b) for b in (sizes or DEFAULT_GRAPH_BATCH_SIZES) if int(b) <= max_batch_size})
+    if not chosen or chosen[-1] < max_batch_size:
+        chosen.append(max_batch_size)
+    return tuple(chosen)

@@ -1,0 +1,344 @@
+"""ExecutorCore: owns the model, cache, scheduler, sampler, attention manager and streams.
+
+It provides the step primitives (stage, prologue, forward, sample, complete). The step loop that
+strings them together lives in NativeExecutor, or in a generated Executor specialised by a manifest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention.manager import FmhaManager
+from .attention.metadata import AttentionConfig, AttentionMetadata
+from .decode_inputs import FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue, stage
+from .engine_config import EngineConfig
+from .graphs import DecodeGraphs
+from .hooks import ALL_OFF, RuntimeHooks
+from .kv_cache import BlockAllocator, KVCache, size_cache
+from .sampler import SamplingTensors, sample
+from .sampling_params import SamplingParams
+from .scheduler import ScheduledBatch, Scheduler
+from .sequence import Sequence
+from .weights import build_model
+
+log = logging.getLogger("fastpath.executor")
+
+
+class StartupError(RuntimeError):
+    """Start-up (warmup, graph capture, after_warmup hooks) failed; the engine is not usable."""
+
+
+@dataclass(slots=True)
+class InflightStep:
+    """A launched step whose sampled tokens are still on their way to the host."""
+
+    batch: ScheduledBatch
+    sampled: list[Sequence]  # in row order of `tokens`
+    tokens: torch.Tensor  # device
+    rows: dict[int, int]  # seq_id -> row in `tokens`, for the next step's inputs
+    host_tokens: torch.Tensor
+    host_logprobs: torch.Tensor
+    event: torch.cuda.Event | None = None
+
+
+@dataclass(slots=True)
+class StepRecord:
+    phase: str
+    finished: list[Sequence] = field(default_factory=list)
+    new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
+
+
+class ExecutorCore:
+    def __init__(self, config: EngineConfig, hooks: RuntimeHooks = ALL_OFF) -> None:
+        self.config = config
+        self.hooks = hooks
+        self.device = config.device
+        self.dtype = config.dtype
+        cfg = config.model
+        self.model = build_model(cfg, config.checkpoint, config.dtype, config.device, config.max_seq_len)
+        sizing = size_cache(
+            cfg,
+            config.dtype,
+            config.device,
+            config.max_batch_size,
+            config.max_seq_len,
+            config.block_size,
+            num_blocks=config.kv_cache_blocks,
+        )
+        self.kv = KVCache(cfg, sizing, config.dtype, config.device)
+        self.block_size = sizing.block_size
+        self.table_width = -(-config.max_seq_len // self.block_size)
+        self.allocator = BlockAllocator(sizing.num_blocks)
+        self.scheduler = Scheduler(
+            self.allocator, self.block_size, config.max_batch_size, config.max_num_batched_tokens
+        )
+        attn_cfg = AttentionConfig(
+            config.device.type,
+            config.dtype,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.sliding_window,
+        )
+        self.fmha = FmhaManager(attn_cfg, config.fmha_enabled, config.fmha_prepend)
+        self.is_cuda = config.device.type == "cuda"
+        self.execution_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
+        # A prologue hook embeds the tokens itself, so graphs start from embeddings.
+        self.decode_from_embeds = hooks.decode_prologue is not None
+        self.graphs: DecodeGraphs | None = None
+        self.in_warmup_guard = False
+        self._staging_flip = 0
+        self._staging: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._closed = False
+        for line in self.fmha.explain():
+            log.info("fmha %s", line)
+
+    # --- start-up ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def warmup_guard(self) -> Iterator[None]:
+        """Errors during start-up abort it cleanly: resources are released and a StartupError names the cause."""
+        self.in_warmup_guard = True
+        try:
+            yield
+        except Exception as exc:
+            self.release()
+            raise StartupError(f"start-up failed: {exc}") from exc
+        finally:
+            self.in_warmup_guard = False
+
+    def warmup(self) -> None:
+        """Run every step kind once eagerly (kernel selection, lazy inits), then capture decode graphs."""
+        probe = Sequence(
+            -1, [1] * min(8, self.config.max_seq_len - 1), _WARMUP_PARAMS, 0, frozenset(), 1 << 30
+        )
+        self.scheduler.add(probe)
+        prefill = self.scheduler.schedule()
+        self.complete(self.launch(prefill, None))
+        self.complete(self.launch(self.scheduler.schedule(), None))
+        self.scheduler.finish(probe)
+        if self.is_cuda and self.config.cuda_graphs:
+            self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
+            self.graphs.capture_all()
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    # --- stream order -----------------------------------------------------------------------------
+
+    def execution_stream_scope(self) -> contextlib.AbstractContextManager:
+        """Makes the execution stream current; a no-op without CUDA."""
+        if self.execution_stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.execution_stream)
+
+    @contextlib.contextmanager
+    def forward_order(self) -> Iterator[None]:
+        """Runs the forward on the execution stream, ordered after and before the loop's stream.
+
+        When the loop already runs on the execution stream, the cross-stream waits are skipped.
+        """
+        if self.execution_stream is None:
+            yield
+            return
+        loop_stream = torch.cuda.current_stream(self.device)
+        if loop_stream == self.execution_stream:
+            yield
+            return
+        self.execution_stream.wait_stream(loop_stream)
+        with torch.cuda.stream(self.execution_stream):
+            yield
+        loop_stream.wait_stream(self.execution_stream)
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    def launch(self, batch: ScheduledBatch, prev: InflightStep | None) -> InflightStep:
+        if batch.phase == "decode":
+            tokens, logprobs, sampled = self.launch_decode(batch, prev)
+        else:
+            tokens, logprobs, sampled = self.launch_prefill(batch)
+        for seq in sampled:
+            seq.num_pending += 1
+        return self._read_back(batch, sampled, tokens, logprobs)
+
+    def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
+        seqs = batch.seqs
+        kind = "greedy" if all(s.params.greedy for s in seqs) else "general"
+        rows = self.graphs.bucket(len(seqs)) if self.graphs is not None else None
+        if rows is not None:
+            buffers = self.graphs.buffers[rows]
+            width = self.table_width
+        else:
+            rows = len(seqs)
+            width = max(-(-s.num_tokens // self.block_size) for s in seqs)
+            hidden = self.model.cfg.hidden_size if self.decode_from_embeds else None
+            buffers = DecodeBuffers.allocate(rows, width, hidden, self.dtype, self.device)
+        packed = self._staging_buffer(rows, FIXED_COLUMNS + width)
+        stage(packed, seqs, prev.rows if prev is not None else {}, self.block_size)
+        inputs = DecodeInputs(len(seqs), packed, buffers, prev.tokens if prev is not None else None)
+        self.decode_prologue(inputs)
+        for seq in seqs:
+            seq.num_computed = seq.num_tokens
+        sampling = self._sampling(seqs, rows) if kind == "general" else None
+        with self.forward_order():
+            if self.graphs is not None and (rows, kind) in self.graphs.graphs:
+                if sampling is not None:
+                    _copy_sampling(self.graphs.sampling[rows], sampling)
+                tokens, logprobs = self.graphs.replay(rows, kind)
+            else:
+                lens = [s.num_tokens for s in seqs]
+                tokens, logprobs = self.decode_forward(buffers, sampling, capturing=False, lens=lens)
+        return tokens[: len(seqs)], logprobs[: len(seqs)], seqs
+
+    def decode_prologue(self, inputs: DecodeInputs) -> None:
+        """The seam a decode_prologue hook replaces; the native executor reads its hook here."""
+        self.native_decode_prologue(inputs)
+
+    def native_decode_prologue(self, inputs: DecodeInputs) -> None:
+        native_prologue(inputs, self.model.embed)
+
+    def decode_forward(
+        self, buffers: DecodeBuffers, sampling, capturing: bool, lens: list[int] | None = None
+    ):
+        """The pure decode step: inputs in static buffers -> sampled tokens and their logprobs."""
+        meta = AttentionMetadata(
+            "decode",
+            buffers.slot_mapping,
+            buffers.block_tables,
+            buffers.context_lens,
+            context_lens_host=lens or [],
+            block_size=self.block_size,
+            sliding_window=self.model.cfg.sliding_window,
+            capturing=capturing,
+        )
+        hidden = buffers.embeds if buffers.embeds is not None else self.model.embed(buffers.input_ids)
+        logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
+        tokens, logprobs = sample(logits, sampling, want_logprobs=True)
+        return tokens, logprobs
+
+    def launch_prefill(self, batch: ScheduledBatch):
+        ids, positions, slots, tables, logits_rows, sampled = [], [], [], [], [], []
+        bs = self.block_size
+        width = max(-(-(start + n) // bs) for start, n in zip(batch.starts, batch.lens, strict=True))
+        offset = 0
+        for seq, start, n, samples in zip(batch.seqs, batch.starts, batch.lens, batch.samples, strict=True):
+            ids.extend(seq.token_at(i) for i in range(start, start + n))
+            positions.extend(range(start, start + n))
+            slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
+            tables.append(seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table))))
+            offset += n
+            if samples:
+                logits_rows.append(offset - 1)
+                sampled.append(seq)
+            seq.num_computed = start + n
+        dev = self.device
+        meta = AttentionMetadata(
+            "prefill",
+            torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
+            torch.tensor(tables, dtype=torch.int32).to(dev, non_blocking=True),
+            torch.tensor(
+                [s + n for s, n in zip(batch.starts, batch.lens, strict=True)], dtype=torch.int32
+            ).to(dev),
+            query_lens=list(batch.lens),
+            context_lens_host=[s + n for s, n in zip(batch.starts, batch.lens, strict=True)],
+            block_size=bs,
+            sliding_window=self.model.cfg.sliding_window,
+        )
+        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
+        pos = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
+        with self.forward_order():
+            if not sampled:
+                self.model(self.model.embed(input_ids), pos, self.kv, meta, self.fmha, logits_rows_none(dev))
+                return torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, device=dev), []
+            rows = torch.tensor(logits_rows, dtype=torch.int64).to(dev, non_blocking=True)
+            logits = self.model(self.model.embed(input_ids), pos, self.kv, meta, self.fmha, rows)
+            sampling = None
+            if not all(s.params.greedy for s in sampled):
+                sampling = self._sampling(sampled, len(sampled))
+            tokens, logprobs = sample(logits, sampling, want_logprobs=True)
+        return tokens, logprobs, sampled
+
+    def _sampling(self, seqs: list[Sequence], rows: int) -> SamplingTensors:
+        pad = rows - len(seqs)
+        t = SamplingTensors(
+            torch.tensor([s.params.temperature for s in seqs] + [0.0] * pad, dtype=torch.float32),
+            torch.tensor([s.params.top_k for s in seqs] + [0] * pad, dtype=torch.int64),
+            torch.tensor([s.params.top_p for s in seqs] + [1.0] * pad, dtype=torch.float32),
+            torch.tensor([s.seed for s in seqs] + [0] * pad, dtype=torch.int64),
+            torch.tensor([s.num_generated for s in seqs] + [0] * pad, dtype=torch.int64),
+        )
+        return SamplingTensors(*(x.to(self.device, non_blocking=True) for x in _fields(t)))
+
+    def _staging_buffer(self, rows: int, cols: int) -> torch.Tensor:
+        # Two per shape: step n+1 is staged while step n's copy from the other may still be pending.
+        self._staging_flip ^= 1
+        key = (rows, cols, self._staging_flip)
+        buf = self._staging.get(key)
+        if buf is None:
+            buf = torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.is_cuda)
+            self._staging[key] = buf
+        return buf
+
+    def _read_back(self, batch, sampled, tokens, logprobs) -> InflightStep:
+        n = len(sampled)
+        host_tokens = torch.empty(n, dtype=torch.int64, pin_memory=self.is_cuda)
+        host_logprobs = torch.empty(n, dtype=torch.float32, pin_memory=self.is_cuda)
+        host_tokens.copy_(tokens, non_blocking=True)
+        host_logprobs.copy_(logprobs, non_blocking=True)
+        event = None
+        if self.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        rows = {s.seq_id: i for i, s in enumerate(sampled)}
+        return InflightStep(batch, sampled, tokens, rows, host_tokens, host_logprobs, event)
+
+    def complete(self, step: InflightStep) -> StepRecord:
+        """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
+        if step.event is not None:
+            step.event.synchronize()
+        record = StepRecord(step.batch.phase)
+        for seq, token, logprob in zip(
+            step.sampled, step.host_tokens.tolist(), step.host_logprobs.tolist(), strict=True
+        ):
+            if seq.finished:
+                continue  # it stopped one step earlier; this is the overlap loop's extra token
+            seq.accept(token, logprob if seq.params.logprobs else None)
+            record.new_tokens.append((seq, token))
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+                record.finished.append(seq)
+        return record
+
+    # --- shutdown ---------------------------------------------------------------------------------
+
+    def release(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.graphs = None
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def shutdown(self) -> None:
+        self.release()
+
+
+def logits_rows_none(device: torch.device) -> torch.Tensor:
+    """No row samples (a prefill chunk short of its prompt's end): compute no logits."""
+    return torch.empty(0, dtype=torch.int64, device=device)
+
+
+def _fields(t: SamplingTensors) -> tuple[torch.Tensor, ...]:
+    return (t.temperature, t.top_k, t.top_p, t.seeds, t.counters)
+
+
+def _copy_sampling(dst: SamplingTensors, src: SamplingTensors) -> None:
+    for d, s in zip(_fields(dst), _fields(src), strict=True):
+        d.copy_(s)
+
+
+_WARMUP_PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)

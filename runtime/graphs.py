@@ -1,0 +1,71 @@
+"""Decode as CUDA graphs: one per (batch bucket, sampling kind), replayed from static buffers."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .decode_inputs import DecodeBuffers
+from .progress import progress
+from .sampler import SamplingTensors
+
+if TYPE_CHECKING:
+    from .executor_core import ExecutorCore
+
+log = logging.getLogger("fastpath.graphs")
+
+KINDS = ("greedy", "general")  # greedy graphs skip the sort and noise of random sampling
+
+
+@dataclass(slots=True)
+class DecodeGraph:
+    graph: torch.cuda.CUDAGraph
+    tokens: torch.Tensor
+    logprobs: torch.Tensor
+
+
+class DecodeGraphs:
+    def __init__(self, core: ExecutorCore, batch_sizes: tuple[int, ...]) -> None:
+        self.core = core
+        self.sizes = tuple(sorted(batch_sizes))
+        hidden = core.model.cfg.hidden_size if core.decode_from_embeds else None
+        self.buffers = {
+            b: DecodeBuffers.allocate(b, core.table_width, hidden, core.dtype, core.device)
+            for b in self.sizes
+        }
+        self.sampling = {b: SamplingTensors.empty(b, core.device) for b in self.sizes}
+        self.graphs: dict[tuple[int, str], DecodeGraph] = {}
+        self._pool = None
+
+    def bucket(self, n: int) -> int | None:
+        return next((b for b in self.sizes if b >= n), None)
+
+    def capture_all(self) -> None:
+        # Largest first, so smaller graphs fit in the memory pool the largest one set aside.
+        work = [(b, kind) for b in reversed(self.sizes) for kind in KINDS]
+        for b, kind in progress(work, "capturing CUDA graphs"):
+            self.capture(b, kind)
+        log.info("captured %d decode graphs for batch sizes %s", len(self.graphs), list(self.sizes))
+
+    def capture(self, rows: int, kind: str) -> None:
+        core, bufs = self.core, self.buffers[rows]
+        sampling = self.sampling[rows] if kind == "general" else None
+        side = torch.cuda.Stream(core.device)
+        side.wait_stream(torch.cuda.current_stream(core.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # lazy inits (cuBLAS handles, Triton autotune) stay out of the capture
+                core.decode_forward(bufs, sampling, capturing=True)
+        torch.cuda.current_stream(core.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            tokens, logprobs = core.decode_forward(bufs, sampling, capturing=True)
+        self._pool = graph.pool()
+        self.graphs[(rows, kind)] = DecodeGraph(graph, tokens, logprobs)
+
+    def replay(self, rows: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        g = self.graphs[(rows, kind)]
+        g.graph.replay()
+        return g.tokens, g.logprobs

@@ -1,0 +1,141 @@
+"""Runtime hooks: the engine fast paths a model opts into. Every hook is off unless declared.
+
+Hooks change where and how the step loop moves data, never what a forward computes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .decode_inputs import DecodeInputs
+    from .executor_core import ExecutorCore
+
+
+@runtime_checkable
+class DecodePrologue(Protocol):
+    """Fills a decode step's inputs in one launch; returns False to decline (the native prologue runs)."""
+
+    def __call__(self, executor: ExecutorCore, inputs: DecodeInputs) -> bool: ...
+
+
+@runtime_checkable
+class ExecutorEvents(Protocol):
+    def after_warmup(self, executor: ExecutorCore) -> None: ...
+    def before_overlap_loop(self, executor: ExecutorCore) -> None: ...
+    def at_shutdown(self, executor: ExecutorCore) -> None: ...
+
+
+EventFn = Callable[["ExecutorCore"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EventLists:
+    """ExecutorEvents from lists of plain callables, as a manifest declares them."""
+
+    after_warmup_fns: tuple[EventFn, ...] = ()
+    before_overlap_loop_fns: tuple[EventFn, ...] = ()
+    at_shutdown_fns: tuple[EventFn, ...] = ()
+
+    def after_warmup(self, executor: ExecutorCore) -> None:
+        _run_each(self.after_warmup_fns, executor, "after_warmup")
+
+    def before_overlap_loop(self, executor: ExecutorCore) -> None:
+        _run_each(self.before_overlap_loop_fns, executor, "before_overlap_loop")
+
+    def at_shutdown(self, executor: ExecutorCore) -> None:
+        _run_each(self.at_shutdown_fns, executor, "at_shutdown")
+
+
+class HookError(RuntimeError):
+    """A hook raised; the message names the hook and the event."""
+
+
+def hook_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+
+
+def _run_each(fns: Sequence[EventFn], executor: ExecutorCore, event: str) -> None:
+    for fn in fns:
+        try:
+            fn(executor)
+        except Exception as exc:
+            raise HookError(
+                f"executor_events.{event} hook {hook_name(fn)} raised {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeHooks:
+    loop_on_execution_stream: bool = False
+    decode_prologue: DecodePrologue | None = None
+    executor_events: ExecutorEvents | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.loop_on_execution_stream, bool):
+            raise TypeError(
+                f"RuntimeHooks.loop_on_execution_stream must be bool, got {type(self.loop_on_execution_stream).__name__}"
+            )
+        if self.decode_prologue is not None and not callable(self.decode_prologue):
+            raise TypeError(
+                f"RuntimeHooks.decode_prologue must be a DecodePrologue, got {type(self.decode_prologue).__name__}"
+            )
+        if self.executor_events is not None and not isinstance(self.executor_events, ExecutorEvents):
+            raise TypeError(
+                "RuntimeHooks.executor_events must implement after_warmup, before_overlap_loop and at_shutdown, "
+                f"got {type(self.executor_events).__name__}"
+            )
+
+    @property
+    def all_off(self) -> bool:
+        return self == ALL_OFF
+
+
+ALL_OFF = RuntimeHooks()
+
+
+def runtime_hooks_of(model: Any) -> RuntimeHooks:
+    """The hooks a model declares as a `runtime_hooks` class or instance attribute; all off when absent or None."""
+    declared = getattr(model, "runtime_hooks", None)
+    if declared is None:
+        return ALL_OFF
+    if not isinstance(declared, RuntimeHooks):
+        raise TypeError(
+            f"{type(model).__name__}.runtime_hooks must be a fastpath.runtime.RuntimeHooks or None, "
+            f"got {type(declared).__name__}"
+        )
+    return declared
+
+
+def import_path(path: str) -> Any:
+    """'pkg.module:Name' -> the object."""
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"hook {path!r}: expected 'package.module:Name'")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def instantiate(obj: Any) -> Any:
+    """A class declared as a hook is instantiated with no arguments; anything else is used as is."""
+    return obj() if isinstance(obj, type) else obj
+
+
+def hooks_from_plan(plan_hooks: Mapping[str, Any]) -> RuntimeHooks:
+    """RuntimeHooks from a manifest Plan's hooks section (import paths as 'module:attr' strings)."""
+    prologue = plan_hooks.get("decode_prologue")
+    events: Mapping[str, Sequence[str]] = plan_hooks.get("executor_events") or {}
+    lists = {k: tuple(instantiate(import_path(p)) for p in events.get(k, ())) for k in _EVENT_KEYS}
+    return RuntimeHooks(
+        loop_on_execution_stream=bool(plan_hooks.get("loop_on_execution_stream", False)),
+        decode_prologue=instantiate(import_path(prologue)) if prologue else None,
+        executor_events=EventLists(*(lists[k] for k in _EVENT_KEYS)) if any(lists.values()) else None,
+    )
+
+
+_EVENT_KEYS = ("after_warmup", "before_overlap_loop", "at_shutdown")

@@ -1,0 +1,215 @@
+"""The user-facing engine: `LLM(model=...)`, `generate`, `stream`."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import ModelConfig
+from .engine_config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
+from .hooks import RuntimeHooks, runtime_hooks_of
+from .native_executor import NativeExecutor
+from .outputs import RequestError, RequestOutput, StreamToken
+from .presets import RANDOM_PREFIX, resolve_random
+from .sampling_params import SamplingParams
+from .sequence import Sequence as Seq
+from .tokenizer import generation_eos_ids, load_tokenizer
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | Path | ModelConfig,
+        *,
+        device: str = "auto",
+        dtype: str | None = None,
+        max_batch_size: int = 16,
+        max_seq_len: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        kv_cache_blocks: int | None = None,
+        cuda_graphs: bool | None = None,
+        graph_batch_sizes: Sequence[int] | None = None,
+        fmha_enabled: Sequence[str] | None = None,
+        fmha_prepend: Sequence[str] = (),
+        hooks: RuntimeHooks | None = None,
+        dispatch_mode: str = "auto",
+        on_unsupported: str = "warn_once",
+        guided_backend: str = "none",
+        seed: int = 0,
+        tensor_parallel_size: int = 1,
+        executor_cls: type[NativeExecutor] = NativeExecutor,
+    ) -> None:
+        cfg, checkpoint = _resolve_model(model, seed)
+        dev = resolve_device(device)
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        max_seq_len = max_seq_len or min(4096, cfg.max_position_embeddings)
+        if max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
+        if tensor_parallel_size != 1:
+            raise ValueError("tensor_parallel_size > 1 is not supported by this engine yet")
+        self.config = EngineConfig(
+            model=cfg,
+            checkpoint=checkpoint,
+            device=dev,
+            dtype=resolve_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32")),
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            max_num_batched_tokens=max_num_batched_tokens or max(2048, max_seq_len),
+            kv_cache_blocks=kv_cache_blocks,
+            cuda_graphs=cuda_graphs is not False and dev.type == "cuda",
+            graph_batch_sizes=resolve_graph_sizes(cuda_graphs, graph_batch_sizes, dev, max_batch_size),
+            fmha_enabled=tuple(fmha_enabled) if fmha_enabled is not None else None,
+            fmha_prepend=tuple(fmha_prepend),
+            dispatch_mode=dispatch_mode,
+            on_unsupported=on_unsupported,
+            guided_backend=guided_backend,
+            seed=seed,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+        if hooks is None:
+            hooks = runtime_hooks_of(model)
+        self.tokenizer = load_tokenizer(checkpoint)
+        self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_ids |= {self.tokenizer.eos_token_id}
+        self.executor = executor_cls(self.config, hooks)
+        self._finalizer = weakref.finalize(self, self.executor.shutdown)
+        self.executor.start()
+        self._next_seq_id = 0
+
+    @classmethod
+    def from_manifest(cls, path: str | Path, **overrides: Any) -> LLM:
+        """Run a manifest on the native engine, hooks read at run time: the generated package's twin."""
+        from fastpath.compiler.resolve import resolve
+        from fastpath.schema.loader import load_manifest
+
+        from .hooks import hooks_from_plan
+
+        plan = resolve(load_manifest(Path(path)))
+        kwargs = {**plan.llm_kwargs(), **overrides}
+        kwargs.setdefault("hooks", hooks_from_plan(plan.hooks_dict()))
+        return cls(**kwargs)
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def _admit(self, prompts, sampling) -> tuple[list[RequestOutput], list[Seq], list[str]]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = (
+            list(sampling)
+            if isinstance(sampling, (list, tuple))
+            else [sampling or SamplingParams()] * len(prompts)
+        )
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        outputs, seqs, errors = [], [], []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            ids, problem = self._encode(prompt)
+            problems = ([problem] if problem else []) + p.problems()
+            out = RequestOutput(i, ids or [])
+            outputs.append(out)
+            if problems:
+                out.error, out.finish_reason = "; ".join(problems), "error"
+                errors.append(f"request {i}: {out.error}")
+                continue
+            seq_id = self._next_seq_id
+            self._next_seq_id += 1
+            seed = p.seed if p.seed is not None else (self.config.seed * 1_000_003 + seq_id) & 0x7FFFFFFF
+            seqs.append(Seq(seq_id, ids, p, seed, self.eos_ids, self.config.max_seq_len, index=i))
+        return outputs, seqs, errors
+
+    def _encode(self, prompt: Prompt) -> tuple[list[int] | None, str | None]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                return None, "a text prompt needs a tokenizer, and this model has none: pass token ids"
+            ids = list(self.tokenizer(prompt)["input_ids"])
+        else:
+            try:
+                ids = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                return None, f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
+        vocab, limit = self.config.model.vocab_size, self.config.max_seq_len
+        if not ids:
+            return ids, "empty prompt"
+        if len(ids) >= limit:
+            return ids, f"prompt of {len(ids)} tokens leaves no room to generate: max_seq_len is {limit}"
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            return ids, f"token id {bad[0]} is out of range [0, {vocab})"
+        return ids, None
+
+    def _detokenize(self, ids: list[int]) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _finish(self, out: RequestOutput, seq: Seq) -> None:
+        out.token_ids = list(seq.output_ids)
+        out.finish_reason = seq.finish_reason
+        out.text = self._detokenize(out.token_ids)
+        if seq.params.logprobs:
+            out.logprobs = list(seq.logprobs)
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        errors: str = "raise",
+    ) -> list[RequestOutput]:
+        """One output per prompt. Invalid requests fail alone: the rest still run (see RequestError.outputs)."""
+        outputs, seqs, problems = self._admit(prompts, sampling)
+        for seq in seqs:
+            self.executor.scheduler.add(seq)
+        for _ in self.executor.steps():
+            pass
+        for seq in seqs:
+            self._finish(outputs[seq.index], seq)
+        if problems and errors == "raise":
+            raise RequestError("invalid requests: " + " | ".join(problems), outputs)
+        return outputs
+
+    def stream(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> Iterator[StreamToken]:
+        """Tokens as they are read back from each step. Invalid requests raise before anything runs."""
+        outputs, seqs, problems = self._admit(prompts, sampling)
+        if problems:
+            raise RequestError("invalid requests: " + " | ".join(problems), outputs)
+        for seq in seqs:
+            self.executor.scheduler.add(seq)
+        for record in self.executor.steps():
+            for seq, token in record.new_tokens:
+                yield StreamToken(seq.index, token, seq.finish_reason)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _resolve_model(model: Any, seed: int) -> tuple[ModelConfig, Path | None]:
+    if isinstance(model, ModelConfig):
+        return (model if model.random_seed is not None else model.replace(random_seed=seed)), None
+    if isinstance(model, str) and model.startswith(RANDOM_PREFIX):
+        return resolve_random(model, seed), None
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if not path.is_dir():
+            raise ValueError(
+                f"model {str(model)!r}: not a directory (expected an HF checkpoint or 'random:<preset>')"
+            )
+        return ModelConfig.from_dir(path), path
+    declared = getattr(model, "model", None)
+    if declared is not None:
+        return _resolve_model(declared, seed)
+    raise TypeError(f"model must be a path, 'random:<preset>' or a ModelConfig, got {type(model).__name__}")

@@ -1,0 +1,91 @@
+"""NativeExecutor: the step loop with every hook read at run time. The baseline generated executors match."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from .decode_inputs import DecodeInputs
+from .executor_core import ExecutorCore, InflightStep, StepRecord
+
+log = logging.getLogger("fastpath.executor")
+
+
+class NativeExecutor(ExecutorCore):
+    _loop_started = False
+
+    def loop_gate(self) -> tuple[bool, str]:
+        """Whether loop_on_execution_stream is armed, and why."""
+        if not self.hooks.loop_on_execution_stream:
+            return False, "hook off"
+        if self.execution_stream is None:
+            return False, "no CUDA stream on this device: the scope is a no-op"
+        if self.config.guided_backend != "none":
+            return False, "guided decoding runs its grammar work on a side stream"
+        return True, "armed"
+
+    def start(self) -> None:
+        with self.warmup_guard():
+            self.warmup()
+            events = self.hooks.executor_events
+            if events is not None:
+                events.after_warmup(self)
+        armed, reason = self.loop_gate()
+        if self.hooks.loop_on_execution_stream and not armed:
+            log.info("loop_on_execution_stream gated off: %s", reason)
+
+    def decode_prologue(self, inputs: DecodeInputs) -> None:
+        prologue = self.hooks.decode_prologue
+        if prologue is not None and prologue(self, inputs):
+            return
+        self.native_decode_prologue(inputs)
+
+    def steps(self) -> Iterator[StepRecord]:
+        """Run until the scheduler is empty, yielding each completed step."""
+        events = self.hooks.executor_events
+        if events is not None and not self._loop_started:
+            events.before_overlap_loop(self)
+        self._loop_started = True
+        armed, _ = self.loop_gate()
+        try:
+            if armed:
+                with self.execution_stream_scope():
+                    yield from self.overlap_loop()
+            else:
+                yield from self.overlap_loop()
+        except Exception:
+            self.shutdown()  # at_shutdown runs after a loop error too
+            raise
+
+    def overlap_loop(self) -> Iterator[StepRecord]:
+        """Launch step n+1 before reading back step n, whenever the batch is steady."""
+        inflight: InflightStep | None = None
+        try:
+            while True:
+                nxt = self.scheduler.continue_decode(inflight.batch) if inflight is not None else None
+                if nxt is not None:
+                    launched = self.launch(nxt, inflight)
+                    done, inflight = inflight, launched
+                    yield self.complete(done)
+                    continue
+                if inflight is not None:
+                    done, inflight = inflight, None
+                    yield self.complete(done)
+                batch = self.scheduler.schedule()
+                if batch is None:
+                    return
+                inflight = self.launch(batch, None)
+        finally:
+            # A consumer that stops early must not leave tokens in flight: the next run reads them.
+            if inflight is not None and not self._closed:
+                self.complete(inflight)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        events = self.hooks.executor_events
+        try:
+            if events is not None:
+                events.at_shutdown(self)
+        finally:
+            super().shutdown()

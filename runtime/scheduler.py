@@ -1,0 +1,158 @@
+"""Continuous batching: waiting and running queues, chunked prefill, decode, preemption by recompute."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from .kv_cache import BlockAllocator
+from .sequence import Sequence, Status
+
+log = logging.getLogger("fastpath.scheduler")
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    phase: str  # "prefill" | "decode"
+    seqs: list[Sequence]
+    # prefill: tokens [start, start + len) of each sequence are computed this step
+    starts: list[int] = field(default_factory=list)
+    lens: list[int] = field(default_factory=list)
+    # which sequences sample a token this step (a prefill chunk short of the prompt's end does not)
+    samples: list[bool] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lens) if self.phase == "prefill" else len(self.seqs)
+
+
+class Scheduler:
+    def __init__(
+        self, allocator: BlockAllocator, block_size: int, max_batch_size: int, max_num_batched_tokens: int
+    ) -> None:
+        self.allocator = allocator
+        self.block_size = block_size
+        self.max_batch_size = max_batch_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- blocks -----------------------------------------------------------------------------------
+
+    def _blocks_for(self, seq: Sequence, num_tokens: int) -> int:
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        need = self._blocks_for(seq, num_tokens)
+        if need > self.allocator.num_free:
+            return False
+        seq.block_table.extend(self.allocator.allocate(need))
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        self.allocator.free(seq.block_table)
+        seq.block_table = []
+        if seq in self.running:
+            self.running.remove(seq)
+
+    def finish(self, seq: Sequence, reason: str | None = None) -> None:
+        seq.status = Status.FINISHED
+        if reason is not None:
+            seq.finish_reason = reason
+        self.release(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        # Recompute: the KV is dropped and the prompt plus outputs so far are prefilled again.
+        self.release(seq)
+        seq.num_computed = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+        log.debug("preempted sequence %d (%d tokens)", seq.seq_id, seq.num_tokens)
+
+    # --- scheduling -------------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledBatch | None:
+        """The next step, with every token known (no step in flight)."""
+        return self._schedule_prefill() or self._schedule_decode()
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        batch = ScheduledBatch("prefill", [])
+        budget = self.max_num_batched_tokens
+        # Sequences part-way through a chunked prefill go first, then new admissions in arrival order.
+        candidates = [s for s in self.running if s.num_tokens - s.num_computed > 1]
+        for seq in candidates:
+            if budget <= 0:
+                break
+            budget -= self._add_chunk(batch, seq, budget)
+        while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
+            seq = self.waiting[0]
+            taken = self._add_chunk(batch, seq, budget)
+            if not taken:
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            budget -= taken
+        return batch if batch.seqs else None
+
+    def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        remaining = seq.num_tokens - seq.num_computed
+        n = min(remaining, budget)
+        if n <= 0 or not self._grow(seq, seq.num_computed + n):
+            return 0
+        batch.seqs.append(seq)
+        batch.starts.append(seq.num_computed)
+        batch.lens.append(n)
+        batch.samples.append(n == remaining)
+        return n
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        if not self.running:
+            return None
+        seqs = list(self.running)
+        # Each sequence needs a cache slot for the token it feeds; preempt the newest until they fit.
+        while True:
+            need = sum(self._blocks_for(s, s.num_tokens) for s in seqs)
+            if need <= self.allocator.num_free:
+                break
+            if len(seqs) == 1:
+                raise RuntimeError(
+                    f"KV cache too small: sequence {seqs[0].seq_id} needs {need} more blocks, "
+                    f"{self.allocator.num_free} free of {self.allocator.num_blocks}"
+                )
+            self._preempt(seqs.pop())
+        for s in seqs:
+            self._grow(s, s.num_tokens)
+        return ScheduledBatch("decode", seqs, samples=[True] * len(seqs))
+
+    def continue_decode(self, prev: ScheduledBatch) -> ScheduledBatch | None:
+        """The next decode step while `prev` is still in flight, or None when the host must catch up first.
+
+        Only a steady batch continues: the same running sequences, none admitted, none preempted.
+        Stops known in advance (max_tokens, max_seq_len) are honoured here; end-of-sequence tokens are
+        found one step late, and the extra token they computed is dropped.
+        """
+        if prev.phase != "decode" and not all(prev.samples):
+            return None
+        if self.waiting and len(self.running) < self.max_batch_size:
+            return None  # room to admit: let the full scheduler run
+        if any(s not in prev.seqs for s in self.running):
+            return None
+        seqs = [s for s in prev.seqs if not s.finished and s.can_generate_more()]
+        if not seqs:
+            return None
+        need = sum(self._blocks_for(s, s.num_tokens) for s in seqs)
+        if need > self.allocator.num_free:
+            return None
+        for s in seqs:
+            self._grow(s, s.num_tokens)
+        return ScheduledBatch("decode", seqs, samples=[True] * len(seqs))
