@@ -221,15 +221,30 @@ class ExecutorCore:
         return tokens, logprobs
 
     def launch_prefill(self, batch: ScheduledBatch):
+        with self.forward_order():
+            logits, sampled = self.prefill_logits(batch)
+            if not sampled:
+                empty = torch.empty(0, dtype=torch.int64, device=self.device)
+                return empty, empty.float(), []
+            sampling = None
+            if not all(s.params.greedy for s in sampled):
+                sampling = self._sampling(sampled, len(sampled))
+            tokens, logprobs = sample(logits, sampling, want_logprobs=True)
+        return tokens, logprobs, sampled
+
+    def prefill_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run a prefill batch; logits of the last token of each sequence that samples."""
         ids, positions, slots, tables, logits_rows, sampled = [], [], [], [], [], []
         bs = self.block_size
-        width = max(-(-(start + n) // bs) for start, n in zip(batch.starts, batch.lens, strict=True))
+        ends = [start + n for start, n in zip(batch.starts, batch.lens, strict=True)]
+        width = max(-(-end // bs) for end in ends)
         offset = 0
         for seq, start, n, samples in zip(batch.seqs, batch.starts, batch.lens, batch.samples, strict=True):
             ids.extend(seq.token_at(i) for i in range(start, start + n))
             positions.extend(range(start, start + n))
             slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
-            tables.append(seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table))))
+            table = seq.block_table[:width]
+            tables.append(table + [0] * (width - len(table)))
             offset += n
             if samples:
                 logits_rows.append(offset - 1)
@@ -238,29 +253,37 @@ class ExecutorCore:
         dev = self.device
         meta = AttentionMetadata(
             "prefill",
-            torch.tensor(slots, dtype=torch.int64).to(dev, non_blocking=True),
-            torch.tensor(tables, dtype=torch.int32).to(dev, non_blocking=True),
-            torch.tensor(
-                [s + n for s, n in zip(batch.starts, batch.lens, strict=True)], dtype=torch.int32
-            ).to(dev),
+            _to(slots, torch.int64, dev),
+            _to(tables, torch.int32, dev),
+            _to(ends, torch.int32, dev),
             query_lens=list(batch.lens),
-            context_lens_host=[s + n for s, n in zip(batch.starts, batch.lens, strict=True)],
+            context_lens_host=ends,
             block_size=bs,
             sliding_window=self.model.cfg.sliding_window,
         )
-        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
-        pos = torch.tensor(positions, dtype=torch.int64).to(dev, non_blocking=True)
-        with self.forward_order():
-            if not sampled:
-                self.model(self.model.embed(input_ids), pos, self.kv, meta, self.fmha, logits_rows_none(dev))
-                return torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, device=dev), []
-            rows = torch.tensor(logits_rows, dtype=torch.int64).to(dev, non_blocking=True)
-            logits = self.model(self.model.embed(input_ids), pos, self.kv, meta, self.fmha, rows)
-            sampling = None
-            if not all(s.params.greedy for s in sampled):
-                sampling = self._sampling(sampled, len(sampled))
-            tokens, logprobs = sample(logits, sampling, want_logprobs=True)
-        return tokens, logprobs, sampled
+        hidden = self.model.embed(_to(ids, torch.int64, dev))
+        logits = self.model(
+            hidden,
+            _to(positions, torch.int64, dev),
+            self.kv,
+            meta,
+            self.fmha,
+            _to(logits_rows, torch.int64, dev),
+        )
+        return logits, sampled
+
+    @torch.no_grad()
+    def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
+        """Next-token logits after `prompt_ids` (fp32, on the host), outside the scheduler: for oracles and tests."""
+        seq = Sequence(-2, list(prompt_ids), _WARMUP_PARAMS, 0, frozenset(), 1 << 30)
+        seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.block_size))
+        try:
+            batch = ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True])
+            with self.forward_order():
+                logits, _ = self.prefill_logits(batch)
+            return logits[0].float().cpu()
+        finally:
+            self.allocator.free(seq.block_table)
 
     def _sampling(self, seqs: list[Sequence], rows: int) -> SamplingTensors:
         pad = rows - len(seqs)
@@ -327,9 +350,8 @@ class ExecutorCore:
         self.release()
 
 
-def logits_rows_none(device: torch.device) -> torch.Tensor:
-    """No row samples (a prefill chunk short of its prompt's end): compute no logits."""
-    return torch.empty(0, dtype=torch.int64, device=device)
+def _to(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def _fields(t: SamplingTensors) -> tuple[torch.Tensor, ...]:

@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .config import ModelConfig
 from .engine_config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
 from .hooks import RuntimeHooks, runtime_hooks_of
@@ -183,9 +185,21 @@ class LLM:
             raise RequestError("invalid requests: " + " | ".join(problems), outputs)
         for seq in seqs:
             self.executor.scheduler.add(seq)
-        for record in self.executor.steps():
-            for seq, token in record.new_tokens:
-                yield StreamToken(seq.index, token, seq.finish_reason)
+        try:
+            for record in self.executor.steps():
+                for seq, token in record.new_tokens:
+                    yield StreamToken(seq.index, token, seq.finish_reason)
+        finally:
+            for seq in seqs:
+                if not seq.finished:
+                    self.executor.scheduler.abort(seq)
+
+    def prompt_logits(self, prompt: Prompt) -> torch.Tensor:
+        """Next-token logits after one prompt (fp32, CPU). A diagnostic for comparing against an oracle."""
+        ids, problem = self._encode(prompt)
+        if problem:
+            raise ValueError(problem)
+        return self.executor.prompt_logits(ids)
 
     def close(self) -> None:
         self._finalizer()

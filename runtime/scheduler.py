@@ -69,6 +69,12 @@ class Scheduler:
             seq.finish_reason = reason
         self.release(seq)
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request that nobody waits for any more (a stream closed early)."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.finish(seq, "abort")
+
     def _preempt(self, seq: Sequence) -> None:
         # Recompute: the KV is dropped and the prompt plus outputs so far are prefilled again.
         self.release(seq)

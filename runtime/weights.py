@@ -101,9 +101,7 @@ def init_random(model: CausalLM, seed: int) -> None:
             value = 1.0 + 0.1 * torch.randn(param.shape, generator=gen, device=device)
         elif param.dim() == 1:
             value = 0.02 * torch.randn(param.shape, generator=gen, device=device)
-        elif "embed" in name:
-            value = torch.randn(param.shape, generator=gen, device=device)
-        else:
+        else:  # embeddings too: tied to the LM head, they must not dominate its logits
             value = torch.randn(param.shape, generator=gen, device=device) * param.shape[1] ** -0.5
         param.copy_(value)
 

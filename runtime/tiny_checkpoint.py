@@ -1,0 +1,80 @@
+"""Write a random-weight model as an HF checkpoint directory, optionally with a trained byte-level BPE tokenizer.
+
+Tests, the demo and guided decoding use it to have text in and out with no download.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .config import ModelConfig
+from .presets import resolve_random
+from .weights import _sources, build_model
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    '{"name": "fastpath", "version": 1, "tags": ["llm", "compiler"], "ok": true, "score": 0.5}',
+    "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]",
+    "Decode steps replay CUDA graphs; host callbacks run from the stream.",
+    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789",
+    '{"a": {"b": [null, false, -1.25e3]}, "c": "d e f"}',
+    "key: value, other: 42, pattern: ^[a-z]+$",
+]
+
+
+def train_tokenizer(vocab_size: int):
+    """A byte-level BPE tokenizer with <s>, </s> and <pad>, as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def write_checkpoint(path: Path, cfg: ModelConfig, with_tokenizer: bool = True) -> Path:
+    """Seeded random weights for `cfg`, saved in HF layout (unfused tensor names)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if with_tokenizer:
+        tokenizer = train_tokenizer(cfg.vocab_size)
+        # Special ids follow the trained vocabulary: <pad>=0, <s>=1, </s>=2.
+        cfg = cfg.replace(bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,))
+        tokenizer.save_pretrained(path)
+    model = build_model(cfg, None, torch.float32, torch.device("cpu"), max_positions=2)
+    params = dict(model.named_parameters())
+    tensors = {}
+    for ours, srcs in _sources(cfg).items():
+        tensor = params[ours].detach()
+        sizes = _split_sizes(cfg, ours, len(srcs)) or [tensor.shape[0]]
+        for src, part in zip(srcs, tensor.split(sizes), strict=True):
+            tensors[src] = part.contiguous()
+    save_file(tensors, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+    return path
+
+
+def _split_sizes(cfg: ModelConfig, name: str, n: int) -> list[int]:
+    if n == 1:
+        return []
+    if "qkv_proj" in name:
+        return [cfg.q_size, cfg.kv_size, cfg.kv_size]
+    return [cfg.intermediate_size, cfg.intermediate_size]
+
+
+def ensure_demo_checkpoint(root: Path, preset: str = "tiny-llama", seed: int = 0) -> Path:
+    path = root / f"{preset}-seed{seed}"
+    if not (path / "config.json").is_file():
+        write_checkpoint(path, resolve_random(f"random:{preset}", seed))
+    return path

@@ -1,0 +1,52 @@
+"""A bad request fails alone: a ValueError names it, and the others produce their normal tokens."""
+
+import pytest
+
+from fastpath.runtime import LLM, RequestError, SamplingParams
+
+GOOD = [[5, 6, 7], [8, 9, 10, 11]]
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("random:tiny-mistral", device="cpu", max_seq_len=64, max_batch_size=4)
+
+
+@pytest.mark.parametrize(
+    ("bad_prompt", "bad_params", "message"),
+    [
+        ([], SamplingParams(), "empty prompt"),
+        (list(range(3, 70)), SamplingParams(), "leaves no room to generate: max_seq_len is 64"),
+        ([5, 512], SamplingParams(), "token id 512 is out of range [0, 512)"),
+        ([5, -1], SamplingParams(), "token id -1 is out of range"),
+        ([5], SamplingParams(temperature=-1.0), "temperature must be a finite number >= 0"),
+        ([5], SamplingParams(top_p=0.0), "top_p must be in (0, 1]"),
+        ([5], SamplingParams(max_tokens=0), "max_tokens must be a positive int"),
+        ([5], SamplingParams(top_k=-2), "top_k must be an int >= 0"),
+        ("text", SamplingParams(), "needs a tokenizer"),
+    ],
+)
+def test_bad_request_is_named_and_others_run(llm, bad_prompt, bad_params, message):
+    p = SamplingParams(max_tokens=8, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate(GOOD, p)]
+    with pytest.raises(ValueError, match="request 1: ") as info:
+        llm.generate([GOOD[0], bad_prompt, GOOD[1]], [p, bad_params, p])
+    assert message in str(info.value)
+    assert isinstance(info.value, RequestError)
+    outs = info.value.outputs
+    assert [outs[0].token_ids, outs[2].token_ids] == expected
+    assert outs[1].finish_reason == "error" and message in outs[1].error
+    # errors="return" hands back the same outputs instead of raising.
+    returned = llm.generate([GOOD[0], bad_prompt, GOOD[1]], [p, bad_params, p], errors="return")
+    assert [returned[0].token_ids, returned[2].token_ids] == expected and returned[1].error
+
+
+def test_engine_arguments_are_checked():
+    with pytest.raises(ValueError, match="unknown random preset"):
+        LLM("random:nope")
+    with pytest.raises(ValueError, match="not a directory"):
+        LLM("/nonexistent/checkpoint")
+    with pytest.raises(ValueError, match="dtype"):
+        LLM("random:tiny-llama", dtype="int8")
+    with pytest.raises(ValueError, match="CUDA graphs were requested on a CPU device"):
+        LLM("random:tiny-llama", device="cpu", cuda_graphs=True)
