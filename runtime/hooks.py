@@ -68,6 +68,19 @@ def _run_each(fns: Sequence[EventFn], executor: ExecutorCore, event: str) -> Non
             ) from exc
 
 
+def fire(events: ExecutorEvents, event: str, executor: ExecutorCore) -> None:
+    """Call one event of an ExecutorEvents; an error names the hook that raised."""
+    method = getattr(events, event)
+    try:
+        method(executor)
+    except HookError:
+        raise
+    except Exception as exc:
+        raise HookError(
+            f"executor_events.{event} hook {hook_name(method)} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeHooks:
     loop_on_execution_stream: bool = False

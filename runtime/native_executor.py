@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from .decode_inputs import DecodeInputs
 from .executor_core import ExecutorCore, InflightStep, StepRecord
+from .hooks import fire
 
 log = logging.getLogger("fastpath.executor")
 
@@ -29,7 +30,7 @@ class NativeExecutor(ExecutorCore):
             self.warmup()
             events = self.hooks.executor_events
             if events is not None:
-                events.after_warmup(self)
+                fire(events, "after_warmup", self)
         armed, reason = self.loop_gate()
         if self.hooks.loop_on_execution_stream and not armed:
             log.info("loop_on_execution_stream gated off: %s", reason)
@@ -44,7 +45,7 @@ class NativeExecutor(ExecutorCore):
         """Run until the scheduler is empty, yielding each completed step."""
         events = self.hooks.executor_events
         if events is not None and not self._loop_started:
-            events.before_overlap_loop(self)
+            fire(events, "before_overlap_loop", self)
         self._loop_started = True
         armed, _ = self.loop_gate()
         try:
@@ -86,6 +87,6 @@ class NativeExecutor(ExecutorCore):
         events = self.hooks.executor_events
         try:
             if events is not None:
-                events.at_shutdown(self)
+                fire(events, "at_shutdown", self)
         finally:
             super().shutdown()
