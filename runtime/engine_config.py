@@ -25,6 +25,7 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_blocks: int | None = None  # None: sized from the batch and sequence limits (and free memory)
     cuda_graphs: bool = False
+    fused_kernels: bool | None = None  # None: Triton kernels on CUDA, torch ops elsewhere
     graph_batch_sizes: tuple[int, ...] = ()
     fmha_enabled: tuple[str, ...] | None = None
     fmha_prepend: tuple[str, ...] = ()

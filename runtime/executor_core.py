@@ -60,7 +60,9 @@ class ExecutorCore:
         self.device = config.device
         self.dtype = config.dtype
         cfg = config.model
-        self.model = build_model(cfg, config.checkpoint, config.dtype, config.device, config.max_seq_len)
+        self.model = build_model(
+            cfg, config.checkpoint, config.dtype, config.device, config.max_seq_len, config.fused_kernels
+        )
         sizing = size_cache(
             cfg,
             config.dtype,

@@ -1,4 +1,4 @@
-"""The elementwise building blocks, written to match HF transformers' numerics in every dtype."""
+"""Weight holders and tables the model's ops read: RMSNorm weights and the RoPE cos/sin tables."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .kernels.torch_ops import rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -17,11 +18,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fp32 statistics, then back to the input dtype before the weight: HF's order, so bf16 rounds alike.
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
@@ -43,29 +40,12 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position, computed once in fp32 and stored in the model dtype."""
+    """cos/sin for every position, computed once in fp32 (HF rounds them to the model dtype at use)."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(cfg)
         freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
-
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].to(q.dtype)[:, None, :]
-        sin = self.sin[positions].to(q.dtype)[:, None, :]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    gate, up = gate_up.chunk(2, dim=-1)
-    return nn.functional.silu(gate) * up
+        self.register_buffer("cos", emb.cos().contiguous(), persistent=False)
+        self.register_buffer("sin", emb.sin().contiguous(), persistent=False)

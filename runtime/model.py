@@ -1,7 +1,8 @@
 """The Llama-family decoder (Llama 2/3/3.x, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
 Projections are fused as they are loaded (q|k|v and gate|up), so a decode step issues one GEMV
-where HF issues three or two.
+where HF issues three or two. The per-token work goes through `ops` (kernels/): plain torch, or
+fused Triton kernels on CUDA, with the same roundings either way.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from torch import nn
 from .attention.manager import FmhaManager
 from .attention.metadata import AttentionMetadata
 from .config import ModelConfig
-from .layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from .kernels import TorchOps
+from .layers import RMSNorm, RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -27,21 +29,26 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager):
+    def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops):
         cfg = self.cfg
-        q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(positions, q, k)
+        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
-        k_cache.view(-1, cfg.num_kv_heads, cfg.head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, cfg.num_kv_heads, cfg.head_dim).index_copy_(0, meta.slot_mapping, v)
+        q = ops.qkv_rope_cache(
+            qkv,
+            positions,
+            rope.cos,
+            rope.sin,
+            self.q_norm.weight if cfg.qk_norm else None,
+            self.k_norm.weight if cfg.qk_norm else None,
+            cfg.rms_norm_eps,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+            (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        )
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
         out = fmha.select(shapes).forward(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(-1, cfg.q_size))
+        return ops.linear(out.reshape(-1, cfg.q_size), self.o_proj.weight, self.o_proj.bias)
 
 
 class MLP(nn.Module):
@@ -50,8 +57,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x, ops):
+        return ops.linear(ops.silu_mul(ops.linear(x, self.gate_up_proj.weight)), self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -62,10 +69,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rope, kv, meta, fmha):
-        # Residual adds in the model dtype, as HF does, so bf16 runs round alike.
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, kv, meta, fmha)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rope, kv, meta, fmha, ops):
+        """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
+        eps = self.input_layernorm.eps
+        h, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
+        h = self.self_attn(h, positions, rope, kv, meta, fmha, ops)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
+        return self.mlp(h, ops), residual
 
 
 class CausalLM(nn.Module):
@@ -79,6 +89,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg, max_positions)
+        self.ops = TorchOps()
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -93,8 +104,10 @@ class CausalLM(nn.Module):
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Embedded inputs [T, H] -> logits of the rows in `logits_indices` (all rows when None)."""
+        ops, residual = self.ops, None
         for layer in self.layers:
-            hidden = layer(hidden, positions, self.rope, kv, meta, fmha)
+            hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops)
         if logits_indices is not None:
-            hidden = hidden[logits_indices]
-        return self.lm_head(self.norm(hidden))
+            hidden, residual = hidden[logits_indices], residual[logits_indices]
+        hidden, _ = ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
+        return ops.linear(hidden, self.lm_head.weight)

@@ -107,9 +107,15 @@ def init_random(model: CausalLM, seed: int) -> None:
 
 
 def build_model(
-    cfg: ModelConfig, checkpoint: Path | None, dtype: torch.dtype, device: torch.device, max_positions: int
+    cfg: ModelConfig,
+    checkpoint: Path | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    fused_kernels: bool | None = None,
 ):
     """The model on `device` in `dtype`, weights loaded or seeded; never materialised twice."""
+    from .kernels import select_ops
     from .layers import RotaryEmbedding
 
     with torch.device("meta"):
@@ -123,4 +129,5 @@ def build_model(
         load_checkpoint(model, checkpoint)
     else:
         init_random(model, cfg.random_seed or 0)
+    model.ops = select_ops(device.type, fused_kernels)
     return model.eval().requires_grad_(False)

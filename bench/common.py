@@ -1,0 +1,65 @@
+"""Shared helpers for the benchmarks: device ceilings, timing, and writing tables, JSON and plots."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def copy_bandwidth(gib: float = 2.0, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    n = int(gib * (1 << 30)) // 2
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * n * 2 / statistics.median(times)
+
+
+def wall(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def environment() -> dict[str, str]:
+    env = {"python": platform.python_version(), "torch": torch.__version__}
+    if torch.cuda.is_available():
+        env |= {"gpu": torch.cuda.get_device_name(), "cuda": str(torch.version.cuda)}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return env
+
+
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, name: str, payload: dict, table: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    (out / f"{name}.md").write_text(table + "\n")
+    print(table)

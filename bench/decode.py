@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Decode throughput on a GPU, side by side in one run: the native engine's variants, HF transformers
+`generate`, and the weight-read floor (weight bytes over the copy bandwidth measured in this run).
+
+    python bench/decode.py --out bench/results [--quick] [--batch 1 8 64]
+
+Steady-state decode time per step is the difference between two generations that differ only in
+length, so prefill, warmup and start-up cancel out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth, environment, markdown_table, wall, write_outputs
+
+MODEL = "random:llama-1b"
+PROMPT_LEN = 32
+
+
+def weight_bytes(llm) -> int:
+    seen, total = set(), 0
+    for p in llm.executor.model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total
+
+
+def engine_step_time(llm, batch: int, short: int, long: int, repeats: int) -> float:
+    from fastpath.runtime import SamplingParams
+
+    g = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(1000, 100000, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
+
+    def run(n):
+        return wall(lambda: llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True)))
+
+    run(short)  # first use of this batch size: nothing lazy left in the timed runs
+    diffs = [(run(long) - run(short)) / (long - short) for _ in range(repeats)]
+    return statistics.median(diffs)
+
+
+def hf_step_time(batch: int, short: int, long: int) -> float:
+    import transformers
+
+    from fastpath.runtime.presets import resolve_random
+
+    cfg = transformers.LlamaConfig(
+        **{k: v for k, v in resolve_random(MODEL).to_hf_dict().items() if k != "architectures"}
+    )
+    model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(1000, 100000, (batch, PROMPT_LEN), device="cuda")
+
+    def run(n):
+        return wall(
+            lambda: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        )
+
+    run(short)
+    return (run(long) - run(short)) / (long - short)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
+    ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--variants", nargs="+", default=["fused", "torch-ops"], help="native variants to run")
+    ap.add_argument("--package", action="append", default=[], help="generated package to run beside native")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/decode.py needs a CUDA device; none is visible")
+        return
+    from fastpath.runtime import LLM
+
+    short, long, repeats = (8, 40, 1) if args.quick else (16, 144, 3)
+    bw = copy_bandwidth()
+    results = {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "rows": []}
+    max_batch = max(args.batch)
+    engines = {
+        "fused": dict(fused_kernels=True),
+        "torch-ops": dict(fused_kernels=False),
+        "no-graphs": dict(cuda_graphs=False),
+    }
+    floor_bytes = None
+    for variant in args.variants:
+        llm = LLM(
+            MODEL,
+            device="cuda",
+            dtype="bfloat16",
+            max_batch_size=max_batch,
+            max_seq_len=512,
+            **engines[variant],
+        )
+        floor_bytes = floor_bytes or weight_bytes(llm)
+        for b in args.batch:
+            step = engine_step_time(llm, b, short, long, repeats)
+            results["rows"].append({"engine": f"native ({variant})", "batch": b, "step_s": step})
+            print(f"native {variant} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
+        llm.close()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    for pkg in args.package:
+        module = __import__(pkg)
+        llm = module.LLM(
+            model=MODEL, device="cuda", dtype="bfloat16", max_batch_size=max_batch, max_seq_len=512
+        )
+        for b in args.batch:
+            step = engine_step_time(llm, b, short, long, repeats)
+            results["rows"].append({"engine": f"generated {pkg}", "batch": b, "step_s": step})
+            print(f"generated {pkg} batch {b}: {step * 1e6:.0f} us/step", flush=True)
+        llm.close()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    if not args.no_hf:
+        for b in args.batch:
+            step = hf_step_time(b, 4 if args.quick else 8, 16 if args.quick else 40)
+            gc.collect()
+            torch.cuda.empty_cache()
+            results["rows"].append({"engine": "HF transformers generate (eager)", "batch": b, "step_s": step})
+            print(f"hf batch {b}: {step * 1e6:.0f} us/step", flush=True)
+    floor_step = floor_bytes / bw
+    results["weight_bytes"] = floor_bytes
+    results["floor_step_s"] = floor_step
+    hf = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"].startswith("HF")}
+    rows = []
+    for r in results["rows"]:
+        b, step = r["batch"], r["step_s"]
+        r["tok_s"] = b / step
+        r["share_of_floor"] = floor_step / step
+        r["speedup_vs_hf"] = hf[b] / step if b in hf else None
+        rows.append([r["engine"], b, f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
+                     f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-"])  # fmt: skip
+    for b in args.batch:
+        rows.append(["weight-read floor", b, f"{b / floor_step:.0f}", f"{floor_step * 1e6:.0f}", "100%", "-"])
+    table = markdown_table(["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF"], rows)
+    table += f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; weights {floor_bytes / 1e9:.2f} GB; {results['env']}"
+    write_outputs(args.out, "decode", results, table)
+    plot(results, args.out / "decode.png")
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = sorted({r["engine"] for r in results["rows"]})
+    batches = sorted({r["batch"] for r in results["rows"]})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / (len(engines) + 1)
+    for i, engine in enumerate(engines):
+        vals = [
+            next((r["tok_s"] for r in results["rows"] if r["engine"] == engine and r["batch"] == b), 0)
+            for b in batches
+        ]
+        ax.bar([x + i * width for x in range(len(batches))], vals, width, label=engine)
+    floor = [b / results["floor_step_s"] for b in batches]
+    ax.bar(
+        [x + len(engines) * width for x in range(len(batches))],
+        floor,
+        width,
+        label="weight-read floor",
+        color="grey",
+    )
+    ax.set_xticks([x + 0.4 for x in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set_yscale("log")
+    ax.set_ylabel("decode tokens/s (log)")
+    ax.set_title(f"1.2B Llama, bf16, {results['env'].get('gpu', '')}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(json.dumps({"plot": str(path)}))
+
+
+if __name__ == "__main__":
+    main()

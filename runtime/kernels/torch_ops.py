@@ -1,0 +1,53 @@
+"""Plain-PyTorch ops, rounding where HF transformers rounds, so bf16 runs agree with it bit for bit on CPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class TorchOps:
+    name = "torch"
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        """(norm(x + residual), x + residual); residual None means x is the first layer's input."""
+        summed = x if residual is None else x + residual
+        return rms_norm(summed, weight, eps), summed
+
+    def rms_norm(self, x, weight, eps):
+        return rms_norm(x, weight, eps)
+
+    def linear(self, x, weight, bias=None):
+        return F.linear(x, weight, bias)
+
+    def silu_mul(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def qkv_rope_cache(self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slots, shape):
+        """Split q|k|v, apply per-head norms and RoPE, write k and v into the paged cache; return q."""
+        heads, kv_heads, dim = shape
+        q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+        q = q.view(-1, heads, dim)
+        k = k.view(-1, kv_heads, dim)
+        v = v.view(-1, kv_heads, dim)
+        if q_norm is not None:
+            q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+        c = cos[positions].to(q.dtype)[:, None, :]
+        s = sin[positions].to(q.dtype)[:, None, :]
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        k_cache.view(-1, kv_heads, dim).index_copy_(0, slots, k)
+        v_cache.view(-1, kv_heads, dim).index_copy_(0, slots, v)
+        return q

@@ -1,0 +1,135 @@
+"""Triton kernels behind TritonOps. Each rounds to the model dtype exactly where HF transformers does."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, n_cols, eps,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+        tl.store(sum_ptr + row * stride_s + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, 0) / n_cols + eps)
+    normed = (xf * rstd).to(x.dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    tl.store(
+        out_ptr + row * stride_o + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=mask
+    )
+
+
+@triton.jit
+def _rope_heads(
+    base, n_heads, pos, cos_ptr, sin_ptr, stride_cos, norm_ptr, eps,
+    HEADS_PAD: tl.constexpr, DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    """Load n_heads heads at `base`, apply the optional per-head RMSNorm, then RoPE; returns [HEADS_PAD, DIM]."""
+    half: tl.constexpr = DIM // 2
+    d = tl.arange(0, DIM)
+    h = tl.arange(0, HEADS_PAD)
+    rot = tl.where(d < half, d + half, d - half)
+    sign = tl.where(d < half, -1.0, 1.0)
+    mask = h[:, None] < n_heads
+    x = tl.load(base + h[:, None] * DIM + d[None, :], mask=mask, other=0.0)
+    x_rot = tl.load(base + h[:, None] * DIM + rot[None, :], mask=mask, other=0.0)
+    dtype = x.dtype
+    if HAS_NORM:
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, 1) / DIM + eps)[:, None]
+        w = tl.load(norm_ptr + d).to(tl.float32)
+        w_rot = tl.load(norm_ptr + rot).to(tl.float32)
+        x = (w[None, :] * (xf * rstd).to(dtype).to(tl.float32)).to(dtype)
+        x_rot = (w_rot[None, :] * (x_rot.to(tl.float32) * rstd).to(dtype).to(tl.float32)).to(dtype)
+    c = tl.load(cos_ptr + pos * stride_cos + d).to(dtype).to(tl.float32)
+    s = tl.load(sin_ptr + pos * stride_cos + d).to(dtype).to(tl.float32)
+    xc = (x.to(tl.float32) * c[None, :]).to(dtype)
+    xs = (x_rot.to(tl.float32) * sign[None, :] * s[None, :]).to(dtype)
+    return (xc.to(tl.float32) + xs.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def qkv_rope_cache_kernel(
+    qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr, q_out_ptr,
+    stride_qkv, stride_cos, eps,
+    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_PAD: tl.constexpr,
+    DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    pos = tl.load(pos_ptr + t)
+    slot = tl.load(slot_ptr + t)
+    row = qkv_ptr + t * stride_qkv
+    d = tl.arange(0, DIM)
+    q = _rope_heads(row, HEADS, pos, cos_ptr, sin_ptr, stride_cos, qn_ptr, eps, HEADS_PAD, DIM, HAS_NORM)
+    hq = tl.arange(0, HEADS_PAD)
+    tl.store(q_out_ptr + t * HEADS * DIM + hq[:, None] * DIM + d[None, :], q, mask=hq[:, None] < HEADS)
+    k_base = row + HEADS * DIM
+    k = _rope_heads(k_base, KV_HEADS, pos, cos_ptr, sin_ptr, stride_cos, kn_ptr, eps, KV_PAD, DIM, HAS_NORM)
+    hk = tl.arange(0, KV_PAD)
+    kv_mask = hk[:, None] < KV_HEADS
+    dst = slot.to(tl.int64) * KV_HEADS * DIM + hk[:, None] * DIM + d[None, :]
+    tl.store(kc_ptr + dst, k, mask=kv_mask)
+    v = tl.load(k_base + KV_HEADS * DIM + hk[:, None] * DIM + d[None, :], mask=kv_mask, other=0.0)
+    tl.store(vc_ptr + dst, v, mask=kv_mask)
+
+
+@triton.jit
+def silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride_gu, stride_out, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0)
+    u = tl.load(gu_ptr + row * stride_gu + n_cols + cols, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
+    tl.store(
+        out_ptr + row * stride_out + cols, (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype), mask=mask
+    )
+
+
+def _gemv_configs():
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+        for bn, bk, w, s in [
+            (4, 512, 4, 4),
+            (8, 512, 4, 4),
+            (8, 1024, 8, 3),
+            (16, 256, 4, 4),
+            (16, 512, 8, 3),
+            (32, 256, 8, 3),
+            (2, 1024, 4, 4),
+            (4, 1024, 8, 3),
+        ]
+    ]
+
+
+@triton.autotune(configs=_gemv_configs(), key=["N", "K"])
+@triton.jit
+def gemv_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """y[N] = w[N, K] @ x[K] for one decode row: streams w once, no split-K, no atomics (deterministic)."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        w = tl.load(
+            w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
+        )
+        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)

@@ -1,0 +1,175 @@
+"""The runtime on a CUDA device: HF parity in fp32 and bf16, graphs against eager, fused kernels against torch."""
+
+import pytest
+import torch
+from checkpoints import ARCHS
+from oracle import hf_greedy, hf_logits_first_step, hf_margins
+
+from fastpath.runtime import LLM, RuntimeHooks, SamplingParams
+from fastpath.runtime.prologues import FusedDecodePrologue
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
+GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
+EXACT_GRAPHS = list(range(1, 9))  # a graph per batch size: replay sees the eager step's exact shapes
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_fp32_tokens_equal_hf_on_cuda(hf_checkpoints, arch):
+    path = hf_checkpoints[arch]
+    llm = LLM(str(path), device="cuda", dtype="float32", max_seq_len=256, max_batch_size=4)
+    outs = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.token_ids == hf_greedy(path, prompt, 32, device="cuda"), f"{arch}, prompt of {len(prompt)}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+def test_bf16_close_to_hf_then_equal_until_a_near_tie(hf_checkpoints, arch):
+    """bf16: first-step logits no further from HF's bf16 run than bf16 rounding moves HF itself (twice its
+    fp32-vs-bf16 distance); then equal greedy tokens up to the first step whose HF top-2 margin is within
+    four times that rounding."""
+    path = hf_checkpoints[arch]
+    llm = LLM(str(path), device="cuda", dtype="bfloat16", max_seq_len=256, max_batch_size=4)
+    outs = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        hf16 = hf_logits_first_step(path, prompt, torch.bfloat16, "cuda")
+        hf32 = hf_logits_first_step(path, prompt, torch.float32, "cuda")
+        ours = llm.prompt_logits(prompt)
+        rounding = float((hf16 - hf32).norm() / hf32.norm())
+        assert float((ours - hf16).norm() / hf16.norm()) <= 2 * rounding + 1e-6
+        ref = hf_greedy(path, prompt, 32, torch.bfloat16, "cuda")
+        k = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref, strict=True)) if a != b), None)
+        if k is not None:
+            tie = 4 * float((hf16 - hf32).abs().max())
+            margin = hf_margins(path, prompt, ref, torch.bfloat16, "cuda")[k]
+            assert margin <= tie, (
+                f"{arch}: diverged at step {k}, HF margin {margin:.3g} > near-tie bound {tie:.3g}"
+            )
+
+
+def _tokens(**kw):
+    llm = LLM("random:tiny-llama", device="cuda", dtype="bfloat16", max_seq_len=256, max_batch_size=8, **kw)
+    prompts = [list(range(3, 3 + n)) for n in (1, 17, 5, 64, 9, 33)]
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=t, seed=2) for t in (0, 0.9) * 3]
+    out = [o.token_ids for o in llm.generate(prompts, params)]
+    return out, llm
+
+
+def test_graph_replayed_decode_equals_eager():
+    fmha = ["triton_decode", "sdpa_math"]
+    eager, _ = _tokens(cuda_graphs=False, fmha_enabled=fmha)
+    graphs, llm = _tokens(cuda_graphs=True, graph_batch_sizes=EXACT_GRAPHS, fmha_enabled=fmha)
+    assert llm.executor.graphs is not None and len(llm.executor.graphs.graphs) == 2 * len(EXACT_GRAPHS)
+    assert graphs == eager
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_hooks_with_graphs_give_the_all_off_tokens(loop):
+    fmha = ["triton_decode", "sdpa_math"]
+    base, _ = _tokens(cuda_graphs=True, graph_batch_sizes=EXACT_GRAPHS, fmha_enabled=fmha)
+    prologue = FusedDecodePrologue()
+    hooked, llm = _tokens(
+        cuda_graphs=True,
+        graph_batch_sizes=EXACT_GRAPHS,
+        fmha_enabled=fmha,
+        hooks=RuntimeHooks(loop_on_execution_stream=loop, decode_prologue=prologue),
+    )
+    assert llm.executor.decode_from_embeds
+    assert llm.executor.loop_gate()[0] is loop
+    assert hooked == base
+
+
+def _paged_case(dtype, window=None):
+    from fastpath.runtime.attention.metadata import AttentionMetadata
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lens = [1, 17, 300, 64, 129]
+    block, kvh, heads, dim = 16, 8, 32, 64
+    width = 32
+    nblocks = 1 + len(lens) * width
+    k = torch.randn(nblocks, block, kvh, dim, generator=gen, device="cuda", dtype=dtype)
+    v = torch.randn(nblocks, block, kvh, dim, generator=gen, device="cuda", dtype=dtype)
+    tables = (torch.randperm(nblocks - 1, device="cuda", generator=gen)[: len(lens) * width] + 1).view(
+        len(lens), -1
+    )
+    q = torch.randn(len(lens), heads, dim, generator=gen, device="cuda", dtype=dtype)
+    meta = AttentionMetadata(
+        "decode",
+        torch.zeros(len(lens), dtype=torch.int64, device="cuda"),
+        tables.int(),
+        torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        context_lens_host=lens,
+        block_size=block,
+        sliding_window=window,
+        capturing=True,
+    )
+    return q, k, v, meta
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_triton_decode_matches_the_reference(window):
+    from fastpath.runtime.attention.reference import ReferenceAttention
+    from fastpath.runtime.attention.triton_decode import TritonDecodeAttention
+
+    q, k, v, meta = _paged_case(torch.bfloat16, window)
+    ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.125)
+    got = TritonDecodeAttention().forward(q, k, v, meta, 0.125).float()
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_fused_ops_match_torch_ops():
+    from fastpath.runtime.kernels.torch_ops import TorchOps
+    from fastpath.runtime.kernels.triton_ops import TritonOps
+
+    t, f = TorchOps(), TritonOps()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    dt = torch.bfloat16
+    x = torch.randn(5, 2048, device="cuda", dtype=dt, generator=g)
+    r = torch.randn(5, 2048, device="cuda", dtype=dt, generator=g)
+    w = 1 + 0.1 * torch.randn(2048, device="cuda", dtype=dt, generator=g)
+    for res in (None, r):
+        (a, sa), (b, sb) = t.add_rms_norm(x, res, w, 1e-5), f.add_rms_norm(x, res, w, 1e-5)
+        assert torch.equal(sa, sb)
+        assert (
+            a.float() - b.float()
+        ).abs().max() <= 2 * a.float().abs().max() * 2**-8  # at most an ulp apart
+    gu = torch.randn(5, 2 * 4096, device="cuda", dtype=dt, generator=g)
+    assert torch.equal(t.silu_mul(gu), f.silu_mul(gu))
+    weight = torch.randn(3072, 2048, device="cuda", dtype=dt, generator=g) * 0.02
+    one = x[:1]
+    rel = (t.linear(one, weight).float() - f.linear(one, weight).float()).norm() / t.linear(
+        one, weight
+    ).float().norm()
+    assert float(rel) < 1e-2
+    for qk_norm in (False, True):
+        heads, kvh, dim = 32, 8, 64
+        qkv = torch.randn(7, (heads + 2 * kvh) * dim, device="cuda", dtype=dt, generator=g)
+        pos = torch.tensor([0, 5, 9, 100, 3, 2, 1], device="cuda")
+        ang = torch.randn(128, dim, device="cuda", generator=g)
+        cos, sin = ang.cos(), ang.sin()
+        qn = (1 + 0.1 * torch.randn(dim, device="cuda", generator=g)).to(dt) if qk_norm else None
+        kn = (1 + 0.1 * torch.randn(dim, device="cuda", generator=g)).to(dt) if qk_norm else None
+        caches = [torch.zeros(4, 16, kvh, dim, device="cuda", dtype=dt) for _ in range(4)]
+        slots = torch.tensor([3, 17, 20, 40, 41, 60, 1], device="cuda")
+        qa = t.qkv_rope_cache(
+            qkv, pos, cos, sin, qn, kn, 1e-6, caches[0], caches[1], slots, (heads, kvh, dim)
+        )
+        qb = f.qkv_rope_cache(
+            qkv, pos, cos, sin, qn, kn, 1e-6, caches[2], caches[3], slots, (heads, kvh, dim)
+        )
+        tol = 0 if not qk_norm else 2**-7
+        assert (qa.float() - qb.float()).abs().max() <= tol * qa.float().abs().max()
+        assert torch.equal(caches[1], caches[3])
+        assert (caches[0].float() - caches[2].float()).abs().max() <= tol * caches[0].float().abs().max()
+
+
+def test_one_billion_parameter_llama_runs_with_graphs():
+    llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
+    out = llm.generate(
+        [list(range(100, 140)), [128000, 9906]], SamplingParams(max_tokens=20, ignore_eos=True)
+    )
+    assert all(len(o.token_ids) == 20 for o in out)
+    assert llm.executor.graphs is not None
+    logits = llm.prompt_logits([128000, 9906, 1917])
+    assert torch.isfinite(logits).all() and logits.std() > 0
