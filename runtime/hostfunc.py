@@ -273,6 +273,15 @@ class HostDispatcher:
         )
 
     @property
+    def engine(self) -> Any:
+        """The extension's Engine, for what this class does not wrap (e.g. ``launch_log``)."""
+        return self._engine
+
+    def stream_handle(self, stream: Any = None) -> int:
+        """The handle `launch` would use, or that of ``stream``."""
+        return self._handle(stream)
+
+    @property
     def backend(self) -> str:
         return self._engine.backend
 

@@ -47,7 +47,7 @@ class Attention(nn.Module):
             (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
         )
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
-        out = fmha.select(shapes).forward(q, k_cache, v_cache, meta, self.scale)
+        out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale)
         return ops.linear(out.reshape(-1, cfg.q_size), self.o_proj.weight, self.o_proj.bias)
 
 

@@ -7,6 +7,10 @@ import torch
 from .metadata import AttentionConfig, AttentionMetadata, AttentionShapes, gather_kv, prefill_mask
 
 
+class KernelRefused(RuntimeError):
+    """A library's kernel declined this exact call (a shape limit no probe can foresee); the next library runs."""
+
+
 class FmhaLibrary:
     """An attention implementation. `is_available` and `supports` return reasons; an empty list means yes."""
 

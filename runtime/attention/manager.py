@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from .library import FmhaLibrary
+from .library import FmhaLibrary, KernelRefused
 from .metadata import AttentionConfig, AttentionShapes
 from .registry import DEFAULT_ORDER, create
 
@@ -40,6 +40,7 @@ class FmhaManager:
             raise NoAttentionLibrary(f"no attention library is available: {self._format(self.unavailable)}")
         self._chosen: dict[AttentionShapes, FmhaLibrary] = {}
         self.rejections: dict[AttentionShapes, dict[str, list[str]]] = {}
+        self.refusals: dict[str, str] = {}
 
     def select(self, shapes: AttentionShapes) -> FmhaLibrary:
         lib = self._chosen.get(shapes)
@@ -62,6 +63,28 @@ class FmhaManager:
         raise NoAttentionLibrary(
             f"no attention library supports {_describe(shapes)}: {self._format(rejected)}"
         )
+
+    def forward(self, shapes: AttentionShapes, q, k_cache, v_cache, meta, scale):
+        """Attention through the selected library; a kernel that refuses this call hands it to the next one."""
+        lib = self.select(shapes)
+        try:
+            return lib.forward(q, k_cache, v_cache, meta, scale)
+        except KernelRefused as exc:
+            if shapes.capturing:
+                raise
+            self.refusals[lib.name] = str(exc)
+            log.info(
+                "attention %s: %s refused (%s); trying the next library", _describe(shapes), lib.name, exc
+            )
+            start = self.order.index(lib.name) + 1
+            for name in self.order[start:]:
+                other = self.available.get(name)
+                if other is not None and not other.supports(shapes):
+                    try:
+                        return other.forward(q, k_cache, v_cache, meta, scale)
+                    except KernelRefused as again:
+                        self.refusals[name] = str(again)
+            raise NoAttentionLibrary(f"every library refused {_describe(shapes)}: {self.refusals}") from exc
 
     def explain(self) -> list[str]:
         lines = [f"order: {', '.join(self.order)}"]

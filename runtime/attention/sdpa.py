@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from .library import DenseFmhaLibrary
+from .library import DenseFmhaLibrary, KernelRefused
 from .metadata import AttentionConfig, AttentionShapes
 
 _BACKENDS = {
@@ -44,7 +46,8 @@ class SdpaAttention(DenseFmhaLibrary):
         elif feature == "gqa" and heads != kv_heads:
             kwargs["enable_gqa"] = True
         try:
-            with sdpa_kernel(self.backend):
+            with warnings.catch_warnings(), sdpa_kernel(self.backend):
+                warnings.simplefilter("ignore")  # torch explains each refusal; the reason is recorded instead
                 F.scaled_dot_product_attention(q, k, k, **kwargs)
         except (RuntimeError, ValueError, NotImplementedError) as exc:
             return _first_line(exc)
@@ -89,5 +92,10 @@ class SdpaAttention(DenseFmhaLibrary):
                 kwargs["is_causal"] = True
             else:
                 kwargs["attn_mask"] = causal_lower_right(lq, lk)
-        with sdpa_kernel(self.backend):
-            return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        try:
+            with sdpa_kernel(self.backend):
+                return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        except RuntimeError as exc:
+            if "No available kernel" not in str(exc):
+                raise
+            raise KernelRefused(f"{self.name} has no kernel for q{tuple(q.shape)} k{tuple(k.shape)}") from exc

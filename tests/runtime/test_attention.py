@@ -108,3 +108,19 @@ def test_engine_tokens_do_not_depend_on_the_library(order):
     )
     other = LLM("random:tiny-mistral", device="cpu", max_seq_len=64, fmha_enabled=order).generate(prompts, p)
     assert [o.token_ids for o in other] == [o.token_ids for o in base]
+
+
+def test_a_refused_call_falls_through_to_the_next_library():
+    from fastpath.runtime.attention.library import KernelRefused
+
+    mgr = FmhaManager(CPU_CFG, enabled=["sdpa_math", "reference"])
+    math = mgr.available["sdpa_math"]
+
+    def refuse(*args, **kwargs):
+        raise KernelRefused("sdpa_math has no kernel for this call")
+
+    math.forward = refuse
+    q, k, v, meta = _paged([3, 8], None, "decode")
+    out = mgr.forward(meta.decode_shapes(), q, k, v, meta, 0.25)
+    torch.testing.assert_close(out, ReferenceAttention().forward(q, k, v, meta, 0.25))
+    assert mgr.refusals == {"sdpa_math": "sdpa_math has no kernel for this call"}

@@ -1,0 +1,70 @@
+"""The host-dispatch extensions that the test_hostfunc*.py tests run against.
+
+Each entry is an importable module defining fastpath's host-dispatch module
+(cpp/include/fastpath/hostdispatch_module.hpp). The native binding takes the mode at run time;
+a generated extension fixes it (``FIXED_MODE``) and is tested in that mode only. Add generated
+extensions to EXTENSIONS, or list them in $FASTPATH_HOSTDISPATCH_EXTS (comma-separated), and the
+same tests run on them: "the generated extension and the native binding pass the same
+host-dispatch tests".
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+import pytest
+
+EXTENSIONS: list[str] = ["fastpath.runtime._hostdispatch"]
+EXTRA_ENV = "FASTPATH_HOSTDISPATCH_EXTS"
+ALL_MODES = ("inline", "blocking", "spin", "auto")
+
+# On a simulated device: (mode, SimDevice keyword arguments, the backend that mode must pick).
+SIM_BACKENDS = (
+    ("blocking", {}, "blocking"),
+    ("spin", {}, "hostfunc_v2"),
+    ("spin", {"hostfunc_v2": False}, "doorbell"),
+    ("auto", {"hostfunc_v2": False}, "doorbell"),
+    ("spin", {"hostfunc_v2": False, "memops": False}, "blocking"),
+)
+
+
+def extension_names(mode: str | None = None) -> list[str]:
+    """Every extension under test, or those that can run ``mode``."""
+    extra = [n.strip() for n in os.environ.get(EXTRA_ENV, "").split(",") if n.strip()]
+    names = EXTENSIONS + [n for n in extra if n not in EXTENSIONS]
+    return [n for n in names if mode is None or mode in load(n).MODES]
+
+
+def load(name: str) -> ModuleType:
+    return importlib.import_module(name)
+
+
+def _short(name: str) -> str:
+    return "native" if name == EXTENSIONS[0] else name.split(".")[0]
+
+
+def mode_params(modes: tuple[str, ...] = ALL_MODES) -> list:
+    """(extension name, mode) for every mode each extension can run."""
+    params = []
+    for name in extension_names():
+        for mode in load(name).MODES:
+            if mode in modes:
+                params.append(pytest.param((name, mode), id=f"{_short(name)}-{mode}"))
+    return params
+
+
+def sim_params(backends: tuple[str, ...] | None = None) -> list:
+    """(extension name, mode, SimDevice kwargs, expected backend) for the extension's modes."""
+    params = []
+    for name in extension_names():
+        ext_modes = load(name).MODES
+        for mode, device, backend in SIM_BACKENDS:
+            if mode not in ext_modes or (backends is not None and backend not in backends):
+                continue
+            absent = "-".join(k for k, v in device.items() if not v) or "all"
+            params.append(
+                pytest.param((name, mode, device, backend), id=f"{_short(name)}-{mode}-{backend}-{absent}")
+            )
+    return params
