@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+# Triton's CPU interpreter (tests without a GPU) cannot time configs: it runs the first one.
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _tuned(configs, key):
+    def wrap(fn):
+        return fn if INTERPRET else triton.autotune(configs=configs, key=key)(fn)
+
+    return wrap
+
+
+def untuned_args(configs) -> dict:
+    """Launch arguments that autotuning would have supplied (the first config), for the interpreter."""
+    return dict(configs[0].kwargs) if INTERPRET else {}
 
 
 @triton.jit
@@ -112,7 +129,7 @@ def _gemv_configs():
     ]
 
 
-@triton.autotune(configs=_gemv_configs(), key=["N", "K"])
+@_tuned(_gemv_configs(), ["N", "K"])
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
@@ -133,3 +150,44 @@ def gemv_kernel(
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _small_m_configs():
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
+        for bn, bk, w, s in [
+            (16, 256, 4, 4),
+            (16, 512, 4, 3),
+            (32, 256, 4, 4),
+            (32, 512, 8, 3),
+            (64, 128, 4, 4),
+            (64, 256, 8, 3),
+        ]
+    ]
+
+
+@_tuned(_small_m_configs(), ["N", "K"])
+@triton.jit
+def gemm_small_m_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """y[M, N] = x[M, K] @ w[N, K]^T for 2 <= M <= 16: one pass over w on the tensor cores, rows padded to 16."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, 16)
+    n_mask = rn < N
+    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        w = tl.load(
+            w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
+        )
+        x = tl.load(
+            x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & k_mask[None, :], other=0.0
+        )
+        acc = tl.dot(x, tl.trans(w), acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    out = acc.to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=(rm[:, None] < M) & n_mask[None, :])

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from . import triton_kernels as K
 from .torch_ops import TorchOps
 
-GEMV_MAX_M = 1  # one row streams the weights; from two rows on, cuBLAS's GEMM is the better kernel
+GEMV_MAX_M = 16  # decode-sized batches stream the weights once; larger ones are real GEMMs for cuBLAS
 
 
 def _pow2(n: int) -> int:
@@ -41,16 +41,25 @@ class TritonOps(TorchOps):
         x = x.contiguous()
         n, k = weight.shape
         y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        K.gemv_kernel[lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),)](
-            x,
-            weight,
-            bias if bias is not None else weight,
-            y,
-            n,
-            k,
-            weight.stride(0),
-            HAS_BIAS=bias is not None,
-        )
+        b = bias if bias is not None else weight
+        grid = lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
+        if m == 1:
+            K.gemv_kernel[grid](
+                x,
+                weight,
+                b,
+                y,
+                n,
+                k,
+                weight.stride(0),
+                HAS_BIAS=bias is not None,
+                **K.untuned_args(K._gemv_configs()),
+            )
+        else:
+            K.gemm_small_m_kernel[grid](
+                x, weight, b, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
+                **K.untuned_args(K._small_m_configs()),
+            )  # fmt: skip
         return y
 
     def silu_mul(self, gate_up):

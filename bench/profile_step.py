@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes: kernel times inside graph replays, grouped, plus each linear's bandwidth.
+
+python bench/profile_step.py --out DIR [--batch 1 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth, markdown_table, write_outputs
+
+GROUPS = [
+    ("gemv", ("gemv", "gemm_small", "gemm", "cutlass", "sm90_xmma", "nvjet", "ampere", "sgemm")),
+    ("attention", ("split_kernel", "reduce_kernel", "attention", "fmha", "flash")),
+    ("norm", ("rms_norm",)),
+    ("rope+kv", ("qkv_rope",)),
+    ("silu", ("silu",)),
+    ("sampler", ("argmax", "softmax", "reduce", "gather", "max")),
+]
+
+
+def group_of(name: str) -> str:
+    low = name.lower()
+    return next((g for g, keys in GROUPS if any(k in low for k in keys)), "other")
+
+
+def profile_graph(llm, rows: int, replays: int = 20) -> dict:
+    graphs = llm.executor.graphs
+    g = graphs.graphs[(rows, "greedy")].graph
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+    per_kernel = collections.Counter()
+    counts = collections.Counter()
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[evt.name] += evt.device_time_total / replays
+            counts[evt.name] += 1 / replays
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return {
+        "kernels": dict(per_kernel),
+        "counts": dict(counts),
+        "step_us": start.elapsed_time(end) * 1e3 / replays,
+    }
+
+
+def linear_bandwidth(llm, bw: float) -> list[list[object]]:
+    ops = llm.executor.model.ops
+    layer = llm.executor.model.layers[0]
+    weights = {
+        "qkv": layer.self_attn.qkv_proj.weight,
+        "o": layer.self_attn.o_proj.weight,
+        "gate_up": layer.mlp.gate_up_proj.weight,
+        "down": layer.mlp.down_proj.weight,
+        "lm_head": llm.executor.model.lm_head.weight,
+    }
+    rows = []
+    for m in (1, 8):
+        for name, w in weights.items():
+            x = torch.randn(m, w.shape[1], device="cuda", dtype=w.dtype)
+            for impl, fn in (("fastpath", ops.linear), ("cuBLAS", torch.nn.functional.linear)):
+                for _ in range(3):
+                    fn(x, w)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(50):
+                    fn(x, w)
+                end.record()
+                end.synchronize()
+                t = start.elapsed_time(end) / 50 / 1e3
+                gbps = w.numel() * w.element_size() / t
+                rows.append(
+                    [
+                        m,
+                        name,
+                        tuple(w.shape),
+                        impl,
+                        f"{t * 1e6:.1f}",
+                        f"{gbps / 1e12:.2f}",
+                        f"{gbps / bw:.0%}",
+                    ]
+                )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/profile_step.py needs a CUDA device")
+        return
+    from fastpath.runtime import LLM, SamplingParams
+
+    bw = copy_bandwidth()
+    llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512,
+              graph_batch_sizes=args.batch)  # fmt: skip
+    llm.generate(
+        [[1000 + i for i in range(32)]] * max(args.batch), SamplingParams(max_tokens=8, ignore_eos=True)
+    )
+    payload = {"copy_bandwidth": bw, "steps": {}}
+    rows = []
+    for b in args.batch:
+        prof = profile_graph(llm, b)
+        payload["steps"][b] = prof
+        groups = collections.Counter()
+        for name, us in prof["kernels"].items():
+            groups[group_of(name)] += us
+        total = sum(groups.values())
+        for grp, us in groups.most_common():
+            rows.append([b, grp, f"{us:.0f}", f"{us / total:.0%}"])
+        rows.append(
+            [
+                b,
+                "sum of kernels",
+                f"{total:.0f}",
+                f"replay {prof['step_us']:.0f} µs, {sum(prof['counts'].values()):.0f} kernels",
+            ]
+        )
+        top = sorted(prof["kernels"].items(), key=lambda kv: -kv[1])[:12]
+        print(f"batch {b} top kernels:")
+        for name, us in top:
+            print(f"  {us:8.1f} us  x{prof['counts'][name]:.0f}  {name[:110]}")
+    table = markdown_table(["batch", "group", "µs/step", "share"], rows)
+    lin = linear_bandwidth(llm, bw)
+    table += "\n\n" + markdown_table(["M", "linear", "weight", "impl", "µs", "TB/s", "of copy bw"], lin)
+    payload["linears"] = lin
+    write_outputs(args.out, "profile_step", payload, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Runs under TRITON_INTERPRET=1 (a subprocess of test_triton_interpreter.py): the GPU kernels on the CPU.
+
+fp16 only: the interpreter's bf16 rounding is not the hardware's, while fp16 goes through numpy exactly.
+"""
+
+import os
+import sys
+
+import torch
+
+from fastpath.runtime.attention.metadata import AttentionMetadata
+from fastpath.runtime.attention.reference import ReferenceAttention
+from fastpath.runtime.attention.triton_decode import TritonDecodeAttention
+from fastpath.runtime.decode_inputs import FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
+from fastpath.runtime.kernels.torch_ops import TorchOps
+from fastpath.runtime.kernels.triton_ops import TritonOps
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run me with TRITON_INTERPRET=1"
+DT = torch.float16
+g = torch.Generator().manual_seed(0)
+
+
+def rand(*shape, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).to(DT)
+
+
+def check(name, ok):
+    print(("ok   " if ok else "FAIL ") + name)
+    return ok
+
+
+def ops() -> bool:
+    t, f = TorchOps(), TritonOps()
+    good = True
+    for m in (1, 3, 16):
+        x, w, b = rand(m, 256), rand(96, 256, scale=0.05), rand(96)
+        ref, got = t.linear(x, w, b).float(), f.linear(x, w, b).float()
+        # Sums in another order than the CPU GEMM: equal to fp16 rounding, not bit for bit.
+        good &= check(f"linear m={m}", float((ref - got).norm() / ref.norm()) < 1e-3)
+    x, r, w = rand(5, 300), rand(5, 300), rand(300, scale=0.1) + 1
+    for res in (None, r):
+        (a, sa), (c, sc) = t.add_rms_norm(x, res, w, 1e-5), f.add_rms_norm(x, res, w, 1e-5)
+        good &= check(f"add_rms_norm residual={res is not None}", torch.equal(sa, sc) and torch.equal(a, c))
+    gu = rand(5, 2 * 1100)
+    good &= check("silu_mul", torch.equal(t.silu_mul(gu), f.silu_mul(gu)))
+    for qk in (False, True):
+        heads, kvh, dim = 6, 2, 16
+        qkv = rand(7, (heads + 2 * kvh) * dim)
+        pos = torch.tensor([0, 5, 9, 100, 3, 2, 1])
+        ang = torch.randn(128, dim, generator=g)
+        norms = (rand(dim, scale=0.1) + 1, rand(dim, scale=0.1) + 1) if qk else (None, None)
+        caches = [torch.zeros(4, 16, kvh, dim, dtype=DT) for _ in range(4)]
+        slots = torch.tensor([3, 17, 20, 40, 41, 60, 1])
+        args = (pos, ang.cos(), ang.sin(), *norms, 1e-6)
+        qa = t.qkv_rope_cache(qkv, *args, caches[0], caches[1], slots, (heads, kvh, dim))
+        qb = f.qkv_rope_cache(qkv, *args, caches[2], caches[3], slots, (heads, kvh, dim))
+        same = torch.equal(qa, qb) and all(torch.equal(caches[i], caches[i + 2]) for i in (0, 1))
+        good &= check(f"qkv_rope_cache qk_norm={qk}", same)
+    return good
+
+
+def decode_attention() -> bool:
+    good = True
+    for window in (None, 7):
+        lens, block, kvh, heads, dim, width = [1, 17, 40, 9], 16, 2, 8, 16, 4
+        nblocks = 1 + len(lens) * width
+        k, v = rand(nblocks, block, kvh, dim), rand(nblocks, block, kvh, dim)
+        tables = (torch.randperm(nblocks - 1, generator=g)[: len(lens) * width] + 1).view(len(lens), -1).int()
+        q = rand(len(lens), heads, dim)
+        meta = AttentionMetadata(
+            "decode", torch.zeros(4, dtype=torch.int64), tables, torch.tensor(lens, dtype=torch.int32),
+            context_lens_host=lens, block_size=block, sliding_window=window, capturing=True,
+        )  # fmt: skip
+        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
+        got = TritonDecodeAttention().forward(q, k, v, meta, 0.25).float()
+        good &= check(f"triton_decode window={window}", float((got - ref).norm() / ref.norm()) < 2e-3)
+    return good
+
+
+def fused_prologue() -> bool:
+    from fastpath.runtime.prologues import _load_kernel
+
+    rows, width, hidden, vocab = 3, 5, 40, 50
+    packed = torch.tensor(
+        [[7, -1, 4, 68, 5, 4, 9, 0, 0, 0], [-1, 1, 2, 34, 3, 2, 0, 0, 0, 0], [0, -1, 0, 0, 1, 0, 0, 0, 0, 0]]
+    )
+    assert packed.shape == (rows, FIXED_COLUMNS + width)
+    prev = torch.tensor([11, 23])
+    embed = rand(vocab, hidden)
+    native = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
+    fused = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
+    native_prologue(
+        DecodeInputs(rows, packed, native, prev), lambda ids: torch.nn.functional.embedding(ids, embed)
+    )
+    _load_kernel()[(rows,)](
+        packed, prev, embed, fused.input_ids, fused.positions, fused.slot_mapping, fused.context_lens,
+        fused.block_tables, fused.embeds, packed.stride(0), fused.block_tables.stride(0), embed.stride(0),
+        fused.embeds.stride(0), width, hidden, HAS_PREV=True, BLOCK_W=4, BLOCK_H=16,
+        C_TOKEN=0, C_SRC=1, C_POS=2, C_SLOT=3, C_CTX=4, C_FIXED=FIXED_COLUMNS,
+    )  # fmt: skip
+    fields = ("input_ids", "positions", "slot_mapping", "context_lens", "block_tables", "embeds")
+    return check("fused prologue", all(torch.equal(getattr(native, f), getattr(fused, f)) for f in fields))
+
+
+if __name__ == "__main__":
+    results = [ops(), decode_attention(), fused_prologue()]
+    sys.exit(0 if all(results) else 1)
