@@ -219,7 +219,7 @@ class ExecutorCore:
         )
         hidden = buffers.embeds if buffers.embeds is not None else self.model.embed(buffers.input_ids)
         logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
-        tokens, logprobs = sample(logits, sampling, want_logprobs=True)
+        tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
         return tokens, logprobs
 
     def launch_prefill(self, batch: ScheduledBatch):
@@ -231,7 +231,7 @@ class ExecutorCore:
             sampling = None
             if not all(s.params.greedy for s in sampled):
                 sampling = self._sampling(sampled, len(sampled))
-            tokens, logprobs = sample(logits, sampling, want_logprobs=True)
+            tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
         return tokens, logprobs, sampled
 
     def prefill_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:

@@ -29,9 +29,9 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops):
+    def forward(self, qkv, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops):
+        """Projected q|k|v -> attention output projected back to the hidden size."""
         cfg = self.cfg
-        qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias)
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         q = ops.qkv_rope_cache(
             qkv,
@@ -57,8 +57,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x, ops):
-        return ops.linear(ops.silu_mul(ops.linear(x, self.gate_up_proj.weight)), self.down_proj.weight)
+    def forward(self, gate_up, ops):
+        return ops.silu_mul_linear(gate_up, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -71,11 +71,15 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, residual, positions, rope, kv, meta, fmha, ops):
         """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
-        eps = self.input_layernorm.eps
-        h, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
-        h = self.self_attn(h, positions, rope, kv, meta, fmha, ops)
-        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
-        return self.mlp(h, ops), residual
+        eps, attn = self.input_layernorm.eps, self.self_attn
+        qkv, residual = ops.add_rms_norm_linear(
+            x, residual, self.input_layernorm.weight, eps, attn.qkv_proj.weight, attn.qkv_proj.bias
+        )
+        h = attn(qkv, positions, rope, kv, meta, fmha, ops)
+        gate_up, residual = ops.add_rms_norm_linear(
+            h, residual, self.post_attention_layernorm.weight, eps, self.mlp.gate_up_proj.weight
+        )
+        return self.mlp(gate_up, ops), residual
 
 
 class CausalLM(nn.Module):
@@ -109,5 +113,7 @@ class CausalLM(nn.Module):
             hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops)
         if logits_indices is not None:
             hidden, residual = hidden[logits_indices], residual[logits_indices]
-        hidden, _ = ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)
-        return ops.linear(hidden, self.lm_head.weight)
+        logits, _ = ops.add_rms_norm_linear(
+            hidden, residual, self.norm.weight, self.norm.eps, self.lm_head.weight
+        )
+        return logits

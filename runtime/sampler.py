@@ -55,9 +55,15 @@ class SamplingTensors:
 
 
 def sample(
-    logits: torch.Tensor, params: SamplingTensors | None, want_logprobs: bool
+    logits: torch.Tensor, params: SamplingTensors | None, want_logprobs: bool, greedy=None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits [B, V] -> (tokens [B] int64, logprobs of those tokens [B] or None). params None: all greedy."""
+    """logits [B, V] -> (tokens [B] int64, logprobs of those tokens [B] or None). params None: all greedy.
+
+    `greedy(logits) -> (tokens, logprobs)` is the all-greedy fast path (a fused kernel on CUDA).
+    """
+    if params is None and greedy is not None:
+        tokens, logprobs = greedy(logits)
+        return tokens, logprobs if want_logprobs else None
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
     if params is None:

@@ -31,6 +31,20 @@ class TorchOps:
     def linear(self, x, weight, bias=None):
         return F.linear(x, weight, bias)
 
+    def add_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
+        """(linear(norm(x + residual)), x + residual): a layer's norm and the projection after it."""
+        normed, summed = self.add_rms_norm(x, residual, norm_weight, eps)
+        return self.linear(normed, weight, bias), summed
+
+    def silu_mul_linear(self, gate_up, weight):
+        return self.linear(self.silu_mul(gate_up), weight)
+
+    def greedy(self, logits):
+        """(argmax tokens, their log-probabilities) of fp32-upcast logits."""
+        logits = logits.float()
+        tokens = logits.argmax(dim=-1)
+        return tokens, logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up

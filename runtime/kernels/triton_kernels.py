@@ -129,27 +129,97 @@ def _gemv_configs():
     ]
 
 
-@_tuned(_gemv_configs(), ["N", "K"])
+@_tuned(_gemv_configs(), ["N", "K", "PRE"])
 @triton.jit
 def gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, sum_ptr, N, K, stride_wn, eps,
+    HAS_BIAS: tl.constexpr, PRE: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """y[N] = w[N, K] @ x[K] for one decode row: streams w once, no split-K, no atomics (deterministic)."""
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """y[N] = w[N, K] @ pre(x)[K] for one decode row: streams w once, no split-K, no atomics (deterministic).
+
+    pre is applied on the fly, redundantly per program (x is small and sits in L2), which saves a launch:
+      PRE 0: x as is.
+      PRE 1: RMSNorm(x + residual) * norm weight; program 0 also writes x + residual to sum_ptr.
+      PRE 2: SiLU(gate) * up, with x = gate | up (2K values).
+    """
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
+    dtype = y_ptr.dtype.element_ty
+    rstd = 0.0
+    if PRE == 1:
+        sq = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = rk < K
+            xv = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
+            if HAS_RES:
+                xv = (xv.to(tl.float32) + tl.load(r_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)).to(
+                    dtype
+                )
+                if pid == 0:
+                    tl.store(sum_ptr + rk, xv, mask=k_mask)
+            sq += xv.to(tl.float32) * xv.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(sq, 0) / K + eps)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
+        if PRE == 2:
+            g = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+            u = tl.load(x_ptr + K + rk, mask=k_mask, other=0.0).to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+            xv = (act * u).to(dtype).to(tl.float32)
+        else:
+            xv = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
+            if PRE == 1:
+                if HAS_RES:
+                    xv = (xv.to(tl.float32) + tl.load(r_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)).to(
+                        dtype
+                    )
+                normed = (xv.to(tl.float32) * rstd).to(dtype).to(tl.float32)
+                nw = tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+                xv = (nw * normed).to(dtype)
+            xv = xv.to(tl.float32)
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
         )
-        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
+        acc += tl.sum(w.to(tl.float32) * xv[None, :], 1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(y_ptr + rn, acc.to(dtype), mask=n_mask)
+
+
+@triton.jit
+def argmax_lse_partial_kernel(
+    logits_ptr, stride_row, V, max_ptr, idx_ptr, sum_ptr, BLOCK: tl.constexpr, PARTS: tl.constexpr
+):  # fmt: skip
+    """Per chunk of a row: max, first index of the max, and sum of exp(x - max)."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    cols = part * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, 0)
+    idx = tl.min(tl.where(x == m, cols, V), 0)
+    # A part wholly past the vocabulary holds only -inf: it contributes nothing (and no NaN).
+    s = tl.where(m == float("-inf"), 0.0, tl.sum(tl.exp(x - m), 0))
+    out = row * PARTS + part
+    tl.store(max_ptr + out, m)
+    tl.store(idx_ptr + out, idx)
+    tl.store(sum_ptr + out, s)
+
+
+@triton.jit
+def argmax_lse_final_kernel(max_ptr, idx_ptr, sum_ptr, tokens_ptr, logprobs_ptr, V, PARTS: tl.constexpr):
+    """Greedy token (first index of the row max, as torch.argmax) and its log-probability."""
+    row = tl.program_id(0)
+    p = tl.arange(0, PARTS)
+    m = tl.load(max_ptr + row * PARTS + p)
+    top = tl.max(m, 0)
+    idx = tl.min(tl.where(m == top, tl.load(idx_ptr + row * PARTS + p), V), 0)
+    total = tl.sum(tl.where(m == float("-inf"), 0.0, tl.load(sum_ptr + row * PARTS + p) * tl.exp(m - top)), 0)
+    tl.store(tokens_ptr + row, idx.to(tl.int64))
+    tl.store(logprobs_ptr + row, -tl.log(total))
 
 
 def _small_m_configs():

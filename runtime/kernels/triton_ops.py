@@ -34,32 +34,62 @@ class TritonOps(TorchOps):
         return self.add_rms_norm(x, None, weight, eps)[0]
 
     def linear(self, x, weight, bias=None):
-        m = x.shape[0]
-        # fp32 stays on cuBLAS: the GEMV accumulates in fp32 too, but parity tests want cuBLAS's exact path.
-        if m > GEMV_MAX_M or x.dtype == torch.float32 or x.dim() != 2:
+        if not self._streams(x):
             return F.linear(x, weight, bias)
+        if x.shape[0] == 1:
+            return self._gemv(0, x, weight, bias)
+        x = x.contiguous()
+        m, (n, k) = x.shape[0], weight.shape
+        y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        K.gemm_small_m_kernel[_grid(n)](
+            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
+            HAS_BIAS=bias is not None, **K.untuned_args(K._small_m_configs()),
+        )  # fmt: skip
+        return y
+
+    def add_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
+        if x.shape[0] != 1 or not self._streams(x):
+            return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+        summed = x if residual is None else torch.empty_like(x)
+        y = self._gemv(1, x, weight, bias, residual=residual, norm_weight=norm_weight, summed=summed, eps=eps)
+        return y, summed
+
+    def silu_mul_linear(self, gate_up, weight):
+        if gate_up.shape[0] != 1 or not self._streams(gate_up):
+            return super().silu_mul_linear(gate_up, weight)
+        return self._gemv(2, gate_up, weight, None)
+
+    def greedy(self, logits):
+        rows, vocab = logits.shape
+        block = 4096
+        parts = _pow2(triton_cdiv(vocab, block))
+        part_max = torch.empty(rows, parts, device=logits.device, dtype=torch.float32)
+        part_idx = torch.empty(rows, parts, device=logits.device, dtype=torch.int32)
+        part_sum = torch.empty(rows, parts, device=logits.device, dtype=torch.float32)
+        # Parts past the vocabulary read only -inf: their max is -inf and they never win.
+        K.argmax_lse_partial_kernel[(rows, parts)](
+            logits, logits.stride(0), vocab, part_max, part_idx, part_sum, BLOCK=block, PARTS=parts
+        )
+        tokens = torch.empty(rows, device=logits.device, dtype=torch.int64)
+        logprobs = torch.empty(rows, device=logits.device, dtype=torch.float32)
+        K.argmax_lse_final_kernel[(rows,)](part_max, part_idx, part_sum, tokens, logprobs, vocab, PARTS=parts)
+        return tokens, logprobs
+
+    @staticmethod
+    def _streams(x) -> bool:
+        # fp32 stays on cuBLAS: the parity tests compare it with HF's exact fp32 path.
+        return x.dim() == 2 and x.shape[0] <= GEMV_MAX_M and x.dtype != torch.float32
+
+    def _gemv(self, pre, x, weight, bias, residual=None, norm_weight=None, summed=None, eps=0.0):
         x = x.contiguous()
         n, k = weight.shape
-        y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        b = bias if bias is not None else weight
-        grid = lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-        if m == 1:
-            K.gemv_kernel[grid](
-                x,
-                weight,
-                b,
-                y,
-                n,
-                k,
-                weight.stride(0),
-                HAS_BIAS=bias is not None,
-                **K.untuned_args(K._gemv_configs()),
-            )
-        else:
-            K.gemm_small_m_kernel[grid](
-                x, weight, b, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None,
-                **K.untuned_args(K._small_m_configs()),
-            )  # fmt: skip
+        y = torch.empty(1, n, device=x.device, dtype=x.dtype)
+        K.gemv_kernel[_grid(n)](
+            x, weight, bias if bias is not None else weight, y,
+            residual if residual is not None else x, norm_weight if norm_weight is not None else x,
+            summed if summed is not None else y, n, k, weight.stride(0), eps,
+            HAS_BIAS=bias is not None, PRE=pre, HAS_RES=residual is not None, **K.untuned_args(K._gemv_configs()),
+        )  # fmt: skip
         return y
 
     def silu_mul(self, gate_up):
@@ -88,3 +118,7 @@ class TritonOps(TorchOps):
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _grid(n: int):
+    return lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),)
