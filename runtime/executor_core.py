@@ -90,15 +90,42 @@ class ExecutorCore:
         self.fmha = FmhaManager(attn_cfg, config.fmha_enabled, config.fmha_prepend)
         self.is_cuda = config.device.type == "cuda"
         self.execution_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
-        # A prologue hook embeds the tokens itself, so graphs start from embeddings.
-        self.decode_from_embeds = hooks.decode_prologue is not None
+        self.decode_from_embeds = self.starts_from_embeddings()
+        self.guided = self._make_guided(config)
+        # The bitmask work overlaps the forward on its own stream (why the execution-stream loop is gated off).
+        self.guided_stream = (
+            torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None
+        )
         self.graphs: DecodeGraphs | None = None
         self.in_warmup_guard = False
         self._staging_flip = 0
         self._staging: dict[tuple[int, int, int], torch.Tensor] = {}
         self._closed = False
+        self._loop_started = False
         for line in self.fmha.explain():
             log.info("fmha %s", line)
+
+    def _make_guided(self, config: EngineConfig):
+        if config.guided_backend == "none":
+            return None
+        if config.guided_backend != "xgrammar":
+            raise ValueError(f"guided_backend: {config.guided_backend!r} is not supported (none, xgrammar)")
+        from .guided.decoder import GuidedDecoder
+        from .tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(config.checkpoint)
+        if tokenizer is None:
+            raise ValueError("guided decoding needs the model's tokenizer, and this model has none")
+        rows = (
+            max(config.max_batch_size, *config.graph_batch_sizes)
+            if config.graph_batch_sizes
+            else config.max_batch_size
+        )
+        return GuidedDecoder(tokenizer, config.model.vocab_size, rows, config.device)
+
+    def starts_from_embeddings(self) -> bool:
+        """Whether decode graphs start from embeddings: true when a prologue hook does the embedding lookup."""
+        return False
 
     # --- start-up ---------------------------------------------------------------------------------
 
@@ -169,7 +196,12 @@ class ExecutorCore:
 
     def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
         seqs = batch.seqs
-        kind = "greedy" if all(s.params.greedy for s in seqs) else "general"
+        if self.guided is not None and any(s.guided is not None for s in seqs):
+            kind = "guided"
+        elif all(s.params.greedy for s in seqs):
+            kind = "greedy"
+        else:
+            kind = "general"
         rows = self.graphs.bucket(len(seqs)) if self.graphs is not None else None
         if rows is not None:
             buffers = self.graphs.buffers[rows]
@@ -185,7 +217,9 @@ class ExecutorCore:
         self.decode_prologue(inputs)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
-        sampling = self._sampling(seqs, rows) if kind == "general" else None
+        sampling = self._sampling(seqs, rows) if kind != "greedy" else None
+        if kind == "guided":
+            self.guided.enqueue(list(seqs), rows)
         with self.forward_order():
             if self.graphs is not None and (rows, kind) in self.graphs.graphs:
                 if sampling is not None:
@@ -193,7 +227,9 @@ class ExecutorCore:
                 tokens, logprobs = self.graphs.replay(rows, kind)
             else:
                 lens = [s.num_tokens for s in seqs]
-                tokens, logprobs = self.decode_forward(buffers, sampling, capturing=False, lens=lens)
+                tokens, logprobs = self.decode_forward(
+                    buffers, sampling, capturing=False, lens=lens, guided=kind == "guided"
+                )
         return tokens[: len(seqs)], logprobs[: len(seqs)], seqs
 
     def decode_prologue(self, inputs: DecodeInputs) -> None:
@@ -204,9 +240,18 @@ class ExecutorCore:
         native_prologue(inputs, self.model.embed)
 
     def decode_forward(
-        self, buffers: DecodeBuffers, sampling, capturing: bool, lens: list[int] | None = None
+        self,
+        buffers: DecodeBuffers,
+        sampling,
+        capturing: bool,
+        lens: list[int] | None = None,
+        guided: bool = False,
     ):
-        """The pure decode step: inputs in static buffers -> sampled tokens and their logprobs."""
+        """The pure decode step: inputs in static buffers -> sampled tokens and their logprobs.
+
+        With `guided`, the grammar work runs beside the forward on a side stream: copy the fed tokens
+        to the host, a host callback fills the bitmask, copy it back; the logits wait for it.
+        """
         meta = AttentionMetadata(
             "decode",
             buffers.slot_mapping,
@@ -217,10 +262,37 @@ class ExecutorCore:
             sliding_window=self.model.cfg.sliding_window,
             capturing=capturing,
         )
+        joined = self._guided_mask_async(buffers.input_ids) if guided else None
         hidden = buffers.embeds if buffers.embeds is not None else self.model.embed(buffers.input_ids)
         logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
+        if joined is not None:
+            joined()
+            logits = self.guided.apply(logits, self.guided.device_mask)
         tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
         return tokens, logprobs
+
+    def _guided_mask_async(self, fed_tokens: torch.Tensor):
+        """Start the bitmask work for this step; returns the join to call before the logits are masked."""
+        g = self.guided
+        if self.guided_stream is None:
+            g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens)
+            self.host_callback(g.fill_from_device_tokens)
+            g.device_mask.copy_(g.host_mask)
+            return lambda: None
+        main = torch.cuda.current_stream(self.device)
+        self.guided_stream.wait_stream(main)
+        with torch.cuda.stream(self.guided_stream):
+            g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens, non_blocking=True)
+            self.host_callback(g.fill_from_device_tokens)
+            g.device_mask.copy_(g.host_mask, non_blocking=True)
+        return lambda: main.wait_stream(self.guided_stream)
+
+    def host_callback(self, fn) -> None:
+        """Run `fn` on the host when the current stream reaches this point (inline without CUDA)."""
+        if not self.is_cuda:
+            fn()
+            return
+        self.dispatcher.launch(fn)
 
     def launch_prefill(self, batch: ScheduledBatch):
         with self.forward_order():
@@ -229,7 +301,12 @@ class ExecutorCore:
                 empty = torch.empty(0, dtype=torch.int64, device=self.device)
                 return empty, empty.float(), []
             sampling = None
-            if not all(s.params.greedy for s in sampled):
+            if self.guided is not None and any(s.guided is not None for s in sampled):
+                self.guided.fill_on_host(sampled)
+                mask = self.guided.host_mask[: len(sampled)].to(self.device, non_blocking=True)
+                logits = self.guided.apply(logits, mask)
+                sampling = self._sampling(sampled, len(sampled))
+            elif not all(s.params.greedy for s in sampled):
                 sampling = self._sampling(sampled, len(sampled))
             tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
         return tokens, logprobs, sampled
@@ -338,7 +415,49 @@ class ExecutorCore:
                 record.finished.append(seq)
         return record
 
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Warm up and capture graphs; with no hooks, nothing else happens at start-up."""
+        with self.warmup_guard():
+            self.warmup()
+
+    def steps(self) -> Iterator[StepRecord]:
+        """Run until the scheduler is empty, yielding each completed step."""
+        try:
+            yield from self.overlap_loop()
+        except Exception:
+            self.shutdown()
+            raise
+
+    def overlap_loop(self) -> Iterator[StepRecord]:
+        """Launch step n+1 before reading back step n, whenever the batch is steady."""
+        inflight: InflightStep | None = None
+        try:
+            while True:
+                nxt = self.scheduler.continue_decode(inflight.batch) if inflight is not None else None
+                if nxt is not None:
+                    launched = self.launch(nxt, inflight)
+                    done, inflight = inflight, launched
+                    yield self.complete(done)
+                    continue
+                if inflight is not None:
+                    done, inflight = inflight, None
+                    yield self.complete(done)
+                batch = self.scheduler.schedule()
+                if batch is None:
+                    return
+                inflight = self.launch(batch, None)
+        finally:
+            # A consumer that stops early must not leave tokens in flight: the next run reads them.
+            if inflight is not None and not self._closed:
+                self.complete(inflight)
+
     # --- shutdown ---------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def release(self) -> None:
         if self._closed:

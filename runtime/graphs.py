@@ -45,23 +45,27 @@ class DecodeGraphs:
 
     def capture_all(self) -> None:
         # Largest first, so smaller graphs fit in the memory pool the largest one set aside.
-        work = [(b, kind) for b in reversed(self.sizes) for kind in KINDS]
+        kinds = KINDS + (("guided",) if self.core.guided is not None else ())
+        work = [(b, kind) for b in reversed(self.sizes) for kind in kinds]
         for b, kind in progress(work, "capturing CUDA graphs"):
             self.capture(b, kind)
         log.info("captured %d decode graphs for batch sizes %s", len(self.graphs), list(self.sizes))
 
     def capture(self, rows: int, kind: str) -> None:
         core, bufs = self.core, self.buffers[rows]
-        sampling = self.sampling[rows] if kind == "general" else None
+        sampling = self.sampling[rows] if kind != "greedy" else None
+        guided = kind == "guided"
         side = torch.cuda.Stream(core.device)
         side.wait_stream(torch.cuda.current_stream(core.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # lazy inits (cuBLAS handles, Triton autotune) stay out of the capture
-                core.decode_forward(bufs, sampling, capturing=True)
+                if guided:
+                    core.guided.enqueue([], rows)  # warm runs fill free rows only
+                core.decode_forward(bufs, sampling, capturing=True, guided=guided)
         torch.cuda.current_stream(core.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            tokens, logprobs = core.decode_forward(bufs, sampling, capturing=True)
+            tokens, logprobs = core.decode_forward(bufs, sampling, capturing=True, guided=guided)
         self._pool = graph.pool()
         self.graphs[(rows, kind)] = DecodeGraph(graph, tokens, logprobs)
 

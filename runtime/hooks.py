@@ -58,14 +58,19 @@ def hook_name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
+def call_hook(fn: EventFn, event: str, executor: ExecutorCore) -> None:
+    """Run one event hook; an error names the hook and the event."""
+    try:
+        fn(executor)
+    except Exception as exc:
+        raise HookError(
+            f"executor_events.{event} hook {hook_name(fn)} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def _run_each(fns: Sequence[EventFn], executor: ExecutorCore, event: str) -> None:
     for fn in fns:
-        try:
-            fn(executor)
-        except Exception as exc:
-            raise HookError(
-                f"executor_events.{event} hook {hook_name(fn)} raised {type(exc).__name__}: {exc}"
-            ) from exc
+        call_hook(fn, event, executor)
 
 
 def fire(events: ExecutorEvents, event: str, executor: ExecutorCore) -> None:

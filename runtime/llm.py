@@ -92,9 +92,20 @@ class LLM:
         from fastpath.compiler.resolve import resolve
         from fastpath.schema.loader import load_manifest
 
+        return cls._from_plan(resolve(load_manifest(Path(path))), overrides)
+
+    @classmethod
+    def from_manifest_text(cls, text: str, **overrides: Any) -> LLM:
+        """from_manifest for a manifest held in a string."""
+        from fastpath.compiler.resolve import resolve
+        from fastpath.schema.loader import parse_manifest
+
+        return cls._from_plan(resolve(parse_manifest(text, "<manifest>")), overrides)
+
+    @classmethod
+    def _from_plan(cls, plan, overrides: dict[str, Any]) -> LLM:
         from .hooks import hooks_from_plan
 
-        plan = resolve(load_manifest(Path(path)))
         kwargs = {**plan.llm_kwargs(), **overrides}
         kwargs.setdefault("hooks", hooks_from_plan(plan.hooks_dict()))
         return cls(**kwargs)
@@ -115,6 +126,10 @@ class LLM:
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             ids, problem = self._encode(prompt)
             problems = ([problem] if problem else []) + p.problems()
+            guided = None
+            if not problems and p.guided is not None:
+                guided, guided_problem = self._guided_state(p.guided)
+                problems += [guided_problem] if guided_problem else []
             out = RequestOutput(i, ids or [])
             outputs.append(out)
             if problems:
@@ -124,8 +139,22 @@ class LLM:
             seq_id = self._next_seq_id
             self._next_seq_id += 1
             seed = p.seed if p.seed is not None else (self.config.seed * 1_000_003 + seq_id) & 0x7FFFFFFF
-            seqs.append(Seq(seq_id, ids, p, seed, self.eos_ids, self.config.max_seq_len, index=i))
+            seqs.append(
+                Seq(seq_id, ids, p, seed, self.eos_ids, self.config.max_seq_len, index=i, guided=guided)
+            )
         return outputs, seqs, errors
+
+    def _guided_state(self, guided: Any):
+        """(matcher state, None) or (None, the reason the constraint is refused)."""
+        from .guided.grammar_cache import GrammarError
+        from .guided.spec import parse_spec
+
+        if self.executor.guided is None:
+            return None, "guided decoding is off in this engine: pass guided_backend='xgrammar'"
+        try:
+            return self.executor.guided.state_for(parse_spec(guided)), None
+        except (ValueError, GrammarError) as exc:
+            return None, str(exc)
 
     def _encode(self, prompt: Prompt) -> tuple[list[int] | None, str | None]:
         if isinstance(prompt, str):

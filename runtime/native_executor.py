@@ -1,4 +1,8 @@
-"""NativeExecutor: the step loop with every hook read at run time. The baseline generated executors match."""
+"""NativeExecutor: the step loop with every hook read at run time. The baseline generated executors match.
+
+A generated Executor (templates/executor.py.j2) overrides these same methods with the manifest's
+hooks compiled in, and leaves out every branch of a hook the manifest does not declare.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,15 @@ import logging
 from collections.abc import Iterator
 
 from .decode_inputs import DecodeInputs
-from .executor_core import ExecutorCore, InflightStep, StepRecord
+from .executor_core import ExecutorCore, StepRecord
 from .hooks import fire
 
 log = logging.getLogger("fastpath.executor")
 
 
 class NativeExecutor(ExecutorCore):
-    _loop_started = False
+    def starts_from_embeddings(self) -> bool:
+        return self.hooks.decode_prologue is not None
 
     def loop_gate(self) -> tuple[bool, str]:
         """Whether loop_on_execution_stream is armed, and why."""
@@ -58,31 +63,8 @@ class NativeExecutor(ExecutorCore):
             self.shutdown()  # at_shutdown runs after a loop error too
             raise
 
-    def overlap_loop(self) -> Iterator[StepRecord]:
-        """Launch step n+1 before reading back step n, whenever the batch is steady."""
-        inflight: InflightStep | None = None
-        try:
-            while True:
-                nxt = self.scheduler.continue_decode(inflight.batch) if inflight is not None else None
-                if nxt is not None:
-                    launched = self.launch(nxt, inflight)
-                    done, inflight = inflight, launched
-                    yield self.complete(done)
-                    continue
-                if inflight is not None:
-                    done, inflight = inflight, None
-                    yield self.complete(done)
-                batch = self.scheduler.schedule()
-                if batch is None:
-                    return
-                inflight = self.launch(batch, None)
-        finally:
-            # A consumer that stops early must not leave tokens in flight: the next run reads them.
-            if inflight is not None and not self._closed:
-                self.complete(inflight)
-
     def shutdown(self) -> None:
-        if self._closed:
+        if self.closed:
             return
         events = self.hooks.executor_events
         try:

@@ -11,7 +11,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
 def test_native_consumers_use_hooks_only_inside_their_on_branches():
     files = consumer_files(RUNTIME)
     names = {f.name for f in files}
-    assert {"native_executor.py", "executor_core.py"} <= names, "the scan must never be empty"
+    assert "native_executor.py" in names, "the scan must never be empty"
     seen: set[str] = set()
     for path in files:
         reads, violations = scan_source(path.read_text(), str(path))

@@ -1,0 +1,101 @@
+"""The engine side of guided decoding: matchers per request, and each step's token bitmask.
+
+Capturable by design (as TensorRT-LLM's capturable guided decoder): a decode step copies the tokens
+it feeds to pinned memory, a host callback advances each guided request's matcher with them and
+fills the step's bitmask rows, and the mask is copied back and applied to the logits before
+sampling. The callback takes no per-step arguments, so a CUDA graph can replay it: it reads the
+step's row assignment from a queue the host fills, in launch order, before each launch.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .grammar_cache import GrammarCache
+from .spec import GuidedSpec
+
+log = logging.getLogger("fastpath.guided")
+
+
+@dataclass(slots=True)
+class GuidedState:
+    """A request's matcher and how many of its output tokens the matcher has taken."""
+
+    spec: GuidedSpec
+    matcher: Any
+    accepted: int = 0
+    error: str | None = None
+
+
+class GuidedDecoder:
+    def __init__(
+        self, tokenizer: Any, vocab_size: int, max_rows: int, device: torch.device, capacity: int = 64
+    ):
+        self.cache = GrammarCache(tokenizer, vocab_size, capacity)
+        self.vocab_size = vocab_size
+        self.words = -(-vocab_size // 32)
+        pinned = device.type == "cuda"
+        self.host_tokens = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pinned)
+        self.host_mask = torch.full((max_rows, self.words), -1, dtype=torch.int32, pin_memory=pinned)
+        self.device_mask = torch.full((max_rows, self.words), -1, dtype=torch.int32, device=device)
+        cols = torch.arange(vocab_size, device=device)
+        self._word = cols // 32
+        self._bit = (cols % 32).to(torch.int32)
+        self._queue: deque[list[Any]] = deque()
+        self.fills = 0
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def state_for(self, spec: GuidedSpec) -> GuidedState:
+        """A fresh matcher; raises GrammarError when the constraint does not compile."""
+        return GuidedState(spec, self.cache.matcher(spec))
+
+    # --- the host callback --------------------------------------------------------------------------
+
+    def enqueue(self, rows: list[Any], rows_total: int) -> None:
+        """The row assignment of the next launched decode step: a Sequence, or None for a free row."""
+        self._queue.append(rows + [None] * (rows_total - len(rows)))
+
+    def fill_from_device_tokens(self) -> None:
+        """Host callback of a decode step: accept the fed tokens, then fill the next bitmask rows."""
+        rows = self._queue.popleft()
+        tokens = self.host_tokens.tolist()
+        for r, seq in enumerate(rows):
+            state = None if seq is None else seq.guided
+            if state is not None and state.error is None and not state.matcher.is_terminated():
+                if not state.matcher.accept_token(tokens[r]):
+                    state.error = f"token {tokens[r]} was sampled outside the grammar"
+                    log.warning("guided request %d: %s", seq.seq_id, state.error)
+                state.accepted += 1
+            self._fill_row(r, state)
+        self.fills += 1
+
+    def fill_on_host(self, seqs: list[Any]) -> None:
+        """A prefill step's rows: every output so far is known on the host; accept what is new, then fill."""
+        for r, seq in enumerate(seqs):
+            state = seq.guided
+            if state is not None:
+                for token in seq.output_ids[state.accepted :]:
+                    if not state.matcher.is_terminated():
+                        state.matcher.accept_token(token)
+                    state.accepted += 1
+            self._fill_row(r, state)
+        self.fills += 1
+
+    def _fill_row(self, r: int, state: GuidedState | None) -> None:
+        if state is None or state.error is not None or state.matcher.is_terminated():
+            self.host_mask[r].fill_(-1)  # unconstrained: every bit set
+        else:
+            state.matcher.fill_next_token_bitmask(self.host_mask, r)
+
+    # --- on the device ------------------------------------------------------------------------------
+
+    def apply(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """logits with every token the mask forbids set to -inf (a pure tensor op: capturable)."""
+        allowed = (mask[: logits.shape[0], self._word] >> self._bit) & 1
+        return logits.masked_fill(allowed == 0, float("-inf"))

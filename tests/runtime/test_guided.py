@@ -1,0 +1,109 @@
+"""Guided decoding with xgrammar: every finished output is valid, free requests are undisturbed."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+from guided_cases import PROMPTS, SCHEMAS
+
+from fastpath.runtime import LLM, RequestError, SamplingParams
+from fastpath.runtime.guided.spec import parse_spec
+
+pytest.importorskip("xgrammar")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_text_checkpoint):
+    return LLM(
+        str(tiny_text_checkpoint), device="cpu", max_seq_len=320, max_batch_size=8, guided_backend="xgrammar"
+    )
+
+
+def _guided(spec, seed, max_tokens=200):
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed, guided=spec)
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_every_finished_output_parses_and_validates(llm, name):
+    schema = SCHEMAS[name]
+    outs = llm.generate(PROMPTS * 2, [_guided({"json_schema": schema}, seed) for seed in range(8)])
+    finished = [o for o in outs if o.finish_reason == "stop"]
+    assert len(finished) >= 6, f"only {len(finished)} of 8 finished: {[o.text for o in outs]}"
+    for o in finished:
+        jsonschema.validate(json.loads(o.text), schema)
+
+
+def test_json_object_regex_and_grammar(llm):
+    outs = llm.generate(
+        PROMPTS[:3],
+        [
+            _guided({"json_object": True}, 1, max_tokens=120),
+            _guided({"regex": r"[a-z]{3,6}@[a-z]{2,5}\.(com|org)"}, 2),
+            _guided({"grammar": 'root ::= "yes" | "no" | "maybe " [0-9]'}, 3),
+        ],
+    )
+    assert all(o.finish_reason == "stop" for o in outs[1:])
+    if outs[0].finish_reason == "stop":
+        assert isinstance(json.loads(outs[0].text), dict)
+    assert re.fullmatch(r"[a-z]{3,6}@[a-z]{2,5}\.(com|org)", outs[1].text)
+    assert re.fullmatch(r"yes|no|maybe [0-9]", outs[2].text)
+
+
+def test_free_requests_are_undisturbed_by_guided_ones(llm):
+    free = [
+        SamplingParams(max_tokens=30, ignore_eos=True),
+        SamplingParams(max_tokens=25, temperature=0.9, seed=5),
+    ]
+    alone = [o.token_ids for o in llm.generate(PROMPTS[:2], free)]
+    mixed = llm.generate(
+        [PROMPTS[2], PROMPTS[0], PROMPTS[3], PROMPTS[1]],
+        [_guided({"json_schema": SCHEMAS["enum"]}, 1), free[0], _guided({"regex": "[0-9]+"}, 2), free[1]],
+    )
+    assert [mixed[1].token_ids, mixed[3].token_ids] == alone
+
+
+def test_a_bad_grammar_fails_its_request_alone(llm):
+    p = SamplingParams(max_tokens=10, ignore_eos=True)
+    expected = llm.generate([PROMPTS[0]], p)[0].token_ids
+    with pytest.raises(RequestError, match=r"request 1: guided regex does not compile: .*Unclosed") as info:
+        llm.generate([PROMPTS[0], PROMPTS[1]], [p, _guided({"regex": "([a-z"}, 1)])
+    assert info.value.outputs[0].token_ids == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"regex": "a", "grammar": "b"}, "exactly one of"),
+        ({"json": {}}, "unknown constraint 'json'"),
+        ({"json_object": "yes"}, "json_object must be True"),
+        ({"json_schema": "{not json"}, "json_schema is not valid JSON"),
+        ({"json_schema": [1]}, "json_schema must be an object"),
+        ({"regex": ""}, "regex must be a non-empty string"),
+        ("[a-z]", "must be a dict"),
+    ],
+)
+def test_malformed_specs_raise_value_errors(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_spec(spec)
+
+
+def test_grammars_compile_once_per_constraint_within_a_bound(tiny_text_checkpoint):
+    from fastpath.runtime.guided.grammar_cache import GrammarCache
+    from fastpath.runtime.tokenizer import load_tokenizer
+
+    cache = GrammarCache(load_tokenizer(tiny_text_checkpoint), 512, capacity=2)
+    a, b, c = (parse_spec({"regex": r}) for r in ("[a-z]+", "[0-9]+", "x|y"))
+    assert cache.get(a) is cache.get(parse_spec({"regex": "[a-z]+"}))
+    assert cache.compilations == 1
+    cache.get(b)
+    cache.get(c)
+    assert len(cache) == 2 and cache.compilations == 3
+    cache.get(a)  # evicted as least recently used: compiled again
+    assert cache.compilations == 4
+
+
+def test_guided_requests_need_the_backend_on(tiny_text_checkpoint):
+    plain = LLM(str(tiny_text_checkpoint), device="cpu", max_seq_len=64)
+    with pytest.raises(RequestError, match="guided decoding is off in this engine"):
+        plain.generate(["x"], _guided({"json_object": True}, 1))
