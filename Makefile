@@ -25,6 +25,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 test: lint
+	$(BIN)/python -m fastpath.schema.export --check
+	$(BIN)/python bin/compile --check examples/*.yaml
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)

@@ -34,6 +34,7 @@ class EngineConfig:
     guided_backend: str = "none"
     seed: int = 0
     tensor_parallel_size: int = 1
+    tokenizer: Path | None = None  # None: the checkpoint's own, if it has one
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -7,6 +7,7 @@ strings them together lives in NativeExecutor, or in a generated Executor specia
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from .weights import build_model
 
 log = logging.getLogger("fastpath.executor")
 
+READBACK_TIMEOUT_S = 300.0  # a step that long is a hung device, not a slow one
+
 
 class StartupError(RuntimeError):
     """Start-up (warmup, graph capture, after_warmup hooks) failed; the engine is not usable."""
@@ -43,7 +46,8 @@ class InflightStep:
     rows: dict[int, int]  # seq_id -> row in `tokens`, for the next step's inputs
     host_tokens: torch.Tensor
     host_logprobs: torch.Tensor
-    event: torch.cuda.Event | None = None
+    step: int  # read-back sequence number, marked on the host by a C++ callback
+    event: torch.cuda.Event | None = None  # instead, when readback_by_callback is off
 
 
 @dataclass(slots=True)
@@ -54,6 +58,9 @@ class StepRecord:
 
 
 class ExecutorCore:
+    # Read-back completion: a C++ host callback marking a flag (no GIL), or a CUDA event.
+    readback_by_callback = True
+
     def __init__(self, config: EngineConfig, hooks: RuntimeHooks = ALL_OFF) -> None:
         self.config = config
         self.hooks = hooks
@@ -90,6 +97,11 @@ class ExecutorCore:
         self.fmha = FmhaManager(attn_cfg, config.fmha_enabled, config.fmha_prepend)
         self.is_cuda = config.device.type == "cuda"
         self.execution_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
+        self.dispatcher = self._make_dispatcher()
+        # Read-back is marked by a C++ callback (no GIL) on its own stream, so the forward never waits on it.
+        self._ready = self.dispatcher.token_ready_flag()
+        self._readback_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
+        self._steps_launched = 0
         self.decode_from_embeds = self.starts_from_embeddings()
         self.guided = self._make_guided(config)
         # The bitmask work overlaps the forward on its own stream (why the execution-stream loop is gated off).
@@ -105,15 +117,40 @@ class ExecutorCore:
         for line in self.fmha.explain():
             log.info("fmha %s", line)
 
+    def dispatch_extension(self) -> str:
+        """The host-dispatch extension: the native binding, whose mode is chosen at run time.
+
+        A generated executor returns its own package's extension, with the mode fixed at compile time.
+        """
+        return "fastpath.runtime._hostdispatch"
+
+    def _make_dispatcher(self):
+        from .hostfunc import HostDispatcher
+
+        ext = importlib.import_module(self.dispatch_extension())
+        if ext.FIXED_MODE is not None:
+            if self.config.dispatch_mode not in (ext.FIXED_MODE, "auto") and self.config.dispatch_mode:
+                raise ValueError(
+                    f"dispatch_mode={self.config.dispatch_mode!r}, but {ext.__name__} is compiled for {ext.FIXED_MODE!r}"
+                )
+            mode = on_unsupported = None
+        else:
+            mode, on_unsupported = self.config.dispatch_mode, self.config.on_unsupported
+        dispatcher = HostDispatcher(
+            mode, on_unsupported, extension=ext, device="cuda" if self.is_cuda else "cpu"
+        )
+        log.info("host dispatch: %s backend (%s)", dispatcher.backend, dispatcher.reason)
+        return dispatcher
+
     def _make_guided(self, config: EngineConfig):
         if config.guided_backend == "none":
             return None
         if config.guided_backend != "xgrammar":
             raise ValueError(f"guided_backend: {config.guided_backend!r} is not supported (none, xgrammar)")
         from .guided.decoder import GuidedDecoder
-        from .tokenizer import load_tokenizer
+        from .tokenizer import resolve_tokenizer
 
-        tokenizer = load_tokenizer(config.checkpoint)
+        tokenizer = resolve_tokenizer(config.tokenizer, config.checkpoint, config.model.vocab_size)
         if tokenizer is None:
             raise ValueError("guided decoding needs the model's tokenizer, and this model has none")
         rows = (
@@ -391,17 +428,30 @@ class ExecutorCore:
         host_logprobs = torch.empty(n, dtype=torch.float32, pin_memory=self.is_cuda)
         host_tokens.copy_(tokens, non_blocking=True)
         host_logprobs.copy_(logprobs, non_blocking=True)
+        step = self._steps_launched
+        self._steps_launched += 1
         event = None
-        if self.is_cuda:
+        if self.is_cuda and not self.readback_by_callback:
             event = torch.cuda.Event()
             event.record()
+        elif self._readback_stream is not None:
+            self._readback_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._readback_stream):
+                self.dispatcher.launch_token_ready(self._ready, step)
+        else:
+            self.dispatcher.launch_token_ready(self._ready, step)
         rows = {s.seq_id: i for i, s in enumerate(sampled)}
-        return InflightStep(batch, sampled, tokens, rows, host_tokens, host_logprobs, event)
+        return InflightStep(batch, sampled, tokens, rows, host_tokens, host_logprobs, step, event)
 
     def complete(self, step: InflightStep) -> StepRecord:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
         if step.event is not None:
             step.event.synchronize()
+        elif not self._ready.wait(step.step, READBACK_TIMEOUT_S):
+            raise RuntimeError(
+                f"step {step.step}'s tokens did not reach the host within {READBACK_TIMEOUT_S:.0f} s"
+            )
+        self.dispatcher.check()  # a host callback's exception surfaces here, with its traceback
         record = StepRecord(step.batch.phase)
         for seq, token, logprob in zip(
             step.sampled, step.host_tokens.tolist(), step.host_logprobs.tolist(), strict=True
@@ -466,6 +516,9 @@ class ExecutorCore:
         self.graphs = None
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
+        report = self.dispatcher.shutdown(timeout=5.0)
+        if not report.drained or report.not_run:
+            log.warning("host dispatch shut down with work left: %s", report)
 
     def shutdown(self) -> None:
         self.release()

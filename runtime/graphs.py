@@ -64,12 +64,13 @@ class DecodeGraphs:
                 core.decode_forward(bufs, sampling, capturing=True, guided=guided)
         torch.cuda.current_stream(core.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # The dispatcher counts the graph's host callbacks, so each replay can announce them.
+        with core.dispatcher.graph(graph, pool=self._pool):
             tokens, logprobs = core.decode_forward(bufs, sampling, capturing=True, guided=guided)
         self._pool = graph.pool()
         self.graphs[(rows, kind)] = DecodeGraph(graph, tokens, logprobs)
 
     def replay(self, rows: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.graphs[(rows, kind)]
-        g.graph.replay()
+        self.core.dispatcher.replay(g.graph)
         return g.tokens, g.logprobs

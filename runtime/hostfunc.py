@@ -104,7 +104,7 @@ def _torch_cuda_ready() -> bool:
 class HostDispatcher:
     """One host-dispatch engine on one extension module (the native binding or a generated one).
 
-    ``device``: ``"auto"`` (CUDA when both torch and the extension have it, else CPU), ``"cuda"``,
+    ``device``: ``"auto"`` (CUDA when torch has it, else CPU), ``"cuda"``,
     ``"cuda:N"``, ``"cpu"``, or an extension's ``SimDevice`` (tests). ``stream``: what
     `launch` enqueues on when given none: torch's current stream on CUDA; a ``SimStream``, a
     handle or a callable returning one for a simulated device.
@@ -121,8 +121,8 @@ class HostDispatcher:
         **engine_options: Any,
     ) -> None:
         self.extension = _load_extension(extension)
-        if device == "auto":
-            device = "cuda" if self.extension.build_info()["cuda"] and _torch_cuda_ready() else "cpu"
+        if device == "auto":  # an extension without CUDA then says so, and runs inline after a sync
+            device = "cuda" if _torch_cuda_ready() else "cpu"
         engine_options.setdefault("simulate_absent", _simulated_absent_from_env())
         try:
             self._engine = self.extension.Engine(mode, on_unsupported, device, **engine_options)
@@ -198,13 +198,23 @@ class HostDispatcher:
 
     def register_graph(self, graph: Any, callbacks: int) -> None:
         """Remember how many callbacks each replay of ``graph`` fires (see `replay`)."""
-        self._graph_callbacks[graph] = callbacks
+        try:
+            self._graph_callbacks[graph] = callbacks
+        except TypeError:  # not weakly referenceable: keep the count on the graph itself
+            graph._fastpath_host_callbacks = callbacks
         with contextlib.suppress(AttributeError):  # the graph keeps its dispatcher (and errors) alive
             graph._fastpath_host_dispatcher = self
 
+    def callbacks_of(self, graph: Any) -> int:
+        """How many callbacks a replay of ``graph`` fires, as registered (0 if never)."""
+        try:
+            return self._graph_callbacks.get(graph, 0)
+        except TypeError:
+            return getattr(graph, "_fastpath_host_callbacks", 0)
+
     def replay(self, graph: Any, *args: Any, **kwargs: Any) -> None:
         """Announce the graph's callbacks, then ``graph.replay(*args, **kwargs)``."""
-        n = self._graph_callbacks.get(graph, 0)
+        n = self.callbacks_of(graph)
         if n:
             self._engine.announce(n)
         try:

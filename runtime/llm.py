@@ -17,7 +17,7 @@ from .outputs import RequestError, RequestOutput, StreamToken
 from .presets import RANDOM_PREFIX, resolve_random
 from .sampling_params import SamplingParams
 from .sequence import Sequence as Seq
-from .tokenizer import generation_eos_ids, load_tokenizer
+from .tokenizer import generation_eos_ids, resolve_tokenizer
 
 Prompt = str | Sequence[int]
 
@@ -44,6 +44,7 @@ class LLM:
         guided_backend: str = "none",
         seed: int = 0,
         tensor_parallel_size: int = 1,
+        tokenizer: str | Path | None = None,
         executor_cls: type[NativeExecutor] = NativeExecutor,
     ) -> None:
         cfg, checkpoint = _resolve_model(model, seed)
@@ -58,6 +59,7 @@ class LLM:
         self.config = EngineConfig(
             model=cfg,
             checkpoint=checkpoint,
+            tokenizer=Path(tokenizer) if tokenizer is not None else None,
             device=dev,
             dtype=resolve_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32")),
             max_batch_size=max_batch_size,
@@ -77,7 +79,7 @@ class LLM:
         )
         if hooks is None:
             hooks = runtime_hooks_of(model)
-        self.tokenizer = load_tokenizer(checkpoint)
+        self.tokenizer = resolve_tokenizer(self.config.tokenizer, checkpoint, cfg.vocab_size)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}

@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ModelConfig
-from .presets import resolve_random
 from .weights import _sources, build_model
 
 _CORPUS = [
@@ -26,7 +25,20 @@ _CORPUS = [
 ]
 
 
-def train_tokenizer(vocab_size: int):
+def synthetic_corpus(lines: int, seed: int = 0) -> list[str]:
+    """Pseudo-words and JSON punctuation: enough distinct pairs to train a large vocabulary."""
+    import random
+
+    rng = random.Random(seed)
+    syllables = [a + b for a in "bcdfghjklmnprstvwz" for b in "aeiou"] + list('0123456789{}[]":,. ')
+
+    def word() -> str:
+        return "".join(rng.choice(syllables) for _ in range(rng.randint(1, 5)))
+
+    return [" ".join(word() for _ in range(50)) for _ in range(lines)]
+
+
+def train_tokenizer(vocab_size: int, corpus: list[str] | None = None):
     """A byte-level BPE tokenizer with <s>, </s> and <pad>, as a transformers fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -40,7 +52,7 @@ def train_tokenizer(vocab_size: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer)
+    tok.train_from_iterator(corpus or _CORPUS * 4, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 
@@ -71,10 +83,3 @@ def _split_sizes(cfg: ModelConfig, name: str, n: int) -> list[int]:
     if "qkv_proj" in name:
         return [cfg.q_size, cfg.kv_size, cfg.kv_size]
     return [cfg.intermediate_size, cfg.intermediate_size]
-
-
-def ensure_demo_checkpoint(root: Path, preset: str = "tiny-llama", seed: int = 0) -> Path:
-    path = root / f"{preset}-seed{seed}"
-    if not (path / "config.json").is_file():
-        write_checkpoint(path, resolve_random(f"random:{preset}", seed))
-    return path

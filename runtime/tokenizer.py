@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -28,3 +29,26 @@ def generation_eos_ids(path: Path | None) -> set[int]:
     if eos is None:
         return set()
     return set(eos) if isinstance(eos, list) else {int(eos)}
+
+
+# Random presets this small get a byte-level BPE trained at load time, so text works in tests and demos.
+SYNTHETIC_TOKENIZER_MAX_VOCAB = 4096
+
+
+@functools.lru_cache(maxsize=4)
+def _synthetic(vocab_size: int) -> Any:
+    from .tiny_checkpoint import train_tokenizer
+
+    return train_tokenizer(vocab_size)
+
+
+def resolve_tokenizer(tokenizer: Path | None, checkpoint: Path | None, vocab_size: int) -> Any | None:
+    """The tokenizer named, else the checkpoint's, else a trained one for a small random model, else None."""
+    if tokenizer is not None:
+        found = load_tokenizer(tokenizer)
+        if found is None:
+            raise ValueError(f"tokenizer {str(tokenizer)!r}: no tokenizer files there")
+        return found
+    if checkpoint is not None:
+        return load_tokenizer(checkpoint)
+    return _synthetic(vocab_size) if vocab_size <= SYNTHETIC_TOKENIZER_MAX_VOCAB else None

@@ -47,6 +47,7 @@ class GuidedDecoder:
         self._word = cols // 32
         self._bit = (cols % 32).to(torch.int32)
         self._queue: deque[list[Any]] = deque()
+        self._batch = self.cache.batch_matcher()
         self.fills = 0
 
     # --- requests ---------------------------------------------------------------------------------
@@ -65,6 +66,7 @@ class GuidedDecoder:
         """Host callback of a decode step: accept the fed tokens, then fill the next bitmask rows."""
         rows = self._queue.popleft()
         tokens = self.host_tokens.tolist()
+        states = []
         for r, seq in enumerate(rows):
             state = None if seq is None else seq.guided
             if state is not None and state.error is None and not state.matcher.is_terminated():
@@ -72,26 +74,34 @@ class GuidedDecoder:
                     state.error = f"token {tokens[r]} was sampled outside the grammar"
                     log.warning("guided request %d: %s", seq.seq_id, state.error)
                 state.accepted += 1
-            self._fill_row(r, state)
-        self.fills += 1
+            states.append(state)
+        self._fill_rows(states)
 
     def fill_on_host(self, seqs: list[Any]) -> None:
         """A prefill step's rows: every output so far is known on the host; accept what is new, then fill."""
-        for r, seq in enumerate(seqs):
+        for seq in seqs:
             state = seq.guided
             if state is not None:
                 for token in seq.output_ids[state.accepted :]:
                     if not state.matcher.is_terminated():
                         state.matcher.accept_token(token)
                     state.accepted += 1
-            self._fill_row(r, state)
-        self.fills += 1
+        self._fill_rows([seq.guided for seq in seqs])
 
-    def _fill_row(self, r: int, state: GuidedState | None) -> None:
-        if state is None or state.error is not None or state.matcher.is_terminated():
-            self.host_mask[r].fill_(-1)  # unconstrained: every bit set
-        else:
-            state.matcher.fill_next_token_bitmask(self.host_mask, r)
+    def _fill_rows(self, states: list[GuidedState | None]) -> None:
+        """Constrained rows through xgrammar's batch fill (its own threads); the others unconstrained."""
+        constrained = [
+            r
+            for r, s in enumerate(states)
+            if s is not None and s.error is None and not s.matcher.is_terminated()
+        ]
+        self.host_mask[: len(states)].fill_(-1)  # every bit set: no constraint
+        if len(constrained) == 1:
+            states[constrained[0]].matcher.fill_next_token_bitmask(self.host_mask, constrained[0])
+        elif constrained:
+            matchers = [states[r].matcher for r in constrained]
+            self._batch.batch_fill_next_token_bitmask(matchers, self.host_mask, indices=constrained)
+        self.fills += 1
 
     # --- on the device ------------------------------------------------------------------------------
 

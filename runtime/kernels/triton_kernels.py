@@ -129,65 +129,30 @@ def _gemv_configs():
     ]
 
 
-@_tuned(_gemv_configs(), ["N", "K", "PRE"])
+@_tuned(_gemv_configs(), ["N", "K"])
 @triton.jit
 def gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, sum_ptr, N, K, stride_wn, eps,
-    HAS_BIAS: tl.constexpr, PRE: tl.constexpr, HAS_RES: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
 ):  # fmt: skip
-    """y[N] = w[N, K] @ pre(x)[K] for one decode row: streams w once, no split-K, no atomics (deterministic).
+    """y[N] = w[N, K] @ x[K] for one decode row: streams w once, no split-K, no atomics (deterministic).
 
-    pre is applied on the fly, redundantly per program (x is small and sits in L2), which saves a launch:
-      PRE 0: x as is.
-      PRE 1: RMSNorm(x + residual) * norm weight; program 0 also writes x + residual to sum_ptr.
-      PRE 2: SiLU(gate) * up, with x = gate | up (2K values).
+    Folding the RMSNorm before it (or the SiLU-mul before down_proj) into this kernel measured slower
+    on the H200 (docs/performance.md): every program redoing the norm costs more than the launch it saves.
     """
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
-    dtype = y_ptr.dtype.element_ty
-    rstd = 0.0
-    if PRE == 1:
-        sq = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            k_mask = rk < K
-            xv = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
-            if HAS_RES:
-                xv = (xv.to(tl.float32) + tl.load(r_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)).to(
-                    dtype
-                )
-                if pid == 0:
-                    tl.store(sum_ptr + rk, xv, mask=k_mask)
-            sq += xv.to(tl.float32) * xv.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(sq, 0) / K + eps)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
-        if PRE == 2:
-            g = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + K + rk, mask=k_mask, other=0.0).to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
-            xv = (act * u).to(dtype).to(tl.float32)
-        else:
-            xv = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
-            if PRE == 1:
-                if HAS_RES:
-                    xv = (xv.to(tl.float32) + tl.load(r_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)).to(
-                        dtype
-                    )
-                normed = (xv.to(tl.float32) * rstd).to(dtype).to(tl.float32)
-                nw = tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-                xv = (nw * normed).to(dtype)
-            xv = xv.to(tl.float32)
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
         )
-        acc += tl.sum(w.to(tl.float32) * xv[None, :], 1)
+        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + rn, acc.to(dtype), mask=n_mask)
+    tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit

@@ -37,7 +37,7 @@ class TritonOps(TorchOps):
         if not self._streams(x):
             return F.linear(x, weight, bias)
         if x.shape[0] == 1:
-            return self._gemv(0, x, weight, bias)
+            return self._gemv(x, weight, bias)
         x = x.contiguous()
         m, (n, k) = x.shape[0], weight.shape
         y = torch.empty(m, n, device=x.device, dtype=x.dtype)
@@ -46,18 +46,6 @@ class TritonOps(TorchOps):
             HAS_BIAS=bias is not None, **K.untuned_args(K._small_m_configs()),
         )  # fmt: skip
         return y
-
-    def add_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
-        if x.shape[0] != 1 or not self._streams(x):
-            return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-        summed = x if residual is None else torch.empty_like(x)
-        y = self._gemv(1, x, weight, bias, residual=residual, norm_weight=norm_weight, summed=summed, eps=eps)
-        return y, summed
-
-    def silu_mul_linear(self, gate_up, weight):
-        if gate_up.shape[0] != 1 or not self._streams(gate_up):
-            return super().silu_mul_linear(gate_up, weight)
-        return self._gemv(2, gate_up, weight, None)
 
     def greedy(self, logits):
         rows, vocab = logits.shape
@@ -80,15 +68,13 @@ class TritonOps(TorchOps):
         # fp32 stays on cuBLAS: the parity tests compare it with HF's exact fp32 path.
         return x.dim() == 2 and x.shape[0] <= GEMV_MAX_M and x.dtype != torch.float32
 
-    def _gemv(self, pre, x, weight, bias, residual=None, norm_weight=None, summed=None, eps=0.0):
+    def _gemv(self, x, weight, bias):
         x = x.contiguous()
         n, k = weight.shape
         y = torch.empty(1, n, device=x.device, dtype=x.dtype)
         K.gemv_kernel[_grid(n)](
-            x, weight, bias if bias is not None else weight, y,
-            residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-            summed if summed is not None else y, n, k, weight.stride(0), eps,
-            HAS_BIAS=bias is not None, PRE=pre, HAS_RES=residual is not None, **K.untuned_args(K._gemv_configs()),
+            x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
+            HAS_BIAS=bias is not None, **K.untuned_args(K._gemv_configs()),
         )  # fmt: skip
         return y
 

@@ -23,7 +23,6 @@ def llm():
         ([5], SamplingParams(top_p=0.0), "top_p must be in (0, 1]"),
         ([5], SamplingParams(max_tokens=0), "max_tokens must be a positive int"),
         ([5], SamplingParams(top_k=-2), "top_k must be an int >= 0"),
-        ("text", SamplingParams(), "needs a tokenizer"),
     ],
 )
 def test_bad_request_is_named_and_others_run(llm, bad_prompt, bad_params, message):
@@ -39,6 +38,18 @@ def test_bad_request_is_named_and_others_run(llm, bad_prompt, bad_params, messag
     # errors="return" hands back the same outputs instead of raising.
     returned = llm.generate([GOOD[0], bad_prompt, GOOD[1]], [p, bad_params, p], errors="return")
     assert [returned[0].token_ids, returned[2].token_ids] == expected and returned[1].error
+
+
+def test_a_text_prompt_without_a_tokenizer_fails_alone():
+    from fastpath.runtime.presets import resolve_random
+
+    # Past the synthetic tokenizer's size, a random model has no tokenizer at all.
+    cfg = resolve_random("random:tiny-mistral").replace(vocab_size=5000)
+    llm = LLM(cfg, device="cpu", max_seq_len=64)
+    assert llm.tokenizer is None
+    with pytest.raises(RequestError, match="request 0: a text prompt needs a tokenizer") as info:
+        llm.generate(["text", GOOD[0]], SamplingParams(max_tokens=3))
+    assert len(info.value.outputs[1].token_ids) == 3
 
 
 def test_engine_arguments_are_checked():

@@ -104,23 +104,39 @@ def test_a_fall_back_warns_exactly_once_per_process(name):
         first = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=stream)
         second = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=stream)
         third = HostDispatcher(
-            "spin",
-            extension=ext,
-            device=ext.SimDevice(),
-            stream=stream,
-            simulate_absent=["hostfunc_v2", "memops"],
+            "spin", extension=ext, device=ext.SimDevice(), stream=stream, simulate_absent=["hostfunc_v2"]
         )
     fallbacks = [w for w in caught if issubclass(w.category, HostDispatchFallbackWarning)]
     assert [str(w.message) for w in fallbacks] == [
         f"host dispatch 'spin': {V2_ABSENT}; using the doorbell backend"
     ]
     assert fallbacks[0].filename == __file__  # points at the caller
-    assert (first.backend, second.backend, third.backend) == ("doorbell", "doorbell", "blocking")
+    assert (first.backend, second.backend, third.backend) == ("doorbell", "doorbell", "doorbell")
     assert third.fallback == (
+        "host dispatch 'spin': hostfunc_v2 unavailable: simulated absent (test hook); using the doorbell backend"
+    )
+    stream.close()
+
+
+@pytest.mark.parametrize("name", extension_names(mode="spin"))
+def test_spin_without_either_spin_backend_falls_back_to_blocking_or_refuses(name):
+    ext = load(name)
+    device = ext.SimDevice()
+    if ext.FIXED_ON_UNSUPPORTED == "error":
+        with pytest.raises(HostDispatchUnsupportedError, match="forbids falling back to blocking"):
+            HostDispatcher(
+                "spin", extension=ext, device=device, stream=1, simulate_absent=["hostfunc_v2", "memops"]
+            )
+        return
+    with pytest.warns(HostDispatchFallbackWarning) as caught:
+        d = HostDispatcher(
+            "spin", extension=ext, device=device, stream=1, simulate_absent=["hostfunc_v2", "memops"]
+        )
+    assert d.backend == "blocking"
+    assert str(caught[0].message) == (
         "host dispatch 'spin': hostfunc_v2 unavailable: simulated absent (test hook); "
         "doorbell unavailable: simulated absent (test hook); falling back to blocking (cudaLaunchHostFunc)"
     )
-    stream.close()
 
 
 def test_auto_falls_back_silently():

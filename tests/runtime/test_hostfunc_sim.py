@@ -136,6 +136,19 @@ def test_an_exception_on_the_dispatch_thread_reaches_synchronize_with_its_traceb
     assert ran == [1]
 
 
+def test_python_callbacks_run_on_one_persistent_thread_state(sim):
+    local, counts = threading.local(), []
+
+    def count() -> None:  # threading.local lives in the thread state: a new state per call resets it
+        local.calls = getattr(local, "calls", 0) + 1
+        counts.append(local.calls)
+
+    for _ in range(20):
+        sim.d.launch(count)
+    sim.d.synchronize()
+    assert counts == list(range(1, 21))
+
+
 class Callable:
     def __call__(self) -> None:
         pass
@@ -223,7 +236,7 @@ def test_a_dropped_dispatcher_keeps_serving_the_graphs_captured_through_it(sim):
     assert stream.synchronize(timeout=10.0)
     assert seen == ["fired"]
     graph.reset()
-    sim.d = HostDispatcher("auto", extension=ext, device="cpu")  # for the fixture's teardown
+    sim.d = HostDispatcher(extension=ext, device="cpu")  # for the fixture's teardown
 
 
 DOORBELL = sim_params(backends=("doorbell",))

@@ -43,13 +43,6 @@ def ops() -> bool:
         good &= check(f"add_rms_norm residual={res is not None}", torch.equal(sa, sc) and torch.equal(a, c))
     gu = rand(5, 2 * 1100)
     good &= check("silu_mul", torch.equal(t.silu_mul(gu), f.silu_mul(gu)))
-    w_in, w_out = rand(96, 300, scale=0.05), rand(96, 1100, scale=0.05)
-    for res in (None, r[:1]):
-        (ya, sa), (yb, sb) = (o.add_rms_norm_linear(x[:1], res, w, 1e-5, w_in, None) for o in (t, f))
-        err = float((ya.float() - yb.float()).norm() / ya.float().norm())
-        good &= check(f"add_rms_norm_linear residual={res is not None}", torch.equal(sa, sb) and err < 1e-3)
-    ya, yb = t.silu_mul_linear(gu[:1], w_out).float(), f.silu_mul_linear(gu[:1], w_out).float()
-    good &= check("silu_mul_linear", float((ya - yb).norm() / ya.norm()) < 1e-3)
     logits = rand(3, 9000, scale=3.0)
     logits[1, 17] = logits[1, 4000] = logits[1].max() + 1  # a tie: the first index wins, as in torch
     (ta, la), (tb, lb) = t.greedy(logits), f.greedy(logits)

@@ -1,0 +1,92 @@
+"""render: Plan + templates -> {relative path: text}. Deterministic: the same Plan, the same bytes.
+
+One Jinja environment: StrictUndefined (a missing name is an error, not an empty string),
+autoescape off (the outputs are code, not HTML), trim_blocks and lstrip_blocks (block tags
+leave no blank lines), keep_trailing_newline. `finalize` refuses to paste a value that is
+neither an identifier nor compiler-built code; other values go through the `py` filter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from . import cpp_headers
+from .context import contexts
+from .header import comment, generated_line, has_marker
+from .literals import Code, py_literal
+from .plan import Plan
+
+# compiler/ and templates/ are siblings both in a checkout and in an installed fastpath.
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+# What a template may paste as is: identifiers, dotted module paths, digits.
+_PASTABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*|[0-9]+")
+
+
+class RenderError(RuntimeError):
+    pass
+
+
+def _finalize(value: Any) -> Any:
+    # An Undefined passes through so that StrictUndefined raises its own, clearer error.
+    if isinstance(value, Code | int | jinja2.Undefined) or (
+        isinstance(value, str) and _PASTABLE.fullmatch(value)
+    ):
+        return value
+    raise RenderError(f"a template pasted {value!r} as code; pass it through the `py` filter")
+
+
+@cache
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=_finalize,
+    )
+    env.filters["py"] = py_literal
+    return env
+
+
+def output_paths(plan: Plan) -> dict[str, str]:
+    """template name -> the path it renders to, inside the package folder."""
+    return {
+        "pyproject.toml.j2": "pyproject.toml",
+        "CMakeLists.txt.j2": "CMakeLists.txt",
+        "hostdispatch.cpp.j2": "src/hostdispatch.cpp",
+        "__init__.py.j2": f"{plan.package}/__init__.py",
+        "executor.py.j2": f"{plan.package}/executor.py",
+    }
+
+
+def render(plan: Plan) -> dict[str, str]:
+    """Every file of the generated package, by its path relative to the package folder."""
+    env = environment()
+    files: dict[str, str] = {}
+    for template, ctx in contexts(plan).items():
+        try:
+            text = env.get_template(template).render(ctx)
+        except jinja2.TemplateNotFound:
+            raise RenderError(f"template {template} is missing from {TEMPLATES_DIR}") from None
+        files[output_paths(plan)[template]] = text
+    files[f"{plan.package}/manifest.lock.json"] = lock_json(plan)
+    for header in cpp_headers.headers():
+        marker = f"{comment('//', plan)}; a copy of fastpath/{header.name}\n"
+        files[f"src/fastpath/{header.name}"] = marker + header.read_text(encoding="utf-8")
+    for path, text in files.items():
+        if not has_marker(text):
+            raise RenderError(f"{path} does not start with the @generated marker; its template must emit it")
+    return dict(sorted(files.items()))
+
+
+def lock_json(plan: Plan) -> str:
+    """The Plan as manifest.lock.json: sorted keys, two-space indent, the marker as its first key."""
+    return json.dumps({"_generated": generated_line(plan), **plan.to_json()}, indent=2, sort_keys=True) + "\n"

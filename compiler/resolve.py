@@ -1,0 +1,209 @@
+"""resolve: a validated manifest -> the Plan. The only place a default is filled or a gate decided."""
+
+from __future__ import annotations
+
+from fastpath.schema.errors import ManifestError
+from fastpath.schema.fieldtypes import python_package, split_import_path
+from fastpath.schema.loader import LoadedManifest
+from fastpath.schema.names import DEFAULT_FMHA_ORDER
+
+from .plan import Decision, HookPlan, HookRef, Plan
+
+SPIN_CHAIN = ("hostfunc_v2", "doorbell", "blocking")
+DISPATCH_CHAINS = {"spin": SPIN_CHAIN, "auto": SPIN_CHAIN, "blocking": ("blocking",)}
+
+
+def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
+    """`manifest_path` is how generated files name the manifest; it defaults to the file as given."""
+    m = loaded.manifest
+    manifest_path = manifest_path or loaded.filename
+    if not manifest_path.isprintable():
+        # It goes into a one-line comment of every generated file: a newline would end the comment.
+        raise ManifestError.at(loaded.filename, 1, 1, f"the manifest's path {manifest_path!r} is unprintable")
+    hooks = _hooks(loaded)
+    cuda_graphs, graph_sizes, graph_reason = _cuda_graphs(loaded)
+    fmha_order, fmha_reason = _fmha_order(loaded)
+    chain = DISPATCH_CHAINS[m.host_dispatch.mode]
+
+    decisions = [
+        *_hook_decisions(loaded, hooks),
+        Decision("cuda_graphs", _on_off_auto(cuda_graphs), graph_reason),
+        Decision("guided_decoding", m.guided_decoding.backend, _guided_reason(loaded)),
+        Decision("fmha.order", ", ".join(fmha_order), fmha_reason),
+        Decision("host_dispatch", m.host_dispatch.mode, _dispatch_reason(loaded, chain)),
+    ]
+    if m.runtime.tensor_parallel_size > 1:
+        where = _at(loaded, "runtime", "tensor_parallel_size") or _at(loaded, "runtime", "tp")
+        reason = f"declared{where}; needs that many CUDA devices"
+        decisions.append(Decision("tensor_parallel", str(m.runtime.tensor_parallel_size), reason))
+
+    return Plan(
+        name=m.name,
+        package=python_package(m.name),
+        distribution=f"fastpath-gen-{m.name}",
+        manifest_path=manifest_path,
+        manifest_sha256=loaded.sha256,
+        model=m.model.checkpoint,
+        dtype=m.model.dtype,
+        seed=m.model.seed,
+        device=m.runtime.device,
+        max_batch_size=m.runtime.max_batch_size,
+        max_seq_len=m.runtime.max_seq_len,
+        tensor_parallel_size=m.runtime.tensor_parallel_size,
+        cuda_graphs=cuda_graphs,
+        graph_batch_sizes=graph_sizes,
+        guided_backend=m.guided_decoding.backend,
+        hooks=hooks,
+        dispatch_mode=m.host_dispatch.mode,
+        on_unsupported=m.host_dispatch.on_unsupported,
+        dispatch_chain=chain,
+        fmha_prepend=m.fmha.prepend,
+        fmha_enabled=m.fmha.enabled,
+        fmha_order=fmha_order,
+        decisions=tuple(decisions),
+    )
+
+
+def _at(loaded: LoadedManifest, *key: str | int) -> str:
+    """' at line N' for a key the manifest writes, else ''."""
+    line = loaded.line_of(*key)
+    return f" at line {line}" if line else ""
+
+
+def _hook_ref(loaded: LoadedManifest, path: str, *key: str | int) -> HookRef:
+    module, attr = split_import_path(path)
+    return HookRef(module, attr, loaded.line_of(*key))
+
+
+def _hooks(loaded: LoadedManifest) -> HookPlan:
+    hooks = loaded.manifest.hooks
+    events = hooks.executor_events
+
+    def refs(event: str) -> tuple[HookRef, ...]:
+        paths = getattr(events, event)
+        return tuple(_hook_ref(loaded, p, "hooks", "executor_events", event, i) for i, p in enumerate(paths))
+
+    return HookPlan(
+        loop_on_execution_stream=hooks.loop_on_execution_stream,
+        decode_prologue=(
+            _hook_ref(loaded, hooks.decode_prologue, "hooks", "decode_prologue")
+            if hooks.decode_prologue
+            else None
+        ),
+        after_warmup=refs("after_warmup"),
+        before_overlap_loop=refs("before_overlap_loop"),
+        at_shutdown=refs("at_shutdown"),
+    )
+
+
+def _hook_decisions(loaded: LoadedManifest, hooks: HookPlan) -> list[Decision]:
+    def off(*key: str) -> Decision:
+        subject = ".".join(key)
+        if loaded.line_of(*key):
+            return Decision(subject, "off", f"declared off{_at(loaded, *key)}")
+        return Decision(subject, "off", "not declared: off by default")
+
+    decisions = []
+    loop_key = ("hooks", "loop_on_execution_stream")
+    if hooks.loop_on_execution_stream:
+        note = _stream_note(loaded.manifest.runtime.device)
+        decisions.append(Decision(".".join(loop_key), "on", f"declared{_at(loaded, *loop_key)}{note}"))
+    elif loaded.manifest.guided_decoding.backend != "none":
+        # The schema refuses asking for both; record why the gate must stay shut.
+        reason = (
+            "off: guided decoding runs on a side stream, which the execution-stream loop would not wait for"
+        )
+        decisions.append(Decision(".".join(loop_key), "off", reason))
+    else:
+        decisions.append(off(*loop_key))
+
+    if hooks.decode_prologue:
+        where = _at(loaded, "hooks", "decode_prologue")
+        decisions.append(
+            Decision("hooks.decode_prologue", "on", f"{hooks.decode_prologue.path}, declared{where}")
+        )
+    else:
+        decisions.append(off("hooks", "decode_prologue"))
+
+    for event, refs in hooks.executor_events().items():
+        key = ("hooks", "executor_events", event)
+        if refs:
+            paths = ", ".join(r.path for r in refs)
+            decisions.append(Decision(".".join(key), "on", f"{paths}, declared{_at(loaded, *key)}"))
+        else:
+            decisions.append(off(*key))
+    return decisions
+
+
+def _guided_reason(loaded: LoadedManifest) -> str:
+    if loaded.manifest.guided_decoding.backend == "none":
+        return "off unless declared"
+    return f"declared{_at(loaded, 'guided_decoding', 'backend')}; its grammar work runs on a side stream"
+
+
+def _stream_note(device: str) -> str:
+    if device == "cpu":
+        return "; a no-op at run time on cpu, which has no CUDA streams"
+    if device == "auto":
+        return "; a no-op when CUDA is absent at run time"
+    return ""
+
+
+def _on_off_auto(value: bool | None) -> str:
+    return "auto" if value is None else "on" if value else "off"
+
+
+def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two below max_batch_size, then max_batch_size itself: 12 -> (1, 2, 4, 8, 12)."""
+    sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
+    return (*sizes, max_batch_size)
+
+
+def _cuda_graphs(loaded: LoadedManifest) -> tuple[bool | None, tuple[int, ...] | None, str]:
+    runtime = loaded.manifest.runtime
+    enabled, device = runtime.cuda_graphs.enabled, runtime.device
+    key = ("runtime", "cuda_graphs", "enabled")
+    if enabled is False:
+        return False, None, f"declared off{_at(loaded, *key)}"
+    if enabled == "auto" and device == "cpu":
+        return False, None, "auto: off, because device is cpu"
+    if runtime.cuda_graphs.batch_sizes is not None:
+        sizes = runtime.cuda_graphs.batch_sizes
+        sizes_reason = f"batch sizes declared{_at(loaded, 'runtime', 'cuda_graphs', 'batch_sizes')}"
+    else:
+        sizes = default_graph_batch_sizes(runtime.max_batch_size)
+        sizes_reason = "batch sizes by default: powers of two up to max_batch_size"
+    if enabled is True:
+        return True, sizes, f"declared on{_at(loaded, *key)}; {sizes_reason}"
+    if device == "cuda":
+        return True, sizes, f"auto: on, because device is cuda; {sizes_reason}"
+    return None, sizes, f"auto: on when CUDA is present at run time; {sizes_reason}"
+
+
+def _fmha_order(loaded: LoadedManifest) -> tuple[tuple[str, ...], str]:
+    fmha = loaded.manifest.fmha
+    rest = fmha.enabled if fmha.enabled is not None else DEFAULT_FMHA_ORDER
+    order = (*fmha.prepend, *(name for name in rest if name not in fmha.prepend))
+    parts = [f"prepend (declared{_at(loaded, 'fmha', 'prepend')})"] if fmha.prepend else []
+    if fmha.enabled is not None:
+        parts.append(f"enabled (declared{_at(loaded, 'fmha', 'enabled')})")
+    else:
+        parts.append("the runtime's default order")
+    return order, ", then ".join(parts)
+
+
+def _dispatch_reason(loaded: LoadedManifest, chain: tuple[str, ...]) -> str:
+    dispatch = loaded.manifest.host_dispatch
+    mode_key = ("host_dispatch", "mode")
+    where = f"declared{_at(loaded, *mode_key)}" if loaded.line_of(*mode_key) else "by default"
+    tried = " -> ".join(chain)
+    if dispatch.mode == "spin":
+        fallback = "one warning per process" if dispatch.on_unsupported == "warn_once" else "an error"
+        how = f"try {tried}; falling back to blocking gives {fallback} (on_unsupported: {dispatch.on_unsupported})"
+    elif dispatch.mode == "auto":
+        how = f"the first of {tried} that works here, silently"
+    else:
+        how = "cudaLaunchHostFunc"
+    if dispatch.mode != "spin" and loaded.line_of("host_dispatch", "on_unsupported"):
+        how += f"; on_unsupported does not apply to {dispatch.mode}"
+    return f"{where}: {how}; callbacks run inline, in order, when CUDA is absent at run time"

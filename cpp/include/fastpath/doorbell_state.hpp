@@ -1,0 +1,373 @@
+// The doorbell's shared state and its host worker. The worker spins only while callbacks are
+// outstanding (launched, or announced by a graph replay, and not yet run) and sleeps otherwise.
+// Launches, graphs' destructors and shutdown talk to it through atomics and one wake-up mutex.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fastpath/backend.hpp"
+#include "fastpath/doorbell_options.hpp"
+#include "fastpath/doorbell_slots.hpp"
+#include "fastpath/spin_util.hpp"
+
+namespace fastpath::hostdispatch {
+
+class DoorbellState final : public Stoppable, public std::enable_shared_from_this<DoorbellState> {
+ public:
+  DoorbellState(std::shared_ptr<Device> device, DoorbellOptions opts)
+      : device_(device), opts_(opts), table_(std::move(device), opts.max_slots) {}
+
+  Status init() { return table_.init(); }
+
+  // ---- launch side (no GIL) ----
+
+  Status launch_eager(StreamHandle stream, CallbackPtr cb) {
+    if (phase() != Phase::Active) return Status::failure("host dispatch is shut down");
+    std::uint32_t i = 0;
+    Status st = table_.stream_slot(stream, &i);
+    if (!st.ok()) return st;
+    SlotInfo& slot = table_.info(i);
+    const std::uint64_t addr = table_.device_addr(i);
+    std::lock_guard<std::mutex> order(slot.launch_mu);
+    {
+      std::lock_guard<std::mutex> lock(slot.fifo_mu);
+      // Checked again under the queue's lock: a shutdown switches phase holding every queue's lock.
+      if (phase() != Phase::Active) return Status::failure("host dispatch is shut down");
+      slot.fifo.push_back(std::move(cb));
+    }
+    c_.launched.fetch_add(1, std::memory_order_relaxed);
+    c_.outstanding_eager.fetch_add(1);  // seq_cst: pairs with the worker's sleeping_ store
+    wake_if_sleeping();
+    st = device_->write_flag(stream, addr, kFlagRequested);
+    if (!st.ok()) {  // never requested, so the worker cannot have taken it: take it back
+      CallbackPtr undone;
+      {
+        std::lock_guard<std::mutex> lock(slot.fifo_mu);
+        undone = std::move(slot.fifo.back());
+        slot.fifo.pop_back();
+      }
+      c_.outstanding_eager.fetch_sub(1);
+      c_.launched.fetch_sub(1, std::memory_order_relaxed);
+      return st;
+    }
+    st = device_->wait_flag(stream, addr, kFlagServed);
+    if (!st.ok()) {
+      return Status::failure(st.error + " (the callback will still run, but the stream does not wait for it)");
+    }
+    return st;
+  }
+
+  Status launch_captured(StreamHandle stream, CallbackPtr cb) {
+    if (phase() != Phase::Active) return Status::failure("host dispatch is shut down");
+    std::uint32_t i = 0;
+    Status st = table_.graph_slot(std::move(cb), &i);
+    if (!st.ok()) return st;
+    st = device_->retain_in_capture(stream, std::make_unique<SlotLease>(shared_from_this(), i));
+    if (!st.ok()) return st;  // the lease died with the failure and gave the slot back
+    wake_if_sleeping();       // a worker asleep with no graph alive starts polling for unannounced replays
+    const std::uint64_t addr = table_.device_addr(i);
+    st = device_->write_flag(stream, addr, kFlagRequested);
+    if (st.ok()) st = device_->wait_flag(stream, addr, kFlagServed);
+    if (st.ok()) c_.launched.fetch_add(1, std::memory_order_relaxed);
+    return st;  // on failure the graph still owns the slot and gives it back when destroyed
+  }
+
+  void announce(std::int64_t callbacks) {
+    add_clamped(c_.outstanding_graph, callbacks);
+    if (callbacks > 0) wake_if_sleeping();
+  }
+
+  // Any thread: a graph holding slot i is gone.
+  void request_release(std::uint32_t i) {
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      releases_.push_back(i);
+      release_pending_.store(true, std::memory_order_release);
+    }
+    wake_always();
+  }
+
+  void detach() {
+    Phase expected = Phase::Active;
+    if (phase_.compare_exchange_strong(expected, Phase::Detached)) wake_always();
+  }
+
+  // Serve what is pending until the bound, then answer everything without running it.
+  ShutdownOutcome shutdown(std::chrono::nanoseconds bound) {
+    std::lock_guard<std::mutex> once(shutdown_mu_);
+    ShutdownOutcome out;
+    const std::int64_t start = now_ns();
+    if (phase() != Phase::Discarding) {
+      phase_.store(Phase::Closing);
+      wake_always();
+      const std::int64_t deadline = start + bound.count();
+      while (outstanding() > 0 && now_ns() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(100));
+      out.not_run = discard_from_now_on();
+      out.graph_callbacks_not_run = c_.outstanding_graph.exchange(0);
+    }
+    out.graph_callbacks_alive = table_.graph_slots();
+    out.drained = out.not_run.empty() && out.graph_callbacks_not_run == 0;
+    out.waited_s = static_cast<double>(now_ns() - start) * 1e-9;
+    return out;
+  }
+
+  void stop_at_exit(std::chrono::nanoseconds bound) override { shutdown(bound); }
+
+  bool worker_exited() const { return state_.load() == WorkerState::Exited; }
+
+  bool wait_worker_exit(std::int64_t deadline_ns) {
+    std::unique_lock<std::mutex> lock(exit_mu_);
+    while (!worker_exited()) {
+      const std::int64_t left = deadline_ns - now_ns();
+      if (left <= 0) return false;
+      exit_cv_.wait_for(lock, std::chrono::nanoseconds(left));
+    }
+    return true;
+  }
+
+  BackendStats stats() const {
+    BackendStats s;
+    s.launched = c_.launched.load();
+    s.completed = c_.completed.load();
+    s.discarded = c_.discarded.load();
+    s.unannounced = c_.unannounced.load();
+    s.outstanding_eager = c_.outstanding_eager.load();
+    s.outstanding_graph = c_.outstanding_graph.load();
+    const SlotTable::Usage u = table_.usage();
+    s.graph_callbacks_alive = u.graphs;
+    s.slots_in_use = u.in_use;
+    s.stream_slots = u.streams;
+    s.graph_slots = u.graphs;
+    s.slot_limit = table_.limit();
+    s.worker_state = name_of(state_.load());
+    s.worker_cpu_ns = worker_cpu_ns_.load();
+    s.worker_wakeups = wakeups_.load();
+    s.worker_os_id = worker_os_id_.load();
+    return s;
+  }
+
+  // ---- the worker ----
+
+  static void worker_main(std::shared_ptr<DoorbellState> self) { self->run_worker(); }
+
+ private:
+  class SlotLease final : public GraphOwned {
+   public:
+    SlotLease(std::shared_ptr<DoorbellState> state, std::uint32_t slot) : state_(std::move(state)), slot_(slot) {}
+    ~SlotLease() override { state_->request_release(slot_); }
+
+   private:
+    std::shared_ptr<DoorbellState> state_;
+    std::uint32_t slot_;
+  };
+
+  Phase phase() const { return phase_.load(std::memory_order_acquire); }
+  std::int64_t outstanding() const { return c_.outstanding_eager.load() + c_.outstanding_graph.load(); }
+
+  void wake_if_sleeping() {
+    if (sleeping_.load()) wake_always();
+  }
+  void wake_always() {
+    std::lock_guard<std::mutex> lock(wake_mu_);
+    wake_cv_.notify_one();
+  }
+
+  // Switches to Discarding with every stream queue locked, so each queued callback either ran
+  // before the switch or is in the returned list: the report is exact.
+  std::vector<CallbackPtr> discard_from_now_on() {
+    std::vector<std::unique_lock<std::mutex>> locks;
+    std::vector<std::uint32_t> streams;
+    const std::uint32_t n = table_.high_water();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (table_.info(i).kind.load(std::memory_order_acquire) != static_cast<int>(SlotKind::Stream)) continue;
+      locks.emplace_back(table_.info(i).fifo_mu);
+      streams.push_back(i);
+    }
+    phase_.store(Phase::Discarding);
+    std::vector<CallbackPtr> queued;
+    for (std::uint32_t i : streams) {
+      for (const CallbackPtr& cb : table_.info(i).fifo) queued.push_back(cb);
+    }
+    locks.clear();
+    wake_always();
+    return queued;
+  }
+
+  bool nothing_left() const {
+    return table_.graph_slots() == 0 && c_.outstanding_eager.load() == 0 &&
+           !release_pending_.load(std::memory_order_acquire);
+  }
+
+  void set_state(WorkerState s) {
+    if (state_.load(std::memory_order_relaxed) != s) {
+      worker_cpu_ns_.store(this_thread_cpu_ns(), std::memory_order_relaxed);
+      state_.store(s);
+    }
+  }
+
+  void run_worker() {
+    worker_os_id_.store(this_thread_os_id());
+    std::int64_t last_progress = now_ns();
+    bool lingering = false;  // after a replay nobody announced: spin a while for the rest of it
+    std::uint32_t spins = 0;
+    for (;;) {
+      if (release_pending_.load(std::memory_order_acquire)) apply_releases();
+      const Phase ph = phase();
+      if (ph == Phase::Discarding) {
+        set_state(WorkerState::Discarding);
+        scan(true);
+        if (nothing_left()) break;
+        sleep(ph, /*wake_on_outstanding=*/false, opts_.backoff_poll_ns * 4, /*poll_only_with_graphs=*/false);
+        continue;
+      }
+      if (outstanding() > 0 || lingering) {
+        if (scan(false)) {
+          last_progress = now_ns();
+          set_state(WorkerState::Spinning);
+          continue;
+        }
+        if ((++spins & 63U) == 0) {
+          const std::int64_t quiet = now_ns() - last_progress;
+          if (lingering && quiet > opts_.spin_budget_ns) lingering = false;
+          if (!lingering && opts_.spin_budget_ns > 0 && quiet > opts_.spin_budget_ns) {
+            set_state(WorkerState::Backoff);
+            std::this_thread::sleep_for(std::chrono::nanoseconds(opts_.backoff_poll_ns));
+            continue;
+          }
+          if ((spins & 0xFFFFU) == 0) worker_cpu_ns_.store(this_thread_cpu_ns(), std::memory_order_relaxed);
+        }
+        set_state(WorkerState::Spinning);
+        cpu_relax();
+        continue;
+      }
+      if (ph == Phase::Detached && nothing_left()) break;
+      set_state(WorkerState::Sleeping);
+      const bool graphs_alive = sleep(ph, /*wake_on_outstanding=*/true, opts_.safety_poll_ns, /*poll_only_with_graphs=*/true);
+      if (graphs_alive && outstanding() == 0 && scan(false)) lingering = true;
+      last_progress = now_ns();
+    }
+    worker_cpu_ns_.store(this_thread_cpu_ns());
+    {
+      std::lock_guard<std::mutex> lock(exit_mu_);
+      state_.store(WorkerState::Exited);
+    }
+    exit_cv_.notify_all();
+  }
+
+  // Sleeps until woken, or until poll_ns passes (with poll_only_with_graphs, only while a graph
+  // holds a flag: then a replay nobody announced can still fire). Returns whether one did.
+  bool sleep(Phase seen, bool wake_on_outstanding, std::int64_t poll_ns, bool poll_only_with_graphs) {
+    std::unique_lock<std::mutex> lock(wake_mu_);
+    sleeping_.store(true);  // seq_cst: a launcher that then reads false must see our checks below
+    const bool graphs_alive = table_.graph_slots() > 0;
+    if (poll_only_with_graphs && !graphs_alive) poll_ns = 0;
+    auto woken = [&] {
+      return (wake_on_outstanding && outstanding() > 0) || release_pending_.load() || phase() != seen ||
+             (table_.graph_slots() > 0) != graphs_alive;
+    };
+    if (!woken()) {
+      if (poll_ns > 0) {
+        wake_cv_.wait_for(lock, std::chrono::nanoseconds(poll_ns), woken);
+      } else {
+        wake_cv_.wait(lock, woken);
+      }
+    }
+    sleeping_.store(false);
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    return graphs_alive;
+  }
+
+  bool scan(bool discard) {
+    bool any = false;
+    const std::uint32_t n = table_.high_water();
+    for (std::uint32_t i = 0; i < n; ++i) {
+      if (table_.line(i).state.load(std::memory_order_acquire) != kFlagRequested) continue;
+      serve(i, discard);
+      any = true;
+    }
+    return any;
+  }
+
+  void serve(std::uint32_t i, bool discard) {
+    SlotInfo& slot = table_.info(i);
+    FlagLine& line = table_.line(i);
+    const auto kind = static_cast<SlotKind>(slot.kind.load(std::memory_order_acquire));
+    if (kind == SlotKind::Stream) {
+      CallbackPtr cb;
+      bool run = false;
+      {
+        std::lock_guard<std::mutex> lock(slot.fifo_mu);
+        if (!slot.fifo.empty()) {
+          cb = std::move(slot.fifo.front());
+          slot.fifo.pop_front();
+          run = phase() != Phase::Discarding;  // decided under the queue's lock: see discard_from_now_on
+        }
+      }
+      if (cb && run) {
+        cb->run(true);
+        c_.completed.fetch_add(1, std::memory_order_relaxed);
+      } else if (cb) {
+        c_.discarded.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        c_.unannounced.fetch_add(1, std::memory_order_relaxed);  // a request with nothing queued
+      }
+      line.state.store(kFlagServed, std::memory_order_release);
+      if (cb) c_.outstanding_eager.fetch_sub(1);
+      return;  // cb is destroyed here, after the stream was let go
+    }
+    if (kind == SlotKind::Graph && !discard) {
+      slot.fixed->run(false);
+      c_.completed.fetch_add(1, std::memory_order_relaxed);
+      line.state.store(kFlagServed, std::memory_order_release);
+      if (!decrement_if_positive(c_.outstanding_graph)) c_.unannounced.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    c_.discarded.fetch_add(1, std::memory_order_relaxed);
+    line.state.store(kFlagServed, std::memory_order_release);
+  }
+
+  void apply_releases() {
+    std::vector<std::uint32_t> released;
+    {
+      std::lock_guard<std::mutex> lock(release_mu_);
+      released.swap(releases_);
+      release_pending_.store(false, std::memory_order_release);
+    }
+    for (std::uint32_t i : released) {
+      // A graph is released only after its last replay completed, so this flag is quiet; a
+      // request still here would be a stream left waiting, so answer it before letting go.
+      if (table_.line(i).state.load(std::memory_order_acquire) == kFlagRequested) {
+        table_.line(i).state.store(kFlagServed, std::memory_order_release);
+      }
+      table_.free_graph_slot(i);  // drops the captured callback; a Python one defers its decref
+    }
+  }
+
+  std::shared_ptr<Device> device_;
+  DoorbellOptions opts_;
+  SlotTable table_;
+  Counters c_;
+  std::atomic<Phase> phase_{Phase::Active};
+  std::atomic<WorkerState> state_{WorkerState::Starting};
+  std::atomic<bool> sleeping_{false};
+  std::mutex wake_mu_;
+  std::condition_variable wake_cv_;
+  std::mutex release_mu_;
+  std::vector<std::uint32_t> releases_;
+  std::atomic<bool> release_pending_{false};
+  std::mutex shutdown_mu_;
+  std::mutex exit_mu_;
+  std::condition_variable exit_cv_;
+  std::atomic<std::int64_t> worker_cpu_ns_{0};
+  std::atomic<std::int64_t> wakeups_{0};
+  std::atomic<std::int64_t> worker_os_id_{0};
+};
+
+}  // namespace fastpath::hostdispatch

@@ -1,0 +1,126 @@
+"""Field types of the manifest: each carries its own check, so every model field stays one line.
+
+A value that passes these checks is safe to use as an identifier in generated code; the
+compiler relies on that, and escapes everything else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import keyword
+import re
+import sys
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
+from pydantic.fields import FieldInfo
+
+from .names import FMHA_LIBRARIES, RANDOM_PREFIX, RANDOM_PRESETS
+from .suggest import did_you_mean
+
+Status = Literal["stable", "prototype"]
+
+
+def spec(default: Any = ..., *, doc: str, status: Status = "stable", **kwargs: Any) -> FieldInfo:
+    """A model field with its documentation and API status (shown in the JSON Schema)."""
+    return Field(default, description=doc, json_schema_extra={"status": status}, **kwargs)
+
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+IMPORT_PATH_PATTERN = rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$"
+PACKAGE_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
+PACKAGE_NAME_MAX = 64
+
+
+def _identifier_problem(part: str) -> str:
+    if not re.fullmatch(_IDENTIFIER, part):
+        return f"{part!r} is not an ASCII Python identifier"
+    if keyword.iskeyword(part):
+        return f"{part!r} is a Python keyword"
+    return ""
+
+
+def split_import_path(path: str) -> tuple[str, str]:
+    """'pkg.module:Name' -> ('pkg.module', 'Name'); ValueError says what is wrong."""
+    if path.count(":") != 1:
+        raise ValueError(f"import path {path!r} must look like 'package.module:Name' (one ':')")
+    module, attr = path.split(":")
+    for part in [*module.split("."), attr]:
+        if problem := _identifier_problem(part):
+            raise ValueError(f"import path {path!r}: {problem}")
+    return module, attr
+
+
+def _check_import_path(path: str) -> str:
+    split_import_path(path)
+    return path
+
+
+def python_package(name: str) -> str:
+    """The import name of a manifest's package: its name with '-' as '_'."""
+    return name.replace("-", "_")
+
+
+def _check_package_name(name: str) -> str:
+    if len(name) > PACKAGE_NAME_MAX or not re.fullmatch(PACKAGE_NAME_PATTERN, name):
+        raise ValueError(
+            f"{name!r} must be lower-case letters, digits, '-' and '_', start with a letter, "
+            f"and be at most {PACKAGE_NAME_MAX} characters"
+        )
+    package = python_package(name)
+    if keyword.iskeyword(package):
+        raise ValueError(f"{name!r} would make the package {package!r}, a Python keyword")
+    if package == "fastpath" or package in sys.stdlib_module_names:
+        raise ValueError(f"{name!r} would make the package {package!r}, which shadows an existing module")
+    return name
+
+
+def _check_checkpoint(checkpoint: str) -> str:
+    if checkpoint.startswith(RANDOM_PREFIX):
+        preset = checkpoint.removeprefix(RANDOM_PREFIX)
+        if preset not in RANDOM_PRESETS:
+            raise ValueError(
+                f"unknown random preset {preset!r} (known: {', '.join(RANDOM_PRESETS)})"
+                + did_you_mean(preset, RANDOM_PRESETS)
+            )
+        return checkpoint
+    if not checkpoint.strip():
+        raise ValueError("is empty: give a Hugging Face model folder or 'random:<preset>'")
+    # A path never needs control characters, and a lone surrogate cannot be written to a file.
+    bad = next((c for c in checkpoint if ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF), None)
+    if bad is not None:
+        raise ValueError(f"{checkpoint!r} holds the control character {bad!r}; a path never needs one")
+    return checkpoint
+
+
+def _strictly_increasing(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    for before, after in itertools.pairwise(sizes):
+        if after <= before:
+            raise ValueError(f"must be sorted and unique: {after} follows {before}")
+    return sizes
+
+
+def _exactly_auto_or_bool(value: Any) -> Any:
+    # A Literal compares by equality, where 1 == True; a manifest must say true, false or auto.
+    if not (isinstance(value, bool) or value == "auto"):
+        raise ValueError(f"expected auto, true or false, got {value!r}")
+    return value
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+PackageName = Annotated[
+    str,
+    AfterValidator(_check_package_name),
+    WithJsonSchema({"type": "string", "pattern": PACKAGE_NAME_PATTERN, "maxLength": PACKAGE_NAME_MAX}),
+]
+Checkpoint = Annotated[str, AfterValidator(_check_checkpoint)]
+ImportPath = Annotated[
+    str,
+    AfterValidator(_check_import_path),
+    WithJsonSchema({"type": "string", "pattern": IMPORT_PATH_PATTERN}),
+]
+FmhaName = Literal[FMHA_LIBRARIES]
+BatchSizes = Annotated[tuple[PositiveInt, ...], Field(min_length=1), AfterValidator(_strictly_increasing)]
+AutoOrBool = Annotated[Literal["auto", True, False], BeforeValidator(_exactly_auto_or_bool)]

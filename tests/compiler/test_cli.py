@@ -1,0 +1,124 @@
+"""bin/compile: exit codes, nothing written for an invalid manifest, --check drift, --explain."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from compile_helpers import ALL_HOOKS, REPO, compile_text
+
+from fastpath.compiler.cli import main
+from fastpath.compiler.explain import explain
+
+GOOD = "schema_version: 1\nname: {name}\nmodel:\n  checkpoint: random:tiny-llama\n"
+
+
+@pytest.fixture
+def repo(tmp_path):
+    (tmp_path / "examples").mkdir()
+    for name in ("one", "two"):
+        (tmp_path / "examples" / f"{name}.yaml").write_text(GOOD.format(name=name))
+    return tmp_path
+
+
+def run(repo, *args):
+    return main([str(a) for a in args], root=repo, prog="bin/compile")
+
+
+def test_compiles_into_root_generated_and_a_rerun_writes_nothing(repo, capsys):
+    manifests = [repo / "examples/one.yaml", repo / "examples/two.yaml"]
+    assert run(repo, *manifests) == 0
+    assert (repo / "generated/one/one/__init__.py").is_file() and (
+        repo / "generated/two/pyproject.toml"
+    ).is_file()
+    header = (repo / "generated/one/pyproject.toml").read_text().splitlines()[0]
+    assert "from examples/one.yaml (sha256" in header
+    capsys.readouterr()
+    assert run(repo, *manifests) == 0
+    assert " 0 written" in capsys.readouterr().out
+
+
+def test_an_invalid_manifest_exits_2_and_nothing_is_written(repo, capsys):
+    (repo / "examples/bad.yaml").write_text(GOOD.format(name="bad") + "runtime:\n  max_batch: 4\n")
+    code = run(repo, repo / "examples/one.yaml", repo / "examples/bad.yaml", "-o", repo / "out")
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml:6:3: error: unknown key 'max_batch' in runtime; did you mean 'max_batch_size'?" in err
+    assert not (repo / "out").exists()
+
+
+def test_two_manifests_with_one_name_exit_2(repo, capsys):
+    (repo / "examples/again.yaml").write_text(GOOD.format(name="one"))
+    assert run(repo, repo / "examples/one.yaml", repo / "examples/again.yaml") == 2
+    assert "name 'one' is also the name of" in capsys.readouterr().err
+    assert not (repo / "generated").exists()
+
+
+def test_a_missing_manifest_exits_2(repo, capsys):
+    assert run(repo, repo / "examples/none.yaml") == 2
+    assert "none.yaml:1:1: error: cannot read the manifest" in capsys.readouterr().err
+
+
+def test_check_passes_when_up_to_date_and_names_drift_and_the_fix(repo, capsys):
+    one = repo / "examples/one.yaml"
+    assert run(repo, "--check", one) == 1  # nothing generated yet
+    assert "missing" in capsys.readouterr().err
+    run(repo, one)
+    assert run(repo, "--check", one) == 0
+    init = repo / "generated/one/one/__init__.py"
+    init.write_text(init.read_text() + "# hand edit\n")
+    one.write_text(one.read_text() + "# the manifest moved on\n")
+    before = init.read_text()
+    assert run(repo, "--check", one) == 1
+    err = capsys.readouterr().err
+    assert f"{init}: differs" in err and f"regenerate with: bin/compile {one}" in err
+    assert init.read_text() == before  # --check writes nothing
+
+
+def test_a_folder_that_is_not_a_generated_package_is_left_alone(repo, capsys):
+    (repo / "generated/one").mkdir(parents=True)
+    (repo / "generated/one/README").write_text("mine\n")
+    assert run(repo, repo / "examples/one.yaml") == 1
+    assert "not a generated package" in capsys.readouterr().err
+    assert os.listdir(repo / "generated/one") == ["README"]
+
+
+def test_explain_prints_hooks_gates_fmha_order_and_dispatch(tmp_path, capsys):
+    manifest = tmp_path / "all.yaml"
+    manifest.write_text(ALL_HOOKS)
+    assert main(["--explain", str(manifest)], root=tmp_path) == 0
+    out = capsys.readouterr().out
+    assert (
+        "on   decode_prologue  " in out
+        and "fastpath.runtime.prologues:FusedDecodePrologue, declared at line 7" in out
+    )
+    assert "on   executor_events.before_overlap_loop  mypkg.a:check, declared at line 10" in out
+    assert "auto  cuda_graphs  " in out and "cuda graph batch sizes: 1, 2, 4, 8, 16" in out
+    assert "fmha order: prepend (declared at line 13), then enabled (declared at line 13)" in out
+    assert "1. flex_attention" in out and "3. reference" in out
+    assert "reference       available" in out  # the runtime answered for this machine
+    assert "host dispatch: spin, declared at line 12: try hostfunc_v2 -> doorbell -> blocking" in out
+    assert not (tmp_path / "generated").exists()
+
+
+def test_explain_says_so_when_the_runtime_cannot_answer():
+    plan, _ = compile_text(ALL_HOOKS)
+    text = explain(plan, availability=lambda plan: "runtime not importable (ImportError: no torch)")
+    assert "the runtime's default order" not in text
+    assert "then enabled (declared at line 13) (runtime not importable (ImportError: no torch))" in text
+    assert "    1. flex_attention\n" in text
+
+
+def test_bin_compile_runs_from_the_checkout(tmp_path):
+    # bin/compile's shebang is the system python3; without fastpath there, it re-runs with .venv's.
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if ".venv" not in p)
+    if shutil.which("python3", path=env["PATH"]) is None:
+        env["PATH"] = str(Path(sys.executable).parent)
+    done = subprocess.run(
+        [str(REPO / "bin/compile"), "--help"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "usage: bin/compile" in done.stdout
