@@ -2,6 +2,10 @@
 
 It provides the step primitives (stage, prologue, forward, sample, complete). The step loop that
 strings them together lives in NativeExecutor, or in a generated Executor specialised by a manifest.
+
+Under tensor parallelism (`parallel`, see parallel/) rank 0 runs the scheduler and the loop; each
+step's host inputs become a DecodeStep or PrefillStep that rank 0 broadcasts before running it, and
+the workers run the same `run_decode` / `run_prefill` on their shard. With one rank nothing is sent.
 """
 
 from __future__ import annotations
@@ -9,62 +13,59 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from .attention.manager import FmhaManager
 from .attention.metadata import AttentionConfig, AttentionMetadata
-from .decode_inputs import FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue, stage
+from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue, stage
 from .engine_config import EngineConfig
 from .graphs import DecodeGraphs
 from .hooks import ALL_OFF, RuntimeHooks
 from .kv_cache import BlockAllocator, KVCache, size_cache
+from .parallel.collectives import SINGLE
+from .parallel.messages import Op
+from .parallel.sharding import local_config
+from .parallel.state import ParallelState, RankFailed, check_group
 from .sampler import SamplingTensors, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
+from .steps import DecodeStep, InflightStep, PrefillStep, StepRecord, prefill_step, sampling_tensors
 from .weights import build_model
 
 log = logging.getLogger("fastpath.executor")
+
+__all__ = ["ExecutorCore", "InflightStep", "StartupError", "StepRecord"]
 
 
 class StartupError(RuntimeError):
     """Start-up (warmup, graph capture, after_warmup hooks) failed; the engine is not usable."""
 
 
-@dataclass(slots=True)
-class InflightStep:
-    """A launched step whose sampled tokens are still on their way to the host."""
-
-    batch: ScheduledBatch
-    sampled: list[Sequence]  # in row order of `tokens`
-    tokens: torch.Tensor  # device
-    rows: dict[int, int]  # seq_id -> row in `tokens`, for the next step's inputs
-    host_tokens: torch.Tensor
-    host_logprobs: torch.Tensor
-    event: torch.cuda.Event | None = None
-
-
-@dataclass(slots=True)
-class StepRecord:
-    phase: str
-    finished: list[Sequence] = field(default_factory=list)
-    new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
-
-
 class ExecutorCore:
-    def __init__(self, config: EngineConfig, hooks: RuntimeHooks = ALL_OFF) -> None:
+    def __init__(
+        self, config: EngineConfig, hooks: RuntimeHooks = ALL_OFF, parallel: ParallelState | None = None
+    ) -> None:
+        check_group(config.tensor_parallel_size, parallel)
         self.config = config
         self.hooks = hooks
+        self.parallel = parallel
         self.device = config.device
         self.dtype = config.dtype
         cfg = config.model
         self.model = build_model(
-            cfg, config.checkpoint, config.dtype, config.device, config.max_seq_len, config.fused_kernels
-        )
-        sizing = size_cache(
             cfg,
+            config.checkpoint,
+            config.dtype,
+            config.device,
+            config.max_seq_len,
+            config.fused_kernels,
+            tp=parallel.tp if parallel is not None else SINGLE,
+        )
+        local = local_config(cfg, self.model.part)  # this rank's heads: the KV cache and attention see these
+        sizing = size_cache(
+            local,
             config.dtype,
             config.device,
             config.max_batch_size,
@@ -72,7 +73,9 @@ class ExecutorCore:
             config.block_size,
             num_blocks=config.kv_cache_blocks,
         )
-        self.kv = KVCache(cfg, sizing, config.dtype, config.device)
+        if parallel is not None:
+            sizing = parallel.agree_on_cache(sizing)
+        self.kv = KVCache(local, sizing, config.dtype, config.device)
         self.block_size = sizing.block_size
         self.table_width = -(-config.max_seq_len // self.block_size)
         self.allocator = BlockAllocator(sizing.num_blocks)
@@ -82,10 +85,10 @@ class ExecutorCore:
         attn_cfg = AttentionConfig(
             config.device.type,
             config.dtype,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.sliding_window,
+            local.num_heads,
+            local.num_kv_heads,
+            local.head_dim,
+            local.sliding_window,
         )
         self.fmha = FmhaManager(attn_cfg, config.fmha_enabled, config.fmha_prepend)
         self.is_cuda = config.device.type == "cuda"
@@ -104,26 +107,43 @@ class ExecutorCore:
 
     @contextlib.contextmanager
     def warmup_guard(self) -> Iterator[None]:
-        """Errors during start-up abort it cleanly: resources are released and a StartupError names the cause."""
+        """Errors during start-up abort it cleanly: resources are released and a StartupError names the cause.
+
+        With several ranks, every rank reports how its start-up went before any leaves the guard, so
+        one rank's failure stops them all, and the error names the rank.
+        """
         self.in_warmup_guard = True
+        failure: Exception | None = None
         try:
             yield
         except Exception as exc:
-            self.release()
-            raise StartupError(f"start-up failed: {exc}") from exc
+            failure = exc
         finally:
             self.in_warmup_guard = False
+        if self.parallel is not None:
+            failure = self.parallel.agree(failure)
+        if failure is not None:
+            self.release()
+            where = " on " if isinstance(failure, RankFailed) else ": "
+            raise StartupError(f"start-up failed{where}{failure}") from failure
 
     def warmup(self) -> None:
         """Run every step kind once eagerly (kernel selection, lazy inits), then capture decode graphs."""
-        probe = Sequence(
-            -1, [1] * min(8, self.config.max_seq_len - 1), _WARMUP_PARAMS, 0, frozenset(), 1 << 30
-        )
-        self.scheduler.add(probe)
-        prefill = self.scheduler.schedule()
-        self.complete(self.launch(prefill, None))
-        self.complete(self.launch(self.scheduler.schedule(), None))
-        self.scheduler.finish(probe)
+        if self.parallel is not None and not self.parallel.is_driver:
+            from .parallel.worker import serve
+
+            serve(self, until=Op.WARMUP_DONE)  # rank 0's warmup steps
+        else:
+            probe = Sequence(
+                -1, [1] * min(8, self.config.max_seq_len - 1), _WARMUP_PARAMS, 0, frozenset(), 1 << 30
+            )
+            self.scheduler.add(probe)
+            prefill = self.scheduler.schedule()
+            self.complete(self.launch(prefill, None))
+            self.complete(self.launch(self.scheduler.schedule(), None))
+            self.scheduler.finish(probe)
+            if self.parallel is not None:
+                self.parallel.send(Op.WARMUP_DONE)
         if self.is_cuda and self.config.cuda_graphs:
             self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
             self.graphs.capture_all()
@@ -169,39 +189,55 @@ class ExecutorCore:
 
     def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
         seqs = batch.seqs
-        kind = "greedy" if all(s.params.greedy for s in seqs) else "general"
         rows = self.graphs.bucket(len(seqs)) if self.graphs is not None else None
         if rows is not None:
-            buffers = self.graphs.buffers[rows]
             width = self.table_width
         else:
             rows = len(seqs)
             width = max(-(-s.num_tokens // self.block_size) for s in seqs)
-            hidden = self.model.cfg.hidden_size if self.decode_from_embeds else None
-            buffers = DecodeBuffers.allocate(rows, width, hidden, self.dtype, self.device)
         packed = self._staging_buffer(rows, FIXED_COLUMNS + width)
         stage(packed, seqs, prev.rows if prev is not None else {}, self.block_size)
-        inputs = DecodeInputs(len(seqs), packed, buffers, prev.tokens if prev is not None else None)
-        self.decode_prologue(inputs)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
-        sampling = self._sampling(seqs, rows) if kind == "general" else None
+        greedy = all(s.params.greedy for s in seqs)
+        step = DecodeStep(
+            len(seqs), packed, None if greedy else sampling_tensors(seqs, rows), prev is not None
+        )
+        if self.parallel is not None:
+            self.parallel.send(Op.DECODE, step)
+        tokens, logprobs = self.run_decode(step, prev.tokens if prev is not None else None)
+        return tokens, logprobs, seqs
+
+    def run_decode(self, step: DecodeStep, prev_tokens: torch.Tensor | None):
+        """One decode step from its host inputs: prologue, then a graph replay or an eager forward."""
+        rows, cols = step.packed.shape
+        graphed = self.graphs is not None and rows in self.graphs.buffers
+        if graphed:
+            buffers = self.graphs.buffers[rows]
+        else:
+            hidden = self.model.cfg.hidden_size if self.decode_from_embeds else None
+            buffers = DecodeBuffers.allocate(rows, cols - FIXED_COLUMNS, hidden, self.dtype, self.device)
+        prev = prev_tokens if step.uses_prev else None
+        self.decode_prologue(DecodeInputs(step.num_seqs, step.packed, buffers, prev))
+        kind = "greedy" if step.sampling is None else "general"
+        sampling = _on(step.sampling, self.device)
         with self.forward_order():
-            if self.graphs is not None and (rows, kind) in self.graphs.graphs:
+            if graphed and (rows, kind) in self.graphs.graphs:
                 if sampling is not None:
                     _copy_sampling(self.graphs.sampling[rows], sampling)
                 tokens, logprobs = self.graphs.replay(rows, kind)
             else:
-                lens = [s.num_tokens for s in seqs]
+                lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
                 tokens, logprobs = self.decode_forward(buffers, sampling, capturing=False, lens=lens)
-        return tokens[: len(seqs)], logprobs[: len(seqs)], seqs
+        return tokens[: step.num_seqs], logprobs[: step.num_seqs]
 
     def decode_prologue(self, inputs: DecodeInputs) -> None:
         """The seam a decode_prologue hook replaces; the native executor reads its hook here."""
         self.native_decode_prologue(inputs)
 
     def native_decode_prologue(self, inputs: DecodeInputs) -> None:
-        native_prologue(inputs, self.model.embed)
+        # Buffers that take embeddings take this rank's share of them; decode_forward sums the shares.
+        native_prologue(inputs, self.model.embed_local)
 
     def decode_forward(
         self, buffers: DecodeBuffers, sampling, capturing: bool, lens: list[int] | None = None
@@ -217,62 +253,57 @@ class ExecutorCore:
             sliding_window=self.model.cfg.sliding_window,
             capturing=capturing,
         )
-        hidden = buffers.embeds if buffers.embeds is not None else self.model.embed(buffers.input_ids)
+        if buffers.embeds is not None:
+            hidden = self.model.reduce_embeds(buffers.embeds)
+        else:
+            hidden = self.model.embed(buffers.input_ids)
         logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
         tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
         return tokens, logprobs
 
     def launch_prefill(self, batch: ScheduledBatch):
-        with self.forward_order():
-            logits, sampled = self.prefill_logits(batch)
-            if not sampled:
-                empty = torch.empty(0, dtype=torch.int64, device=self.device)
-                return empty, empty.float(), []
-            sampling = None
-            if not all(s.params.greedy for s in sampled):
-                sampling = self._sampling(sampled, len(sampled))
-            tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
+        step, sampled = prefill_step(batch, self.block_size)
+        if self.parallel is not None:
+            self.parallel.send(Op.PREFILL, step)
+        tokens, logprobs = self.run_prefill(step)
         return tokens, logprobs, sampled
 
-    def prefill_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run a prefill batch; logits of the last token of each sequence that samples."""
-        ids, positions, slots, tables, logits_rows, sampled = [], [], [], [], [], []
-        bs = self.block_size
-        ends = [start + n for start, n in zip(batch.starts, batch.lens, strict=True)]
-        width = max(-(-end // bs) for end in ends)
-        offset = 0
-        for seq, start, n, samples in zip(batch.seqs, batch.starts, batch.lens, batch.samples, strict=True):
-            ids.extend(seq.token_at(i) for i in range(start, start + n))
-            positions.extend(range(start, start + n))
-            slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
-            table = seq.block_table[:width]
-            tables.append(table + [0] * (width - len(table)))
-            offset += n
-            if samples:
-                logits_rows.append(offset - 1)
-                sampled.append(seq)
-            seq.num_computed = start + n
-        dev = self.device
+    def run_prefill(self, step: PrefillStep):
+        """One prefill step from its host inputs -> the tokens of the sequences that sample."""
+        sampling = _on(step.sampling, self.device)
+        with self.forward_order():
+            logits = self.prefill_forward(step)
+            if not step.logits_rows.numel():
+                empty = torch.empty(0, dtype=torch.int64, device=self.device)
+                return empty, empty.float()
+            return sample(logits, sampling, True, self.model.ops.greedy)
+
+    def prefill_forward(self, step: PrefillStep) -> torch.Tensor:
+        """The model over a prefill step's tokens; logits of its `logits_rows`."""
+        dev, nb = self.device, True
         meta = AttentionMetadata(
             "prefill",
-            _to(slots, torch.int64, dev),
-            _to(tables, torch.int32, dev),
-            _to(ends, torch.int32, dev),
-            query_lens=list(batch.lens),
-            context_lens_host=ends,
-            block_size=bs,
+            step.slots.to(dev, non_blocking=nb),
+            step.tables.to(dev, torch.int32, non_blocking=nb),
+            step.ends.to(dev, torch.int32, non_blocking=nb),
+            query_lens=step.query_lens.tolist(),
+            context_lens_host=step.ends.tolist(),
+            block_size=self.block_size,
             sliding_window=self.model.cfg.sliding_window,
         )
-        hidden = self.model.embed(_to(ids, torch.int64, dev))
-        logits = self.model(
+        hidden = self.model.embed(step.ids.to(dev, non_blocking=nb))
+        return self.model(
             hidden,
-            _to(positions, torch.int64, dev),
+            step.positions.to(dev, non_blocking=nb),
             self.kv,
             meta,
             self.fmha,
-            _to(logits_rows, torch.int64, dev),
+            step.logits_rows.to(dev, non_blocking=nb),
         )
-        return logits, sampled
+
+    def run_prompt(self, step: PrefillStep) -> torch.Tensor:
+        with self.forward_order():
+            return self.prefill_forward(step)
 
     @torch.no_grad()
     def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
@@ -280,23 +311,14 @@ class ExecutorCore:
         seq = Sequence(-2, list(prompt_ids), _WARMUP_PARAMS, 0, frozenset(), 1 << 30)
         seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.block_size))
         try:
-            batch = ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True])
-            with self.forward_order():
-                logits, _ = self.prefill_logits(batch)
-            return logits[0].float().cpu()
+            step, _ = prefill_step(
+                ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True]), self.block_size
+            )
+            if self.parallel is not None:
+                self.parallel.send(Op.PREFILL_LOGITS, step)
+            return self.run_prompt(step)[0].float().cpu()
         finally:
             self.allocator.free(seq.block_table)
-
-    def _sampling(self, seqs: list[Sequence], rows: int) -> SamplingTensors:
-        pad = rows - len(seqs)
-        t = SamplingTensors(
-            torch.tensor([s.params.temperature for s in seqs] + [0.0] * pad, dtype=torch.float32),
-            torch.tensor([s.params.top_k for s in seqs] + [0] * pad, dtype=torch.int64),
-            torch.tensor([s.params.top_p for s in seqs] + [1.0] * pad, dtype=torch.float32),
-            torch.tensor([s.seed for s in seqs] + [0] * pad, dtype=torch.int64),
-            torch.tensor([s.num_generated for s in seqs] + [0] * pad, dtype=torch.int64),
-        )
-        return SamplingTensors(*(x.to(self.device, non_blocking=True) for x in _fields(t)))
 
     def _staging_buffer(self, rows: int, cols: int) -> torch.Tensor:
         # Two per shape: step n+1 is staged while step n's copy from the other may still be pending.
@@ -324,7 +346,10 @@ class ExecutorCore:
     def complete(self, step: InflightStep) -> StepRecord:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
         if step.event is not None:
-            step.event.synchronize()
+            if self.parallel is not None:
+                self.parallel.wait(step.event)
+            else:
+                step.event.synchronize()
         record = StepRecord(step.batch.phase)
         for seq, token, logprob in zip(
             step.sampled, step.host_tokens.tolist(), step.host_logprobs.tolist(), strict=True
@@ -345,6 +370,10 @@ class ExecutorCore:
             return
         self._closed = True
         self.graphs = None
+        if self.parallel is not None:
+            self.parallel.stop_workers()
+            if self.parallel.broken:
+                return  # a collective whose peer is gone never finishes: do not wait for the device
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
 
@@ -352,8 +381,10 @@ class ExecutorCore:
         self.release()
 
 
-def _to(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+def _on(t: SamplingTensors | None, device: torch.device) -> SamplingTensors | None:
+    if t is None:
+        return None
+    return SamplingTensors(*(x.to(device, non_blocking=True) for x in _fields(t)))
 
 
 def _fields(t: SamplingTensors) -> tuple[torch.Tensor, ...]:
