@@ -1,7 +1,11 @@
 """The model's collectives: what a forward needs from the other ranks of its tensor-parallel group.
 
 `TPContext` is handed to the model. With one rank (`SINGLE`) every method returns its input and no
-collective code runs. Each call is capturable in a CUDA graph on NCCL (no host syncs, fixed shapes).
+collective code runs. Each call is capturable in a CUDA graph on NCCL (no host syncs, fixed shapes):
+decode graphs hold the all-reduces and the gather, and replay them on every rank in the same order,
+because every rank replays the graphs rank 0's steps name. Caveats: the NCCL communicator must exist
+before capture (the eager warmup steps create it), and a captured collective is invisible to NCCL's
+watchdog, so a peer that dies mid-replay is noticed by rank 0's host (parallel/state.py), not by it.
 """
 
 from __future__ import annotations

@@ -56,16 +56,16 @@ class Channel:
     # --- rank 0 -----------------------------------------------------------------------------------
 
     def send(self, op: Op, step: DecodeStep | PrefillStep | None = None) -> None:
-        header = torch.zeros(HEADER, dtype=torch.int64)
+        fields: list[int] = []
         payload: list[torch.Tensor] = []
         if isinstance(step, DecodeStep):
             rows, cols = step.packed.shape
-            header[1:6] = torch.tensor([step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev])
+            fields = [step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev]
             payload.append(step.packed)
         elif isinstance(step, PrefillStep):
             (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
-            header[1:6] = torch.tensor([t, s, w, r, step.sampling is not None])
-            fields = (
+            fields = [t, s, w, r, step.sampling is not None]
+            parts = (
                 step.ids,
                 step.positions,
                 step.slots,
@@ -74,13 +74,13 @@ class Channel:
                 step.query_lens,
                 step.logits_rows,
             )
-            payload.append(torch.cat([f.flatten() for f in fields]))
-        header[0] = int(op)
-        self._bcast(header)
+            payload.append(torch.cat([f.flatten() for f in parts]))
+        if step is not None and step.sampling is not None:
+            payload.append(_pack_sampling(step.sampling))
+        header = [int(op), *map(int, fields)]
+        self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
         for t in payload:
             self._bcast(t)
-        if step is not None and step.sampling is not None:
-            self._bcast(_pack_sampling(step.sampling))
 
     # --- workers ----------------------------------------------------------------------------------
 

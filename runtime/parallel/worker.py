@@ -63,6 +63,7 @@ def worker_main(spec: WorkerSpec) -> None:
         executor.start()
         serve(executor)
     except BaseException as exc:
+        state.broken = True  # the device may hold a collective that never finishes: do not wait on it
         state.post_error(exc)
         traceback.print_exc()
         sys.exit(1)

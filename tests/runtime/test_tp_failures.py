@@ -15,9 +15,9 @@ import pytest
 BOUND_S = 180  # generous for a loaded 2-core CI machine; a hang is what this catches
 
 
-def run_scenario(name: str) -> dict:
+def run_scenario(name: str, device: str = "cpu") -> dict:
     script = Path(__file__).with_name("tp_scenarios.py")
-    env = {**os.environ, "FASTPATH_PROGRESS": "0"}
+    env = {**os.environ, "FASTPATH_PROGRESS": "0", "TP_SCENARIO_DEVICE": device}
     try:
         result = subprocess.run(
             [sys.executable, str(script), name], env=env, capture_output=True, text=True, timeout=BOUND_S

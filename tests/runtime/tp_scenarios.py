@@ -36,7 +36,8 @@ class RecordedWorkerSet(launcher.WorkerSet):
 
 launcher.WorkerSet = RecordedWorkerSet
 
-MODEL = dict(model="random:tiny-llama", device="cpu", max_seq_len=128, max_batch_size=4, tp=2)
+DEVICE = os.environ.get("TP_SCENARIO_DEVICE", "cpu")
+MODEL = dict(model="random:tiny-llama", device=DEVICE, max_seq_len=128, max_batch_size=4, tp=2)
 LONG = SamplingParams(max_tokens=100, ignore_eos=True)
 
 
