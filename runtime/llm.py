@@ -100,16 +100,16 @@ class LLM:
             from .parallel.launcher import start_group
 
             self.parallel, self.config = start_group(self.config, hooks, executor_cls, tp_timeout_s)
-        try:
-            if self.parallel is None:
-                self.executor = executor_cls(self.config, hooks)
-            else:
-                self.executor = executor_cls(self.config, hooks, parallel=self.parallel)
-        except BaseException:
-            if self.parallel is not None:
+        if self.parallel is None:
+            self.executor = executor_cls(self.config, hooks)
+        else:
+            try:
+                with self._peer_errors():
+                    self.executor = executor_cls(self.config, hooks, parallel=self.parallel)
+            except BaseException:
                 self.parallel.broken = True
                 self.parallel.close()
-            raise
+                raise
         self._finalizer = weakref.finalize(self, _close_engine, self.executor, self.parallel)
         try:
             self.executor.start()

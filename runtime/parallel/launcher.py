@@ -177,6 +177,10 @@ def _spawn(config: EngineConfig, hooks: Any, executor_cls: type, timeout_s: floa
         proc.start()
         procs[rank] = proc
     workers = WorkerSet(procs)
+    if config.device.type == "cuda":
+        # The caller is rank 0 and must outlive a failed worker: on a NCCL error or timeout the
+        # watchdog aborts the communicators (mode 2) instead of ending this process (the default, 3).
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     try:
         workers.await_check_in(store, max(timeout_s, START_S))
         state = build_state(0, world, rank_config(config, 0).device, store, engine, timeout_s, True, workers)

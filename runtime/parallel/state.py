@@ -45,6 +45,8 @@ def check_group(tensor_parallel_size: int, parallel: ParallelState | None) -> No
 
 @dataclass(slots=True, eq=False)
 class ParallelState:
+    """One rank's handle on its group; rank 0 (the driver) runs the scheduler and sends the steps."""
+
     rank: int
     world: int
     device: torch.device
@@ -173,9 +175,11 @@ class ParallelState:
             log.info("could not tell the tensor-parallel workers to stop: %s", exc)
 
     def close(self) -> None:
-        """Join (or, failing that, end) the workers and take this engine's process groups down."""
-        if self.workers is not None:
-            self.workers.close(timeout_s=10.0)
+        """Take this engine's process groups down, then join (or, failing that, end) the workers.
+
+        The groups go first: the workers take theirs down at the same time, after rank 0's STOP,
+        and a backend whose teardown waits for its peers finds them there.
+        """
         if self.broken and self.device.type == "cuda":
             # Kernels of a collective whose peer is gone never finish: abort them rather than wait.
             try:
@@ -190,5 +194,7 @@ class ParallelState:
                     dist.destroy_process_group(group)
         except Exception as exc:
             log.warning("could not destroy the tensor-parallel process groups: %s", exc)
+        if self.workers is not None:
+            self.workers.close(timeout_s=10.0)
         if self.restore_threads is not None:
             torch.set_num_threads(self.restore_threads)

@@ -62,3 +62,12 @@ def test_a_worker_that_raises_mid_run_is_named_with_its_error():
     assert report["message"].endswith(
         "exited with code 1 after it raised RuntimeError: planted decode failure on rank 1"
     )
+
+
+@pytest.mark.slow
+def test_a_worker_that_fails_to_build_its_shard_is_named_with_its_error():
+    report = run_scenario("worker_fails_to_build")
+    assert report["error"] == "WorkerLost"
+    assert report["message"].endswith(
+        "exited with code 1 after it raised RuntimeError: planted build failure on rank 1"
+    )

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import time
 
+from fastpath.runtime import NativeExecutor
+from fastpath.runtime.hooks import ALL_OFF
+
 
 def _rank(executor) -> int:
     return executor.parallel.rank if executor.parallel is not None else 0
@@ -33,3 +36,12 @@ class FailingPrologue:
             if self.calls >= self.at:
                 raise RuntimeError("planted decode failure on rank 1")
         return False
+
+
+class FailsToBuildOnRank1(NativeExecutor):
+    """An executor whose construction fails on rank 1 (a stand-in for, say, running out of memory)."""
+
+    def __init__(self, config, hooks=ALL_OFF, parallel=None) -> None:
+        if parallel is not None and parallel.rank == 1:
+            raise RuntimeError("planted build failure on rank 1")
+        super().__init__(config, hooks, parallel=parallel)

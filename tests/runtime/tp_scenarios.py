@@ -69,7 +69,14 @@ def worker_raises() -> None:
         llm.close()
 
 
-SCENARIOS = {f.__name__: f for f in (after_warmup, hung_after_warmup, killed_worker, worker_raises)}
+def worker_fails_to_build() -> LLM:
+    return LLM(**MODEL, executor_cls=tp_hooks.FailsToBuildOnRank1)
+
+
+SCENARIOS = {
+    f.__name__: f
+    for f in (after_warmup, hung_after_warmup, killed_worker, worker_raises, worker_fails_to_build)
+}
 
 
 def main() -> None:
