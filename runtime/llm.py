@@ -51,8 +51,8 @@ class LLM:
         guided_backend: str = "none",
         seed: int = 0,
         tensor_parallel_size: int = 1,
-        tp: int | None = None,
-        tp_timeout_s: float = 300.0,
+        tp: int | None = None,  # alias of tensor_parallel_size
+        tp_timeout_s: float = 300.0,  # bounds a rank's start-up and each device collective
         executor_cls: type[NativeExecutor] = NativeExecutor,
     ) -> None:
         cfg, checkpoint = _resolve_model(model, seed)
