@@ -17,7 +17,7 @@ from .collectives import TPContext
 from .messages import Channel, Op
 
 if TYPE_CHECKING:
-    from .launcher import WorkerSet
+    from .watch import WorkerSet
 
 log = logging.getLogger("fastpath.parallel")
 
