@@ -3,7 +3,7 @@
 
 A C++ host callback marking a flag (the default) against a CUDA event the host synchronizes on.
 
-python bench/ab_decode.py --out DIR
+    python bench/ab_decode.py --out DIR
 """
 
 from __future__ import annotations
@@ -28,27 +28,20 @@ def main() -> None:
         print("bench/ab_decode.py needs a CUDA device")
         return
     from fastpath.runtime import LLM
-    from fastpath.runtime.executor_core import ExecutorCore
-    from fastpath.runtime.kernels.triton_ops import TritonOps
+    from fastpath.runtime.readback import Readback
 
     rows, payload = [], []
-    for fold in (True, False):
-        for callback in (True, False):
-            TritonOps.fold_into_gemv, ExecutorCore.readback_by_callback = fold, callback
-            llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512)
-            for b in args.batch:
-                step = engine_step_time(llm, b, 16, 144, 3)
-                payload.append(
-                    {"fold_into_gemv": fold, "readback_by_callback": callback, "batch": b, "step_s": step}
-                )
-                rows.append([fold, callback, b, f"{step * 1e6:.0f}"])
-                print(rows[-1], flush=True)
-            llm.close()
+    for callback in (True, False):
+        Readback.by_callback = callback
+        llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512)
+        for b in args.batch:
+            step = engine_step_time(llm, b, 16, 144, 3)
+            payload.append({"readback_by_callback": callback, "batch": b, "step_s": step})
+            rows.append([callback, b, f"{step * 1e6:.0f}"])
+            print(rows[-1], flush=True)
+        llm.close()
     write_outputs(
-        args.out,
-        "ab_decode",
-        {"rows": payload},
-        markdown_table(["fold", "callback", "batch", "µs/step"], rows),
+        args.out, "ab_decode", {"rows": payload}, markdown_table(["callback", "batch", "µs/step"], rows)
     )
 
 

@@ -2,10 +2,12 @@
 """Decode throughput on a GPU, side by side in one run: the native engine's variants, HF transformers
 `generate`, and the weight-read floor (weight bytes over the copy bandwidth measured in this run).
 
-    python bench/decode.py --out bench/results [--quick] [--batch 1 8 64]
+    python bench/decode.py --out bench/results [--quick] [--batch 1 8 64] [--tp 2]
 
 Steady-state decode time per step is the difference between two generations that differ only in
-length, so prefill, warmup and start-up cancel out.
+length, so prefill, warmup and start-up cancel out. `--tp 2` adds tensor-parallel rows (2 GPUs,
+NCCL all-reduces inside the decode graphs) beside the one-GPU rows; a tensor-parallel row's floor
+is its rank's weight bytes over the copy bandwidth, since every GPU streams its shard at once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, wall, write_outputs
+
+from fastpath.runtime.presets import resolve_random
 
 MODEL = "random:llama-1b"
 PROMPT_LEN = 32
@@ -77,6 +81,7 @@ def main() -> None:
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--variants", nargs="+", default=["fused", "torch-ops"], help="native variants to run")
     ap.add_argument("--package", action="append", default=[], help="generated package to run beside native")
+    ap.add_argument("--tp", type=int, nargs="*", default=[], help="tensor-parallel sizes to run beside tp=1")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA device; none is visible")
@@ -93,24 +98,35 @@ def main() -> None:
         "no-graphs": dict(cuda_graphs=False),
     }
     floor_bytes = None
+    sizes = [1, *sorted({t for t in args.tp if t > 1})]
     for variant in args.variants:
-        llm = LLM(
-            MODEL,
-            device="cuda",
-            dtype="bfloat16",
-            max_batch_size=max_batch,
-            max_seq_len=512,
-            **engines[variant],
-        )
-        floor_bytes = floor_bytes or weight_bytes(llm)
-        for b in args.batch:
-            step = engine_step_time(llm, b, short, long, repeats)
-            results["rows"].append({"engine": f"native ({variant})", "batch": b, "step_s": step})
-            print(f"native {variant} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
-        llm.close()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
+        for tp in sizes:
+            if tp > torch.cuda.device_count():
+                print(f"skipping tp={tp}: {torch.cuda.device_count()} CUDA devices are visible", flush=True)
+                continue
+            llm = LLM(
+                MODEL,
+                device="cuda",
+                dtype="bfloat16",
+                max_batch_size=max_batch,
+                max_seq_len=512,
+                tp=tp,
+                **engines[variant],
+            )
+            rank_bytes = weight_bytes(llm)
+            if tp == 1:
+                floor_bytes = floor_bytes or rank_bytes
+            name = f"native ({variant})" if tp == 1 else f"native ({variant}, tp={tp})"
+            for b in args.batch:
+                step = engine_step_time(llm, b, short, long, repeats)
+                row = {"engine": name, "batch": b, "step_s": step, "tp": tp, "variant": variant}
+                row["floor_step_s"] = rank_bytes / bw
+                results["rows"].append(row)
+                print(f"{name} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
+            llm.close()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
     for pkg in args.package:
         module = __import__(pkg)
         llm = module.LLM(
@@ -131,21 +147,30 @@ def main() -> None:
             torch.cuda.empty_cache()
             results["rows"].append({"engine": "HF transformers generate (eager)", "batch": b, "step_s": step})
             print(f"hf batch {b}: {step * 1e6:.0f} us/step", flush=True)
+    if floor_bytes is None:  # only tensor-parallel rows ran: the one-GPU floor from the parameter count
+        floor_bytes = resolve_random(MODEL).num_parameters() * 2
     floor_step = floor_bytes / bw
     results["weight_bytes"] = floor_bytes
     results["floor_step_s"] = floor_step
     hf = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"].startswith("HF")}
+    one_gpu = {(r["variant"], r["batch"]): r["step_s"] for r in results["rows"] if r.get("tp") == 1}
     rows = []
     for r in results["rows"]:
         b, step = r["batch"], r["step_s"]
         r["tok_s"] = b / step
-        r["share_of_floor"] = floor_step / step
+        r["share_of_floor"] = r.get("floor_step_s", floor_step) / step
         r["speedup_vs_hf"] = hf[b] / step if b in hf else None
+        base = one_gpu.get((r.get("variant"), b)) if r.get("tp", 1) > 1 else None
+        r["speedup_vs_tp1"] = base / step if base else None
         rows.append([r["engine"], b, f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
-                     f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-"])  # fmt: skip
+                     f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-",
+                     f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-"])  # fmt: skip
     for b in args.batch:
-        rows.append(["weight-read floor", b, f"{b / floor_step:.0f}", f"{floor_step * 1e6:.0f}", "100%", "-"])
-    table = markdown_table(["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF"], rows)
+        rows.append(
+            ["weight-read floor", b, f"{b / floor_step:.0f}", f"{floor_step * 1e6:.0f}", "100%", "-", "-"]
+        )
+    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs tp=1"]
+    table = markdown_table(headers, rows)
     table += f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; weights {floor_bytes / 1e9:.2f} GB; {results['env']}"
     write_outputs(args.out, "decode", results, table)
     plot(results, args.out / "decode.png")

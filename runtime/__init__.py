@@ -20,6 +20,7 @@ _EXPORTS = {
     "runtime_hooks_of": ".hooks",
     "ExecutorCore": ".executor_core",
     "NativeExecutor": ".native_executor",
+    "WorkerLost": ".parallel.state",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,6 +2,10 @@
 
 It provides the step primitives (stage, prologue, forward, sample, complete). The step loop that
 strings them together lives in NativeExecutor, or in a generated Executor specialised by a manifest.
+
+Under tensor parallelism (`parallel`, see parallel/) rank 0 runs the scheduler and the loop; each
+step's host inputs become a DecodeStep or PrefillStep that rank 0 broadcasts before running it, and
+the workers run the same `run_decode` / `run_prefill` on their shard. With one rank nothing is sent.
 """
 
 from __future__ import annotations
@@ -10,68 +14,60 @@ import contextlib
 import importlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import torch
 
 from .attention.manager import FmhaManager
-from .attention.metadata import AttentionConfig, AttentionMetadata
-from .decode_inputs import FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue, stage
+from .attention.metadata import AttentionConfig
 from .engine_config import EngineConfig
 from .graphs import DecodeGraphs
+from .guided.decoder import GuidedDecoder
 from .hooks import ALL_OFF, RuntimeHooks
 from .kv_cache import BlockAllocator, KVCache, size_cache
-from .sampler import SamplingTensors, sample
+from .parallel.collectives import SINGLE
+from .parallel.messages import Op
+from .parallel.sharding import local_config
+from .parallel.state import ParallelState, RankFailed, check_group
+from .readback import Readback
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
+from .step_runner import StepRunner
+from .steps import InflightStep, StepRecord
 from .weights import build_model
 
 log = logging.getLogger("fastpath.executor")
 
-READBACK_TIMEOUT_S = 300.0  # a step that long is a hung device, not a slow one
+__all__ = ["ExecutorCore", "InflightStep", "StartupError", "StepRecord"]
 
 
 class StartupError(RuntimeError):
     """Start-up (warmup, graph capture, after_warmup hooks) failed; the engine is not usable."""
 
 
-@dataclass(slots=True)
-class InflightStep:
-    """A launched step whose sampled tokens are still on their way to the host."""
-
-    batch: ScheduledBatch
-    sampled: list[Sequence]  # in row order of `tokens`
-    tokens: torch.Tensor  # device
-    rows: dict[int, int]  # seq_id -> row in `tokens`, for the next step's inputs
-    host_tokens: torch.Tensor
-    host_logprobs: torch.Tensor
-    step: int  # read-back sequence number, marked on the host by a C++ callback
-    event: torch.cuda.Event | None = None  # instead, when readback_by_callback is off
-
-
-@dataclass(slots=True)
-class StepRecord:
-    phase: str
-    finished: list[Sequence] = field(default_factory=list)
-    new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
-
-
-class ExecutorCore:
-    # Read-back completion: a C++ host callback marking a flag (no GIL), or a CUDA event.
-    readback_by_callback = True
-
-    def __init__(self, config: EngineConfig, hooks: RuntimeHooks = ALL_OFF) -> None:
+class ExecutorCore(StepRunner):
+    def __init__(
+        self, config: EngineConfig, hooks: RuntimeHooks = ALL_OFF, parallel: ParallelState | None = None
+    ) -> None:
+        check_group(config.tensor_parallel_size, parallel)
         self.config = config
         self.hooks = hooks
+        self.parallel = parallel
         self.device = config.device
         self.dtype = config.dtype
         cfg = config.model
         self.model = build_model(
-            cfg, config.checkpoint, config.dtype, config.device, config.max_seq_len, config.fused_kernels
-        )
-        sizing = size_cache(
             cfg,
+            config.checkpoint,
+            config.dtype,
+            config.device,
+            config.max_seq_len,
+            config.fused_kernels,
+            tp=parallel.tp if parallel is not None else SINGLE,
+        )
+        local = local_config(cfg, self.model.part)  # this rank's heads: the KV cache and attention see these
+        sizing = size_cache(
+            local,
             config.dtype,
             config.device,
             config.max_batch_size,
@@ -79,7 +75,9 @@ class ExecutorCore:
             config.block_size,
             num_blocks=config.kv_cache_blocks,
         )
-        self.kv = KVCache(cfg, sizing, config.dtype, config.device)
+        if parallel is not None:
+            sizing = parallel.agree_on_cache(sizing)
+        self.kv = KVCache(local, sizing, config.dtype, config.device)
         self.block_size = sizing.block_size
         self.table_width = -(-config.max_seq_len // self.block_size)
         self.allocator = BlockAllocator(sizing.num_blocks)
@@ -89,25 +87,22 @@ class ExecutorCore:
         attn_cfg = AttentionConfig(
             config.device.type,
             config.dtype,
-            cfg.num_heads,
-            cfg.num_kv_heads,
-            cfg.head_dim,
-            cfg.sliding_window,
+            local.num_heads,
+            local.num_kv_heads,
+            local.head_dim,
+            local.sliding_window,
         )
         self.fmha = FmhaManager(attn_cfg, config.fmha_enabled, config.fmha_prepend)
         self.is_cuda = config.device.type == "cuda"
         self.execution_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
         self.dispatcher = self._make_dispatcher()
-        # Read-back is marked by a C++ callback (no GIL) on its own stream, so the forward never waits on it.
-        self._ready = self.dispatcher.token_ready_flag()
-        self._readback_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
-        self._steps_launched = 0
-        self.decode_from_embeds = self.starts_from_embeddings()
-        self.guided = self._make_guided(config)
+        self.readback = Readback(self.dispatcher, config.device, parallel)
+        self.guided = GuidedDecoder.for_engine(config)
         # The bitmask work overlaps the forward on its own stream (why the execution-stream loop is gated off).
         self.guided_stream = (
             torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None
         )
+        self.decode_from_embeds = self.starts_from_embeddings()
         self.graphs: DecodeGraphs | None = None
         self.in_warmup_guard = False
         self._staging_flip = 0
@@ -128,37 +123,18 @@ class ExecutorCore:
         from .hostfunc import HostDispatcher
 
         ext = importlib.import_module(self.dispatch_extension())
+        mode, on_unsupported = self.config.dispatch_mode, self.config.on_unsupported
         if ext.FIXED_MODE is not None:
-            if self.config.dispatch_mode not in (ext.FIXED_MODE, "auto") and self.config.dispatch_mode:
+            if mode not in (ext.FIXED_MODE, "auto"):
                 raise ValueError(
-                    f"dispatch_mode={self.config.dispatch_mode!r}, but {ext.__name__} is compiled for {ext.FIXED_MODE!r}"
+                    f"dispatch_mode={mode!r}, but {ext.__name__} is compiled for {ext.FIXED_MODE!r}"
                 )
             mode = on_unsupported = None
-        else:
-            mode, on_unsupported = self.config.dispatch_mode, self.config.on_unsupported
         dispatcher = HostDispatcher(
             mode, on_unsupported, extension=ext, device="cuda" if self.is_cuda else "cpu"
         )
         log.info("host dispatch: %s backend (%s)", dispatcher.backend, dispatcher.reason)
         return dispatcher
-
-    def _make_guided(self, config: EngineConfig):
-        if config.guided_backend == "none":
-            return None
-        if config.guided_backend != "xgrammar":
-            raise ValueError(f"guided_backend: {config.guided_backend!r} is not supported (none, xgrammar)")
-        from .guided.decoder import GuidedDecoder
-        from .tokenizer import resolve_tokenizer
-
-        tokenizer = resolve_tokenizer(config.tokenizer, config.checkpoint, config.model.vocab_size)
-        if tokenizer is None:
-            raise ValueError("guided decoding needs the model's tokenizer, and this model has none")
-        rows = (
-            max(config.max_batch_size, *config.graph_batch_sizes)
-            if config.graph_batch_sizes
-            else config.max_batch_size
-        )
-        return GuidedDecoder(tokenizer, config.model.vocab_size, rows, config.device)
 
     def starts_from_embeddings(self) -> bool:
         """Whether decode graphs start from embeddings: true when a prologue hook does the embedding lookup."""
@@ -168,26 +144,43 @@ class ExecutorCore:
 
     @contextlib.contextmanager
     def warmup_guard(self) -> Iterator[None]:
-        """Errors during start-up abort it cleanly: resources are released and a StartupError names the cause."""
+        """Errors during start-up abort it cleanly: resources are released and a StartupError names the cause.
+
+        With several ranks, every rank reports how its start-up went before any leaves the guard, so
+        one rank's failure stops them all, and the error names the rank.
+        """
         self.in_warmup_guard = True
+        failure: Exception | None = None
         try:
             yield
         except Exception as exc:
-            self.release()
-            raise StartupError(f"start-up failed: {exc}") from exc
+            failure = exc
         finally:
             self.in_warmup_guard = False
+        if self.parallel is not None:
+            failure = self.parallel.agree(failure)
+        if failure is not None:
+            self.release()
+            where = " on " if isinstance(failure, RankFailed) else ": "
+            raise StartupError(f"start-up failed{where}{failure}") from failure
 
     def warmup(self) -> None:
         """Run every step kind once eagerly (kernel selection, lazy inits), then capture decode graphs."""
-        probe = Sequence(
-            -1, [1] * min(8, self.config.max_seq_len - 1), _WARMUP_PARAMS, 0, frozenset(), 1 << 30
-        )
-        self.scheduler.add(probe)
-        prefill = self.scheduler.schedule()
-        self.complete(self.launch(prefill, None))
-        self.complete(self.launch(self.scheduler.schedule(), None))
-        self.scheduler.finish(probe)
+        if self.parallel is not None and not self.parallel.is_driver:
+            from .parallel.worker import serve
+
+            serve(self, until=Op.WARMUP_DONE)  # rank 0's warmup steps
+        else:
+            probe = Sequence(
+                -1, [1] * min(8, self.config.max_seq_len - 1), _WARMUP_PARAMS, 0, frozenset(), 1 << 30
+            )
+            self.scheduler.add(probe)
+            prefill = self.scheduler.schedule()
+            self.complete(self.launch(prefill, None))
+            self.complete(self.launch(self.scheduler.schedule(), None))
+            self.scheduler.finish(probe)
+            if self.parallel is not None:
+                self.parallel.send(Op.WARMUP_DONE)
         if self.is_cuda and self.config.cuda_graphs:
             self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
             self.graphs.capture_all()
@@ -231,226 +224,19 @@ class ExecutorCore:
             seq.num_pending += 1
         return self._read_back(batch, sampled, tokens, logprobs)
 
-    def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
-        seqs = batch.seqs
-        if self.guided is not None and any(s.guided is not None for s in seqs):
-            kind = "guided"
-        elif all(s.params.greedy for s in seqs):
-            kind = "greedy"
-        else:
-            kind = "general"
-        rows = self.graphs.bucket(len(seqs)) if self.graphs is not None else None
-        if rows is not None:
-            buffers = self.graphs.buffers[rows]
-            width = self.table_width
-        else:
-            rows = len(seqs)
-            width = max(-(-s.num_tokens // self.block_size) for s in seqs)
-            hidden = self.model.cfg.hidden_size if self.decode_from_embeds else None
-            buffers = DecodeBuffers.allocate(rows, width, hidden, self.dtype, self.device)
-        packed = self._staging_buffer(rows, FIXED_COLUMNS + width)
-        stage(packed, seqs, prev.rows if prev is not None else {}, self.block_size)
-        inputs = DecodeInputs(len(seqs), packed, buffers, prev.tokens if prev is not None else None)
-        self.decode_prologue(inputs)
-        for seq in seqs:
-            seq.num_computed = seq.num_tokens
-        sampling = self._sampling(seqs, rows) if kind != "greedy" else None
-        if kind == "guided":
-            self.guided.enqueue(list(seqs), rows)
-        with self.forward_order():
-            if self.graphs is not None and (rows, kind) in self.graphs.graphs:
-                if sampling is not None:
-                    _copy_sampling(self.graphs.sampling[rows], sampling)
-                tokens, logprobs = self.graphs.replay(rows, kind)
-            else:
-                lens = [s.num_tokens for s in seqs]
-                tokens, logprobs = self.decode_forward(
-                    buffers, sampling, capturing=False, lens=lens, guided=kind == "guided"
-                )
-        return tokens[: len(seqs)], logprobs[: len(seqs)], seqs
-
-    def decode_prologue(self, inputs: DecodeInputs) -> None:
-        """The seam a decode_prologue hook replaces; the native executor reads its hook here."""
-        self.native_decode_prologue(inputs)
-
-    def native_decode_prologue(self, inputs: DecodeInputs) -> None:
-        native_prologue(inputs, self.model.embed)
-
-    def decode_forward(
-        self,
-        buffers: DecodeBuffers,
-        sampling,
-        capturing: bool,
-        lens: list[int] | None = None,
-        guided: bool = False,
-    ):
-        """The pure decode step: inputs in static buffers -> sampled tokens and their logprobs.
-
-        With `guided`, the grammar work runs beside the forward on a side stream: copy the fed tokens
-        to the host, a host callback fills the bitmask, copy it back; the logits wait for it.
-        """
-        meta = AttentionMetadata(
-            "decode",
-            buffers.slot_mapping,
-            buffers.block_tables,
-            buffers.context_lens,
-            context_lens_host=lens or [],
-            block_size=self.block_size,
-            sliding_window=self.model.cfg.sliding_window,
-            capturing=capturing,
-        )
-        joined = self._guided_mask_async(buffers.input_ids) if guided else None
-        hidden = buffers.embeds if buffers.embeds is not None else self.model.embed(buffers.input_ids)
-        logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
-        if joined is not None:
-            joined()
-            logits = self.guided.apply(logits, self.guided.device_mask)
-        tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
-        return tokens, logprobs
-
-    def _guided_mask_async(self, fed_tokens: torch.Tensor):
-        """Start the bitmask work for this step; returns the join to call before the logits are masked."""
-        g = self.guided
-        if self.guided_stream is None:
-            g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens)
-            self.host_callback(g.fill_from_device_tokens)
-            g.device_mask.copy_(g.host_mask)
-            return lambda: None
-        main = torch.cuda.current_stream(self.device)
-        self.guided_stream.wait_stream(main)
-        with torch.cuda.stream(self.guided_stream):
-            g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens, non_blocking=True)
-            self.host_callback(g.fill_from_device_tokens)
-            g.device_mask.copy_(g.host_mask, non_blocking=True)
-        return lambda: main.wait_stream(self.guided_stream)
-
-    def host_callback(self, fn) -> None:
-        """Run `fn` on the host when the current stream reaches this point (inline without CUDA)."""
-        if not self.is_cuda:
-            fn()
-            return
-        self.dispatcher.launch(fn)
-
-    def launch_prefill(self, batch: ScheduledBatch):
-        with self.forward_order():
-            logits, sampled = self.prefill_logits(batch)
-            if not sampled:
-                empty = torch.empty(0, dtype=torch.int64, device=self.device)
-                return empty, empty.float(), []
-            sampling = None
-            if self.guided is not None and any(s.guided is not None for s in sampled):
-                self.guided.fill_on_host(sampled)
-                mask = self.guided.host_mask[: len(sampled)].to(self.device, non_blocking=True)
-                logits = self.guided.apply(logits, mask)
-                sampling = self._sampling(sampled, len(sampled))
-            elif not all(s.params.greedy for s in sampled):
-                sampling = self._sampling(sampled, len(sampled))
-            tokens, logprobs = sample(logits, sampling, True, self.model.ops.greedy)
-        return tokens, logprobs, sampled
-
-    def prefill_logits(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run a prefill batch; logits of the last token of each sequence that samples."""
-        ids, positions, slots, tables, logits_rows, sampled = [], [], [], [], [], []
-        bs = self.block_size
-        ends = [start + n for start, n in zip(batch.starts, batch.lens, strict=True)]
-        width = max(-(-end // bs) for end in ends)
-        offset = 0
-        for seq, start, n, samples in zip(batch.seqs, batch.starts, batch.lens, batch.samples, strict=True):
-            ids.extend(seq.token_at(i) for i in range(start, start + n))
-            positions.extend(range(start, start + n))
-            slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
-            table = seq.block_table[:width]
-            tables.append(table + [0] * (width - len(table)))
-            offset += n
-            if samples:
-                logits_rows.append(offset - 1)
-                sampled.append(seq)
-            seq.num_computed = start + n
-        dev = self.device
-        meta = AttentionMetadata(
-            "prefill",
-            _to(slots, torch.int64, dev),
-            _to(tables, torch.int32, dev),
-            _to(ends, torch.int32, dev),
-            query_lens=list(batch.lens),
-            context_lens_host=ends,
-            block_size=bs,
-            sliding_window=self.model.cfg.sliding_window,
-        )
-        hidden = self.model.embed(_to(ids, torch.int64, dev))
-        logits = self.model(
-            hidden,
-            _to(positions, torch.int64, dev),
-            self.kv,
-            meta,
-            self.fmha,
-            _to(logits_rows, torch.int64, dev),
-        )
-        return logits, sampled
-
-    @torch.no_grad()
-    def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
-        """Next-token logits after `prompt_ids` (fp32, on the host), outside the scheduler: for oracles and tests."""
-        seq = Sequence(-2, list(prompt_ids), _WARMUP_PARAMS, 0, frozenset(), 1 << 30)
-        seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.block_size))
-        try:
-            batch = ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True])
-            with self.forward_order():
-                logits, _ = self.prefill_logits(batch)
-            return logits[0].float().cpu()
-        finally:
-            self.allocator.free(seq.block_table)
-
-    def _sampling(self, seqs: list[Sequence], rows: int) -> SamplingTensors:
-        pad = rows - len(seqs)
-        t = SamplingTensors(
-            torch.tensor([s.params.temperature for s in seqs] + [0.0] * pad, dtype=torch.float32),
-            torch.tensor([s.params.top_k for s in seqs] + [0] * pad, dtype=torch.int64),
-            torch.tensor([s.params.top_p for s in seqs] + [1.0] * pad, dtype=torch.float32),
-            torch.tensor([s.seed for s in seqs] + [0] * pad, dtype=torch.int64),
-            torch.tensor([s.num_generated for s in seqs] + [0] * pad, dtype=torch.int64),
-        )
-        return SamplingTensors(*(x.to(self.device, non_blocking=True) for x in _fields(t)))
-
-    def _staging_buffer(self, rows: int, cols: int) -> torch.Tensor:
-        # Two per shape: step n+1 is staged while step n's copy from the other may still be pending.
-        self._staging_flip ^= 1
-        key = (rows, cols, self._staging_flip)
-        buf = self._staging.get(key)
-        if buf is None:
-            buf = torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.is_cuda)
-            self._staging[key] = buf
-        return buf
-
     def _read_back(self, batch, sampled, tokens, logprobs) -> InflightStep:
         n = len(sampled)
         host_tokens = torch.empty(n, dtype=torch.int64, pin_memory=self.is_cuda)
         host_logprobs = torch.empty(n, dtype=torch.float32, pin_memory=self.is_cuda)
         host_tokens.copy_(tokens, non_blocking=True)
         host_logprobs.copy_(logprobs, non_blocking=True)
-        step = self._steps_launched
-        self._steps_launched += 1
-        event = None
-        if self.is_cuda and not self.readback_by_callback:
-            event = torch.cuda.Event()
-            event.record()
-        elif self._readback_stream is not None:
-            self._readback_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._readback_stream):
-                self.dispatcher.launch_token_ready(self._ready, step)
-        else:
-            self.dispatcher.launch_token_ready(self._ready, step)
+        ticket, event = self.readback.mark()
         rows = {s.seq_id: i for i, s in enumerate(sampled)}
-        return InflightStep(batch, sampled, tokens, rows, host_tokens, host_logprobs, step, event)
+        return InflightStep(batch, sampled, tokens, rows, host_tokens, host_logprobs, ticket, event)
 
     def complete(self, step: InflightStep) -> StepRecord:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
-        if step.event is not None:
-            step.event.synchronize()
-        elif not self._ready.wait(step.step, READBACK_TIMEOUT_S):
-            raise RuntimeError(
-                f"step {step.step}'s tokens did not reach the host within {READBACK_TIMEOUT_S:.0f} s"
-            )
+        self.readback.wait(step.ticket, step.event)
         self.dispatcher.check()  # a host callback's exception surfaces here, with its traceback
         record = StepRecord(step.batch.phase)
         for seq, token, logprob in zip(
@@ -514,6 +300,10 @@ class ExecutorCore:
             return
         self._closed = True
         self.graphs = None
+        if self.parallel is not None:
+            self.parallel.stop_workers()
+            if self.parallel.broken:
+                return  # a collective whose peer is gone never finishes: do not wait for the device
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
         report = self.dispatcher.shutdown(timeout=5.0)
@@ -522,19 +312,6 @@ class ExecutorCore:
 
     def shutdown(self) -> None:
         self.release()
-
-
-def _to(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
-
-
-def _fields(t: SamplingTensors) -> tuple[torch.Tensor, ...]:
-    return (t.temperature, t.top_k, t.top_p, t.seeds, t.counters)
-
-
-def _copy_sampling(dst: SamplingTensors, src: SamplingTensors) -> None:
-    for d, s in zip(_fields(dst), _fields(src), strict=True):
-        d.copy_(s)
 
 
 _WARMUP_PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)

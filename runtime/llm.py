@@ -1,7 +1,14 @@
-"""The user-facing engine: `LLM(model=...)`, `generate`, `stream`."""
+"""The user-facing engine: `LLM(model=...)`, `generate`, `stream`.
+
+With `tensor_parallel_size` (or `tp`) above one, the model is sharded across that many ranks (see
+parallel/). The caller is rank 0: it runs the scheduler and gets every result. The other ranks are
+worker processes it spawns, or, under torchrun, the other processes, whose `LLM(...)` serves rank 0's
+steps until rank 0 closes its engine and then returns an engine that produces nothing.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -44,6 +51,8 @@ class LLM:
         guided_backend: str = "none",
         seed: int = 0,
         tensor_parallel_size: int = 1,
+        tp: int | None = None,  # alias of tensor_parallel_size
+        tp_timeout_s: float = 300.0,  # bounds a rank's start-up and each device collective
         tokenizer: str | Path | None = None,
         executor_cls: type[NativeExecutor] = NativeExecutor,
     ) -> None:
@@ -54,8 +63,12 @@ class LLM:
         max_seq_len = max_seq_len or min(4096, cfg.max_position_embeddings)
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
-        if tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported by this engine yet")
+        if tp is not None:
+            if tensor_parallel_size not in (1, tp):
+                raise ValueError(f"tp={tp} and tensor_parallel_size={tensor_parallel_size} disagree")
+            tensor_parallel_size = tp
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         self.config = EngineConfig(
             model=cfg,
             checkpoint=checkpoint,
@@ -83,10 +96,54 @@ class LLM:
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}
-        self.executor = executor_cls(self.config, hooks)
-        self._finalizer = weakref.finalize(self, self.executor.shutdown)
-        self.executor.start()
         self._next_seq_id = 0
+        self.parallel = None
+        if tensor_parallel_size > 1:
+            from .parallel.launcher import start_group
+
+            self.parallel, self.config = start_group(self.config, hooks, executor_cls, tp_timeout_s)
+        if self.parallel is None:
+            self.executor = executor_cls(self.config, hooks)
+        else:
+            try:
+                with self._peer_errors():
+                    self.executor = executor_cls(self.config, hooks, parallel=self.parallel)
+            except BaseException:
+                self.parallel.broken = True
+                self.parallel.close()
+                raise
+        self._finalizer = weakref.finalize(self, _close_engine, self.executor, self.parallel)
+        try:
+            self.executor.start()
+        except BaseException:
+            self._finalizer()
+            raise
+        if not self.is_driver:
+            from .parallel.worker import serve
+
+            try:
+                serve(self.executor)
+            finally:
+                self._finalizer()
+
+    @property
+    def is_driver(self) -> bool:
+        """Whether this process gets the results: always with one rank; rank 0 under tensor parallelism."""
+        return self.parallel is None or self.parallel.is_driver
+
+    @contextlib.contextmanager
+    def _peer_errors(self) -> Iterator[None]:
+        """A failure that another rank caused is raised as a WorkerLost that names the rank."""
+        if self.parallel is None:
+            yield
+            return
+        try:
+            yield
+        except Exception as exc:
+            lost = self.parallel.explain(exc)
+            if lost is exc:
+                raise
+            raise lost from exc
 
     @classmethod
     def from_manifest(cls, path: str | Path, **overrides: Any) -> LLM:
@@ -196,11 +253,14 @@ class LLM:
         errors: str = "raise",
     ) -> list[RequestOutput]:
         """One output per prompt. Invalid requests fail alone: the rest still run (see RequestError.outputs)."""
+        if not self.is_driver:
+            return []
         outputs, seqs, problems = self._admit(prompts, sampling)
         for seq in seqs:
             self.executor.scheduler.add(seq)
-        for _ in self.executor.steps():
-            pass
+        with self._peer_errors():
+            for _ in self.executor.steps():
+                pass
         for seq in seqs:
             self._finish(outputs[seq.index], seq)
         if problems and errors == "raise":
@@ -213,15 +273,18 @@ class LLM:
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> Iterator[StreamToken]:
         """Tokens as they are read back from each step. Invalid requests raise before anything runs."""
+        if not self.is_driver:
+            return
         outputs, seqs, problems = self._admit(prompts, sampling)
         if problems:
             raise RequestError("invalid requests: " + " | ".join(problems), outputs)
         for seq in seqs:
             self.executor.scheduler.add(seq)
         try:
-            for record in self.executor.steps():
-                for seq, token in record.new_tokens:
-                    yield StreamToken(seq.index, token, seq.finish_reason)
+            with self._peer_errors():
+                for record in self.executor.steps():
+                    for seq, token in record.new_tokens:
+                        yield StreamToken(seq.index, token, seq.finish_reason)
         finally:
             for seq in seqs:
                 if not seq.finished:
@@ -229,10 +292,13 @@ class LLM:
 
     def prompt_logits(self, prompt: Prompt) -> torch.Tensor:
         """Next-token logits after one prompt (fp32, CPU). A diagnostic for comparing against an oracle."""
+        if not self.is_driver:
+            raise RuntimeError("prompt_logits runs on rank 0, which gets the results")
         ids, problem = self._encode(prompt)
         if problem:
             raise ValueError(problem)
-        return self.executor.prompt_logits(ids)
+        with self._peer_errors():
+            return self.executor.prompt_logits(ids)
 
     def close(self) -> None:
         self._finalizer()
@@ -242,6 +308,14 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _close_engine(executor: NativeExecutor, parallel) -> None:
+    try:
+        executor.shutdown()
+    finally:
+        if parallel is not None:
+            parallel.close()
 
 
 def _resolve_model(model: Any, seed: int) -> tuple[ModelConfig, Path | None]:

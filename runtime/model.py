@@ -3,11 +3,17 @@
 Projections are fused as they are loaded (q|k|v and gate|up), so a decode step issues one GEMV
 where HF issues three or two. The per-token work goes through `ops` (kernels/): plain torch, or
 fused Triton kernels on CUDA, with the same roundings either way.
+
+Under tensor parallelism (`tp`, see parallel/) each rank builds the layers of its shard: its query and
+KV heads, its slice of the MLP width and of the vocabulary. The only collectives are one all-reduce
+after each row-parallel projection (o_proj, down_proj), one after the embedding lookup, and the
+gather of the LM head's logits. With one rank they return their input untouched.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention.manager import FmhaManager
@@ -15,13 +21,16 @@ from .attention.metadata import AttentionMetadata
 from .config import ModelConfig
 from .kernels import TorchOps
 from .layers import RMSNorm, RotaryEmbedding
+from .parallel.collectives import SINGLE, TPContext
+from .parallel.sharding import Partition, local_config, partition
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg  # this rank's heads
         self.layer = layer
+        self.tp = tp
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
         if cfg.qk_norm:
@@ -48,26 +57,30 @@ class Attention(nn.Module):
         )
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
         out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale)
-        return ops.linear(out.reshape(-1, cfg.q_size), self.o_proj.weight, self.o_proj.bias)
+        # Row-parallel: each rank's heads give a partial sum (o_proj's bias is held by rank 0 alone).
+        return self.tp.all_reduce(
+            ops.linear(out.reshape(-1, cfg.q_size), self.o_proj.weight, self.o_proj.bias)
+        )
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPContext) -> None:
         super().__init__()
+        self.tp = tp
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, gate_up, ops):
-        return ops.silu_mul_linear(gate_up, self.down_proj.weight)
+        return self.tp.all_reduce(ops.silu_mul_linear(gate_up, self.down_proj.weight))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer)
+        self.self_attn = Attention(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, residual, positions, rope, kv, meta, fmha, ops):
         """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
@@ -82,21 +95,50 @@ class DecoderLayer(nn.Module):
         return self.mlp(gate_up, ops), residual
 
 
+class VocabParallelEmbedding(nn.Module):
+    """This rank's rows of the vocabulary [start, start + size), padded to `rows` so every rank holds as many."""
+
+    def __init__(self, part: Partition, hidden: int) -> None:
+        super().__init__()
+        self.start, self.size, self.sharded = part.vocab.start, part.vocab.size, part.world > 1
+        self.weight = nn.Parameter(torch.empty(part.vocab_rows, hidden))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the ids this rank holds; zeros for the others, which the all-reduce fills in."""
+        if not self.sharded:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        mine = (local >= 0) & (local < self.size)
+        rows = F.embedding(torch.where(mine, local, 0), self.weight)
+        return rows * mine[:, None].to(rows.dtype)
+
+
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TPContext = SINGLE) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.tp = tp
+        self.part = partition(cfg, tp.rank, tp.world)
+        local = local_config(cfg, self.part)
+        self.embed_tokens = VocabParallelEmbedding(self.part, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(local, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.part.vocab_rows, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.ops = TorchOps()
 
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed_local(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the embeddings: the whole lookup with one rank."""
         return self.embed_tokens(input_ids)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(self.embed_local(input_ids))
+
+    def reduce_embeds(self, local: torch.Tensor) -> torch.Tensor:
+        """A prologue's `embed_local` result -> the embeddings (a copy, so its buffer keeps its contents)."""
+        return local if self.tp.world == 1 else self.tp.all_reduce(local.clone())
 
     def forward(
         self,
@@ -116,4 +158,4 @@ class CausalLM(nn.Module):
         logits, _ = ops.add_rms_norm_linear(
             hidden, residual, self.norm.weight, self.norm.eps, self.lm_head.weight
         )
-        return logits
+        return self.tp.gather_columns(logits, self.cfg.vocab_size)

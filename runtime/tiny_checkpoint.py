@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import save_file
 
 from .config import ModelConfig
-from .weights import _sources, build_model
+from .parallel.sharding import param_slices, partition
+from .weights import build_model
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -67,19 +68,11 @@ def write_checkpoint(path: Path, cfg: ModelConfig, with_tokenizer: bool = True) 
     model = build_model(cfg, None, torch.float32, torch.device("cpu"), max_positions=2)
     params = dict(model.named_parameters())
     tensors = {}
-    for ours, srcs in _sources(cfg).items():
+    # One rank's slices are whole tensors: each fused parameter splits back into its HF tensors.
+    for ours, sl in param_slices(cfg, partition(cfg, 0, 1)).items():
         tensor = params[ours].detach()
-        sizes = _split_sizes(cfg, ours, len(srcs)) or [tensor.shape[0]]
-        for src, part in zip(srcs, tensor.split(sizes), strict=True):
-            tensors[src] = part.contiguous()
+        for piece in sl.pieces:
+            tensors[piece.source] = tensor.narrow(sl.dim, piece.offset, piece.stop - piece.start).contiguous()
     save_file(tensors, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
     return path
-
-
-def _split_sizes(cfg: ModelConfig, name: str, n: int) -> list[int]:
-    if n == 1:
-        return []
-    if "qkv_proj" in name:
-        return [cfg.q_size, cfg.kv_size, cfg.kv_size]
-    return [cfg.intermediate_size, cfg.intermediate_size]

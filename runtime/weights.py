@@ -1,4 +1,4 @@
-"""Weights into the model: from HF safetensors (single file or sharded), or seeded random."""
+"""Weights into the model: from HF safetensors (single file or sharded), or seeded random; one rank's slices under TP."""
 
 from __future__ import annotations
 
@@ -12,38 +12,13 @@ from safetensors import safe_open
 
 from .config import ModelConfig
 from .model import CausalLM
+from .parallel.collectives import SINGLE, TPContext
+from .parallel.sharding import param_slices
 from .progress import progress
 
 
 class WeightError(ValueError):
     """A checkpoint that does not match its config; the message names the tensor."""
-
-
-def _sources(cfg: ModelConfig) -> dict[str, list[str]]:
-    """Our parameter name -> the HF tensors concatenated (dim 0) to make it."""
-    out: dict[str, list[str]] = {
-        "embed_tokens.weight": ["model.embed_tokens.weight"],
-        "norm.weight": ["model.norm.weight"],
-    }
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = ["lm_head.weight"]
-    for i in range(cfg.num_layers):
-        hf, ours = f"model.layers.{i}", f"layers.{i}"
-        attn = f"{hf}.self_attn"
-        out[f"{ours}.self_attn.qkv_proj.weight"] = [f"{attn}.{p}_proj.weight" for p in "qkv"]
-        if cfg.qkv_bias:
-            out[f"{ours}.self_attn.qkv_proj.bias"] = [f"{attn}.{p}_proj.bias" for p in "qkv"]
-        out[f"{ours}.self_attn.o_proj.weight"] = [f"{attn}.o_proj.weight"]
-        if cfg.o_bias:
-            out[f"{ours}.self_attn.o_proj.bias"] = [f"{attn}.o_proj.bias"]
-        if cfg.qk_norm:
-            out[f"{ours}.self_attn.q_norm.weight"] = [f"{attn}.q_norm.weight"]
-            out[f"{ours}.self_attn.k_norm.weight"] = [f"{attn}.k_norm.weight"]
-        out[f"{ours}.mlp.gate_up_proj.weight"] = [f"{hf}.mlp.gate_proj.weight", f"{hf}.mlp.up_proj.weight"]
-        out[f"{ours}.mlp.down_proj.weight"] = [f"{hf}.mlp.down_proj.weight"]
-        out[f"{ours}.input_layernorm.weight"] = [f"{hf}.input_layernorm.weight"]
-        out[f"{ours}.post_attention_layernorm.weight"] = [f"{hf}.post_attention_layernorm.weight"]
-    return out
 
 
 def _tensor_files(path: Path) -> dict[str, Path]:
@@ -68,42 +43,66 @@ def _iter_params(model: CausalLM) -> Iterator[tuple[str, torch.nn.Parameter]]:
 
 @torch.no_grad()
 def load_checkpoint(model: CausalLM, path: str | Path) -> None:
+    """Each parameter from its HF tensors; a tensor-parallel rank reads only its slices of them."""
     path = Path(path)
     files = _tensor_files(path)
-    sources = _sources(model.cfg)
+    plan = param_slices(model.cfg, model.part)
     params = dict(_iter_params(model))
-    missing = sorted({s for srcs in sources.values() for s in srcs if s not in files})
+    missing = sorted({p.source for sl in plan.values() for p in sl.pieces if p.source not in files})
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightError(f"{path}: missing tensor {shown}")
     with ExitStack() as stack:
         handles = {f: stack.enter_context(safe_open(f, framework="pt")) for f in sorted(set(files.values()))}
-        for ours, srcs in progress(sources.items(), f"loading {path.name}", total=len(sources)):
-            parts = [handles[files[s]].get_tensor(s) for s in srcs]
-            param = params[ours]
-            expected = [*param.shape]
-            got = [sum(p.shape[0] for p in parts), *parts[0].shape[1:]]
-            if got != expected or any(p.shape[1:] != parts[0].shape[1:] for p in parts):
-                shapes = ", ".join(f"{s} {tuple(p.shape)}" for s, p in zip(srcs, parts, strict=True))
-                raise WeightError(
-                    f"{path}: shape mismatch for {shapes}; the config expects {tuple(expected)}"
-                )
-            param.copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
+        for ours, sl in progress(plan.items(), f"loading {path.name}", total=len(plan)):
+            slices = {p.source: handles[files[p.source]].get_slice(p.source) for p in sl.pieces}
+            wrong = [(n, tuple(s.get_shape())) for n, s in slices.items()]
+            if any(shape != p.source_shape for (_, shape), p in zip(wrong, sl.pieces, strict=True)):
+                shapes = ", ".join(f"{n} {shape}" for n, shape in wrong)
+                raise WeightError(f"{path}: shape mismatch for {shapes}; the config expects {sl.full_shape}")
+            if sl.zeros:
+                params[ours].zero_()
+                continue
+            parts = [_read(slices[p.source], sl.dim, p.start, p.stop) for p in sl.pieces]
+            _assign(params[ours], torch.cat(parts, dim=sl.dim) if len(parts) > 1 else parts[0])
+
+
+def _read(tensor_slice, dim: int, start: int, stop: int) -> torch.Tensor:
+    return tensor_slice[start:stop] if dim == 0 else tensor_slice[:, start:stop]
+
+
+def _assign(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """Copy a rank's slice in; rows past it (vocabulary padding) are zeroed."""
+    rows = value.shape[0]
+    param[:rows].copy_(value)
+    if rows < param.shape[0]:
+        param[rows:].zero_()
 
 
 @torch.no_grad()
 def init_random(model: CausalLM, seed: int) -> None:
-    """Seeded normal weights scaled by fan-in, norms near one: varied tokens, finite in every dtype."""
+    """Seeded normal weights scaled by fan-in, norms near one: varied tokens, finite in every dtype.
+
+    Every rank draws each whole tensor, as one rank would, and keeps its slice: the same model at any
+    tensor-parallel size.
+    """
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
+    plan = param_slices(model.cfg, model.part)
     for name, param in progress(list(_iter_params(model)), "random weights"):
+        sl = plan[name]
+        shape = sl.full_shape
         if "norm" in name:
-            value = 1.0 + 0.1 * torch.randn(param.shape, generator=gen, device=device)
-        elif param.dim() == 1:
-            value = 0.02 * torch.randn(param.shape, generator=gen, device=device)
+            value = 1.0 + 0.1 * torch.randn(shape, generator=gen, device=device)
+        elif len(shape) == 1:
+            value = 0.02 * torch.randn(shape, generator=gen, device=device)
         else:  # embeddings too: tied to the LM head, they must not dominate its logits
-            value = torch.randn(param.shape, generator=gen, device=device) * param.shape[1] ** -0.5
-        param.copy_(value)
+            value = torch.randn(shape, generator=gen, device=device) * shape[1] ** -0.5
+        if sl.zeros:
+            param.zero_()
+            continue
+        parts = [value.narrow(sl.dim, p.offset + p.start, p.stop - p.start) for p in sl.pieces]
+        _assign(param, torch.cat(parts, dim=sl.dim) if len(parts) > 1 else parts[0])
 
 
 def build_model(
@@ -113,13 +112,14 @@ def build_model(
     device: torch.device,
     max_positions: int,
     fused_kernels: bool | None = None,
+    tp: TPContext = SINGLE,
 ):
-    """The model on `device` in `dtype`, weights loaded or seeded; never materialised twice."""
+    """The model (this rank's shard of it) on `device` in `dtype`, weights loaded or seeded; never materialised twice."""
     from .kernels import select_ops
     from .layers import RotaryEmbedding
 
     with torch.device("meta"):
-        model = CausalLM(cfg, max_positions=1)
+        model = CausalLM(cfg, max_positions=1, tp=tp)
     model = model.to(dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

@@ -33,6 +33,23 @@ class GuidedState:
 
 
 class GuidedDecoder:
+    @classmethod
+    def for_engine(cls, config) -> GuidedDecoder | None:
+        """The engine's guided decoder, or None when guided decoding is off."""
+        if config.guided_backend == "none":
+            return None
+        if config.guided_backend != "xgrammar":
+            raise ValueError(f"guided_backend: {config.guided_backend!r} is not supported (none, xgrammar)")
+        if config.tensor_parallel_size > 1:
+            raise ValueError("guided decoding with tensor_parallel_size > 1 is not supported yet")
+        from ..tokenizer import resolve_tokenizer
+
+        tokenizer = resolve_tokenizer(config.tokenizer, config.checkpoint, config.model.vocab_size)
+        if tokenizer is None:
+            raise ValueError("guided decoding needs the model's tokenizer, and this model has none")
+        rows = max(config.max_batch_size, *config.graph_batch_sizes, 1)
+        return cls(tokenizer, config.model.vocab_size, rows, config.device)
+
     def __init__(
         self, tokenizer: Any, vocab_size: int, max_rows: int, device: torch.device, capacity: int = 64
     ):

@@ -91,19 +91,30 @@ def fused_prologue() -> bool:
     assert packed.shape == (rows, FIXED_COLUMNS + width)
     prev = torch.tensor([11, 23])
     embed = rand(vocab, hidden)
-    native = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
-    fused = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
-    native_prologue(
-        DecodeInputs(rows, packed, native, prev), lambda ids: torch.nn.functional.embedding(ids, embed)
-    )
-    _load_kernel()[(rows,)](
-        packed, prev, embed, fused.input_ids, fused.positions, fused.slot_mapping, fused.context_lens,
-        fused.block_tables, fused.embeds, packed.stride(0), fused.block_tables.stride(0), embed.stride(0),
-        fused.embeds.stride(0), width, hidden, HAS_PREV=True, BLOCK_W=4, BLOCK_H=16,
-        C_TOKEN=0, C_SRC=1, C_POS=2, C_SLOT=3, C_CTX=4, C_FIXED=FIXED_COLUMNS,
-    )  # fmt: skip
-    fields = ("input_ids", "positions", "slot_mapping", "context_lens", "block_tables", "embeds")
-    return check("fused prologue", all(torch.equal(getattr(native, f), getattr(fused, f)) for f in fields))
+    good = True
+    # The whole vocabulary (one rank), then a tensor-parallel rank's slice: rows of other ids stay zero.
+    for start, size in ((0, vocab), (5, 10)):
+        shard = embed[start : start + size]
+
+        def lookup(ids, start=start, size=size, shard=shard):
+            mine = (ids >= start) & (ids < start + size)
+            rows_ = torch.nn.functional.embedding(torch.where(mine, ids - start, 0), shard)
+            return rows_ * mine[:, None].to(rows_.dtype)
+
+        native = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
+        fused = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
+        native_prologue(DecodeInputs(rows, packed, native, prev), lookup)
+        _load_kernel()[(rows,)](
+            packed, prev, shard, fused.input_ids, fused.positions, fused.slot_mapping, fused.context_lens,
+            fused.block_tables, fused.embeds, packed.stride(0), fused.block_tables.stride(0), shard.stride(0),
+            fused.embeds.stride(0), width, hidden, start, size, HAS_PREV=True, BLOCK_W=4, BLOCK_H=16,
+            C_TOKEN=0, C_SRC=1, C_POS=2, C_SLOT=3, C_CTX=4, C_FIXED=FIXED_COLUMNS,
+        )  # fmt: skip
+        fields = ("input_ids", "positions", "slot_mapping", "context_lens", "block_tables", "embeds")
+        same = all(torch.equal(getattr(native, f), getattr(fused, f)) for f in fields)
+        some_zero = start > 0 and bool((fused.embeds == 0).all(dim=1).any())
+        good &= check(f"fused prologue vocab=[{start}, {start + size})", same and (start == 0 or some_zero))
+    return good
 
 
 if __name__ == "__main__":

@@ -1,0 +1,124 @@
+"""Rank 0 -> workers: each step's host inputs, broadcast over a gloo group.
+
+A message is a fixed header of int64 values, then its payload tensors, whose sizes the header gives.
+Workers receive a decode step's packed inputs into pinned buffers used in alternation, as rank 0
+stages them, so a buffer is not refilled while the copy out of it may still be pending.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..sampler import SamplingTensors
+from ..steps import DecodeStep, PrefillStep
+
+HEADER = 8
+
+
+class Op(enum.IntEnum):
+    DECODE = 1
+    PREFILL = 2
+    PREFILL_LOGITS = 3  # a prefill whose logits rank 0 wants (prompt_logits): nothing is sampled
+    WARMUP_DONE = 4
+    STOP = 5
+
+
+Message = tuple[Op, DecodeStep | PrefillStep | None]
+
+
+def _pack_sampling(s: SamplingTensors) -> torch.Tensor:
+    # float32 -> float64 is exact, and its bits travel as int64 beside the integer fields.
+    floats = torch.stack([s.temperature.double(), s.top_p.double()]).view(torch.int64)
+    return torch.cat([floats.flatten(), s.top_k, s.seeds, s.counters])
+
+
+def _unpack_sampling(flat: torch.Tensor, rows: int) -> SamplingTensors:
+    t, p, k, seeds, counters = flat.view(5, rows)
+    return SamplingTensors(t.view(torch.float64).float(), k, p.view(torch.float64).float(), seeds, counters)
+
+
+class Channel:
+    def __init__(self, group: Any, rank: int, pin_memory: bool) -> None:
+        self.group = group
+        self.rank = rank
+        self.pin_memory = pin_memory
+        self._header = torch.zeros(HEADER, dtype=torch.int64)
+        self._flip = 0
+        self._buffers: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    def _bcast(self, t: torch.Tensor) -> None:
+        dist.broadcast(t, src=0, group=self.group)
+
+    # --- rank 0 -----------------------------------------------------------------------------------
+
+    def send(self, op: Op, step: DecodeStep | PrefillStep | None = None) -> None:
+        fields: list[int] = []
+        payload: list[torch.Tensor] = []
+        if isinstance(step, DecodeStep):
+            rows, cols = step.packed.shape
+            fields = [step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev]
+            payload.append(step.packed)
+        elif isinstance(step, PrefillStep):
+            (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
+            fields = [t, s, w, r, step.sampling is not None]
+            parts = (
+                step.ids,
+                step.positions,
+                step.slots,
+                step.tables,
+                step.ends,
+                step.query_lens,
+                step.logits_rows,
+            )
+            payload.append(torch.cat([f.flatten() for f in parts]))
+        if step is not None and step.sampling is not None:
+            payload.append(_pack_sampling(step.sampling))
+        header = [int(op), *map(int, fields)]
+        self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
+        for t in payload:
+            self._bcast(t)
+
+    # --- workers ----------------------------------------------------------------------------------
+
+    def recv(self) -> Message:
+        self._bcast(self._header)
+        op, a, b, c, d, e = (int(v) for v in self._header[:6])
+        op = Op(op)
+        if op is Op.DECODE:
+            num_seqs, rows, cols, has_sampling, uses_prev = a, b, c, d, e
+            packed = self._pinned(rows, cols)
+            self._bcast(packed)
+            return op, DecodeStep(
+                num_seqs, packed, self._sampling(rows) if has_sampling else None, bool(uses_prev)
+            )
+        if op in (Op.PREFILL, Op.PREFILL_LOGITS):
+            t, s, w, r, has_sampling = a, b, c, d, e
+            flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)
+            self._bcast(flat)
+            ids, positions, slots, tables, ends, query_lens, logits_rows = flat.split(
+                [t, t, t, s * w, s, s, r]
+            )
+            step = PrefillStep(
+                ids, positions, slots, tables.view(s, w), ends, query_lens, logits_rows,
+                self._sampling(r) if has_sampling else None,
+            )  # fmt: skip
+            return op, step
+        return op, None
+
+    def _sampling(self, rows: int) -> SamplingTensors:
+        flat = torch.empty(5 * rows, dtype=torch.int64)
+        self._bcast(flat)
+        return _unpack_sampling(flat, rows)
+
+    def _pinned(self, rows: int, cols: int) -> torch.Tensor:
+        self._flip ^= 1
+        key = (rows, cols, self._flip)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.pin_memory)
+            self._buffers[key] = buf
+        return buf
