@@ -33,9 +33,7 @@ def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
         Decision("host_dispatch", m.host_dispatch.mode, _dispatch_reason(loaded, chain)),
     ]
     if m.runtime.tensor_parallel_size > 1:
-        where = _at(loaded, "runtime", "tensor_parallel_size") or _at(loaded, "runtime", "tp")
-        reason = f"declared{where}; needs that many CUDA devices"
-        decisions.append(Decision("tensor_parallel", str(m.runtime.tensor_parallel_size), reason))
+        decisions.append(_tensor_parallel(loaded))
 
     return Plan(
         name=m.name,
@@ -61,6 +59,41 @@ def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
         fmha_enabled=m.fmha.enabled,
         fmha_order=fmha_order,
         decisions=tuple(decisions),
+    )
+
+
+def _tensor_parallel(loaded: LoadedManifest) -> Decision:
+    """tp against the model's head counts, when the model's config is at hand; devices at run time."""
+    from fastpath.runtime.config import ConfigError, ModelConfig
+    from fastpath.runtime.parallel.sharding import tp_problems
+    from fastpath.runtime.presets import PRESETS, RANDOM_PREFIX
+
+    m = loaded.manifest
+    tp = m.runtime.tensor_parallel_size
+    key = (
+        ("runtime", "tensor_parallel_size")
+        if loaded.line_of("runtime", "tensor_parallel_size")
+        else ("runtime", "tp")
+    )
+    checkpoint = m.model.checkpoint
+    try:
+        if checkpoint.startswith(RANDOM_PREFIX):
+            cfg = PRESETS[checkpoint.removeprefix(RANDOM_PREFIX)]
+        else:
+            cfg = ModelConfig.from_dir(checkpoint)
+    except (ConfigError, OSError, ValueError):
+        cfg = None  # not readable here: the engine checks when it loads the model
+    problems = tp_problems(cfg, tp) if cfg is not None else []
+    if problems:
+        line = loaded.line_of(*key) or 1
+        raise ManifestError.at(loaded.filename, line, 1, f"tensor_parallel_size {tp}: " + "; ".join(problems))
+    checked = (
+        "head counts divide"
+        if cfg is not None
+        else "the model's config is not readable here; checked at load"
+    )
+    return Decision(
+        "tensor_parallel", str(tp), f"declared{_at(loaded, *key)}; {checked}; needs {tp} CUDA devices"
     )
 
 

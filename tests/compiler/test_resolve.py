@@ -171,3 +171,29 @@ def test_with_guided_decoding_the_loop_gate_stays_shut_and_says_why():
     loop = decision(plan, "hooks.loop_on_execution_stream")
     assert loop.value == "off" and "side stream" in loop.reason
     assert decision(plan, "guided_decoding").reason.startswith("declared at line 6")
+
+
+def _tp_manifest(tp: int, checkpoint: str = "random:llama-1b") -> str:
+    return (
+        f"schema_version: 1\nname: t\nmodel: {{checkpoint: '{checkpoint}'}}\n"
+        f"runtime:\n  device: cuda\n  tensor_parallel_size: {tp}\n"
+    )
+
+
+def test_tensor_parallel_is_checked_against_the_head_counts():
+    from fastpath.schema import ManifestError, parse_manifest
+
+    plan = resolve(parse_manifest(_tp_manifest(2), "t.yaml"))
+    (decision,) = [d for d in plan.decisions if "tensor_parallel" in str(d)]
+    assert "head counts divide" in str(decision)
+    with pytest.raises(
+        ManifestError, match=r"t.yaml:6:1: error: tensor_parallel_size 3: num_attention_heads 32"
+    ):
+        resolve(parse_manifest(_tp_manifest(3), "t.yaml"))
+
+
+def test_tensor_parallel_on_an_unreadable_checkpoint_is_left_to_load_time():
+    from fastpath.schema import parse_manifest
+
+    plan = resolve(parse_manifest(_tp_manifest(3, "/no/such/checkpoint"), "t.yaml"))
+    assert any("checked at load" in str(d) for d in plan.decisions)
