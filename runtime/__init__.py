@@ -21,6 +21,11 @@ _EXPORTS = {
     "ExecutorCore": ".executor_core",
     "NativeExecutor": ".native_executor",
     "WorkerLost": ".parallel.state",
+    "HostDispatcher": ".hostfunc",
+    "launch_hostfunc": ".hostfunc",
+    "set_dispatch": ".hostfunc",
+    "dispatch_info": ".hostfunc",
+    "check": ".hostfunc",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 from .metadata import AttentionConfig, AttentionMetadata, AttentionShapes, gather_kv, prefill_mask
@@ -11,7 +13,7 @@ class KernelRefused(RuntimeError):
     """A library's kernel declined this exact call (a shape limit no probe can foresee); the next library runs."""
 
 
-class FmhaLibrary:
+class FmhaLibrary(ABC):
     """An attention implementation. `is_available` and `supports` return reasons; an empty list means yes."""
 
     name: str = ""
@@ -22,6 +24,7 @@ class FmhaLibrary:
     def supports(self, shapes: AttentionShapes) -> list[str]:
         return []
 
+    @abstractmethod
     def forward(
         self,
         q: torch.Tensor,
@@ -30,7 +33,7 @@ class FmhaLibrary:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+        """q [T, H, D] and this layer's paged cache -> attention output [T, H, D]."""
 
 
 class DenseFmhaLibrary(FmhaLibrary):
@@ -39,6 +42,7 @@ class DenseFmhaLibrary(FmhaLibrary):
     Subclasses implement `dense(q, k, v, mask, causal_lower_right, scale)` on [S, H, L, D] tensors.
     """
 
+    @abstractmethod
     def dense(
         self,
         q: torch.Tensor,
@@ -48,7 +52,7 @@ class DenseFmhaLibrary(FmhaLibrary):
         causal: bool,
         scale: float,
     ) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} must implement dense")
+        """[S, H, Lq, D] queries over [S, Hkv, Lk, D] keys and values, masked or bottom-right causal."""
 
     def forward(self, q, k_cache, v_cache, meta, scale):
         if meta.phase == "decode":
