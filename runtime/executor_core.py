@@ -106,7 +106,7 @@ class ExecutorCore(StepRunner):
         self.graphs: DecodeGraphs | None = None
         self.in_warmup_guard = False
         self._staging_flip = 0
-        self._staging: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._staging: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int, int]]]] = {}
         self._closed = False
         self._loop_started = False
         for line in self.fmha.explain():

@@ -60,6 +60,7 @@ class Scheduler:
     def release(self, seq: Sequence) -> None:
         self.allocator.free(seq.block_table)
         seq.block_table = []
+        seq.table_epoch += 1
         if seq in self.running:
             self.running.remove(seq)
 

@@ -27,6 +27,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
+    table_epoch: int = 0  # bumped when the table is released: cached copies of it are stale
     num_computed: int = 0  # tokens whose KV is in the cache (or being written by a launched step)
     num_pending: int = 0  # sampled on the device, not yet read back (the overlap loop's lag)
     status: Status = Status.WAITING

@@ -28,8 +28,8 @@ class StepRunner:
         else:
             rows = len(seqs)
             width = max(-(-s.num_tokens // self.block_size) for s in seqs)
-        packed = self._staging_buffer(rows, FIXED_COLUMNS + width)
-        stage(packed, seqs, prev.rows if prev is not None else {}, self.block_size)
+        packed, owners = self._staging_buffer(rows, FIXED_COLUMNS + width)
+        stage(packed, seqs, prev.rows if prev is not None else {}, self.block_size, owners)
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         guided = self.guided is not None and any(s.guided is not None for s in seqs)
@@ -195,15 +195,16 @@ class StepRunner:
         finally:
             self.allocator.free(seq.block_table)
 
-    def _staging_buffer(self, rows: int, cols: int) -> torch.Tensor:
+    def _staging_buffer(self, rows: int, cols: int) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """A pinned staging buffer and the record of whose block tables its rows hold."""
         # Two per shape: step n+1 is staged while step n's copy from the other may still be pending.
         self._staging_flip ^= 1
         key = (rows, cols, self._staging_flip)
-        buf = self._staging.get(key)
-        if buf is None:
-            buf = torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.is_cuda)
-            self._staging[key] = buf
-        return buf
+        entry = self._staging.get(key)
+        if entry is None:
+            entry = (torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.is_cuda), [(-1, 0, 0)] * rows)
+            self._staging[key] = entry
+        return entry
 
 
 def _on(t: SamplingTensors | None, device: torch.device) -> SamplingTensors | None:

@@ -1,0 +1,42 @@
+"""Staging a decode step: what the packed buffer holds, and that cached block-table rows never go stale."""
+
+import torch
+
+from fastpath.runtime.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN, stage
+from fastpath.runtime.sampling_params import SamplingParams
+from fastpath.runtime.sequence import Sequence
+
+
+def _seq(i, blocks, pending=0, prompt_len=20):
+    s = Sequence(i, list(range(10, 10 + prompt_len)), SamplingParams(), 0, frozenset(), 512)
+    s.block_table = list(blocks)
+    s.num_pending = pending
+    return s
+
+
+def test_rows_hold_token_position_slot_and_table_and_padding_writes_the_null_slot():
+    a, b = _seq(0, [7, 9]), _seq(1, [3, 4], pending=1)
+    packed = torch.full((3, FIXED_COLUMNS + 4), 99, dtype=torch.int64)
+    stage(packed, [a, b], {1: 5}, 16)
+    assert packed[0, :FIXED_COLUMNS].tolist() == [29, -1, 19, 9 * 16 + 3, 20]
+    assert packed[1, [TOKEN, SRC_ROW, POSITION]].tolist() == [-1, 5, 20]
+    assert packed[1, SLOT] == 4 * 16 + 4 and packed[1, CONTEXT_LEN] == 21
+    assert packed[0, FIXED_COLUMNS : FIXED_COLUMNS + 2].tolist() == [7, 9]
+    assert packed[2].tolist() == [0, -1, 0, 0, 1, 0, 0, 0, 0]
+
+
+def test_cached_tables_are_rewritten_when_they_grow_move_or_are_reallocated():
+    owners = [(-1, 0, 0)] * 2
+    packed = torch.zeros(2, FIXED_COLUMNS + 4, dtype=torch.int64)
+    a, b = _seq(0, [7], prompt_len=5), _seq(1, [3], prompt_len=5)
+    stage(packed, [a, b], {}, 16, owners)
+    a.block_table.append(8)  # grew
+    stage(packed, [a, b], {}, 16, owners)
+    assert packed[0, FIXED_COLUMNS : FIXED_COLUMNS + 2].tolist() == [7, 8]
+    stage(packed, [b, a], {}, 16, owners)  # rows swapped
+    assert packed[0, FIXED_COLUMNS] == 3 and packed[1, FIXED_COLUMNS : FIXED_COLUMNS + 2].tolist() == [7, 8]
+    b.block_table, b.table_epoch = [11], b.table_epoch + 1  # preempted and recomputed: same length, new block
+    stage(packed, [b, a], {}, 16, owners)
+    assert packed[0, FIXED_COLUMNS] == 11
+    stage(packed, [a], {}, 16, owners)  # b left: its row becomes padding
+    assert packed[1].tolist() == [0, -1, 0, 0, 1, 0, 0, 0, 0]
