@@ -22,7 +22,6 @@ class Readback:
         self.device = device
         self.parallel = parallel
         self.is_cuda = device.type == "cuda"
-        self.pinned = self.is_cuda
         self._flag = dispatcher.token_ready_flag()
         self._stream = torch.cuda.Stream(device) if self.is_cuda else None
         self._tickets = 0

@@ -43,6 +43,17 @@ class SamplingTensors:
     seeds: torch.Tensor  # [B] int64
     counters: torch.Tensor  # [B] int64: index of the token being sampled
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.temperature, self.top_k, self.top_p, self.seeds, self.counters)
+
+    def to(self, device: torch.device) -> SamplingTensors:
+        return SamplingTensors(*(x.to(device, non_blocking=True) for x in self.tensors()))
+
+    def copy_(self, src: SamplingTensors) -> None:
+        """Into static buffers, as a graph replay reads them."""
+        for d, s in zip(self.tensors(), src.tensors(), strict=True):
+            d.copy_(s)
+
     @classmethod
     def empty(cls, n: int, device: torch.device) -> SamplingTensors:
         return cls(

@@ -12,7 +12,7 @@ import torch
 from .attention.metadata import AttentionMetadata
 from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue, stage
 from .parallel.messages import Op
-from .sampler import SamplingTensors, sample
+from .sampler import sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -56,11 +56,11 @@ class StepRunner:
         prev = prev_tokens if step.uses_prev else None
         self.decode_prologue(DecodeInputs(step.num_seqs, step.packed, buffers, prev))
         kind = "guided" if step.guided else "greedy" if step.sampling is None else "general"
-        sampling = _on(step.sampling, self.device)
+        sampling = step.sampling.to(self.device) if step.sampling is not None else None
         with self.forward_order():
             if graphed and (rows, kind) in self.graphs.graphs:
                 if sampling is not None:
-                    _copy_sampling(self.graphs.sampling[rows], sampling)
+                    self.graphs.sampling[rows].copy_(sampling)
                 tokens, logprobs = self.graphs.replay(rows, kind)
             else:
                 lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
@@ -141,7 +141,7 @@ class StepRunner:
         `guided`: the sampling sequences, when some are guided; their bitmask is filled on the host
         (every token they have is known there) and applied before sampling.
         """
-        sampling = _on(step.sampling, self.device)
+        sampling = step.sampling.to(self.device) if step.sampling is not None else None
         with self.forward_order():
             logits = self.prefill_forward(step)
             if not step.logits_rows.numel():
@@ -205,21 +205,6 @@ class StepRunner:
             entry = (torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.is_cuda), [(-1, 0, 0)] * rows)
             self._staging[key] = entry
         return entry
-
-
-def _on(t: SamplingTensors | None, device: torch.device) -> SamplingTensors | None:
-    if t is None:
-        return None
-    return SamplingTensors(*(x.to(device, non_blocking=True) for x in _fields(t)))
-
-
-def _fields(t: SamplingTensors) -> tuple[torch.Tensor, ...]:
-    return (t.temperature, t.top_k, t.top_p, t.seeds, t.counters)
-
-
-def _copy_sampling(dst: SamplingTensors, src: SamplingTensors) -> None:
-    for d, s in zip(_fields(dst), _fields(src), strict=True):
-        d.copy_(s)
 
 
 _PROBE_PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)
