@@ -34,12 +34,14 @@ from common import environment, markdown_table, write_outputs
 from fastpath.runtime import _hostdispatch as ext
 from fastpath.runtime.hostfunc import HostDispatcher, HostDispatchWarning
 
-# backend -> (mode, simulate_absent): how to make the spin chain land on it.
-BACKENDS = {
-    "inline": ("inline", []),
-    "blocking": ("blocking", []),
-    "hostfunc_v2": ("spin", []),
-    "doorbell": ("spin", ["hostfunc_v2"]),
+# variant -> (backend, mode, simulate_absent, ring): how to make the spin chain land on it.
+VARIANTS = {
+    "inline": ("inline", "inline", [], "auto"),
+    "blocking": ("blocking", "blocking", [], "auto"),
+    "hostfunc_v2": ("hostfunc_v2", "spin", [], "auto"),
+    "doorbell/memops": ("doorbell", "spin", ["hostfunc_v2"], "memops"),
+    "doorbell/batched": ("doorbell", "spin", ["hostfunc_v2"], "batched"),
+    "doorbell/kernel": ("doorbell", "spin", ["hostfunc_v2"], "kernel"),
 }
 TARGET_ADDED_US = {"cpp": 2.0, "python": 5.0}
 TARGET_VS_BLOCKING = 8.0
@@ -47,7 +49,7 @@ TARGET_VS_BLOCKING = 8.0
 
 @dataclass
 class Row:
-    backend: str
+    backend: str  # a VARIANTS key: the backend, and for the doorbell its ring
     callback: str  # "cpp" | "python" | "none"
     mode: str = ""  # the mode asked for
     eager_us: float | None = None
@@ -70,13 +72,17 @@ class Rig:
     sim_stream: Any = None
     x: Any = field(default=None)
 
-    def dispatcher(self, backend: str) -> HostDispatcher:
-        mode, absent = BACKENDS[backend]
+    def dispatcher(self, variant: str) -> HostDispatcher:
+        _, mode, absent, ring = VARIANTS[variant]
         device = "cuda" if self.gpu else self.sim_device
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", HostDispatchWarning)
             return HostDispatcher(
-                mode, device=device, stream=None if self.gpu else self.sim_stream, simulate_absent=absent
+                mode,
+                device=device,
+                stream=None if self.gpu else self.sim_stream,
+                simulate_absent=absent,
+                ring=ring,
             )
 
     def work(self) -> None:
@@ -170,15 +176,21 @@ def time_graph(
     return statistics.median(times), (time.process_time() - cpu0) / wall, worker
 
 
-def measure(rig: Rig, backend: str, kind: str, args: argparse.Namespace, floor: Row) -> Row:
-    row = Row(backend, kind, BACKENDS[backend][0])
+def measure(rig: Rig, variant: str, kind: str, args: argparse.Namespace, floor: Row) -> Row:
+    backend, mode, _, ring = VARIANTS[variant]
+    row = Row(variant, kind, mode)
     try:
-        d = rig.dispatcher(backend)
+        d = rig.dispatcher(variant)
     except RuntimeError as e:
         row.note = f"unavailable: {e}"
         return row
     if d.backend != backend:
         row.note = f"unavailable here: {d.reason}"
+        d.shutdown(1.0)
+        return row
+    got = d.info()["ring"]
+    if backend == "doorbell" and got != ring and rig.gpu:
+        row.note = f"{ring} ring unavailable here: {d.info()['ring_reason']}"
         d.shutdown(1.0)
         return row
     flag, hits = d.token_ready_flag(), [0]
@@ -210,7 +222,7 @@ def measure(rig: Rig, backend: str, kind: str, args: argparse.Namespace, floor: 
 
 def idle_cpu(rig: Rig, seconds: float) -> dict[str, Any]:
     """The doorbell worker and the whole process over an idle stretch, after some work."""
-    d = rig.dispatcher("doorbell")
+    d = rig.dispatcher("doorbell/memops")
     if d.backend != "doorbell":
         return {"note": f"doorbell unavailable: {d.reason}"}
     for _ in range(100):
@@ -262,9 +274,11 @@ def main() -> int:
         rig, None, lambda: None, args.per_graph, args.replays
     )
     rows = [floor]
-    for backend in BACKENDS:
+    for variant in VARIANTS:
+        if not rig.gpu and variant.startswith("doorbell/") and variant != "doorbell/memops":
+            continue  # the simulated device has one ring
         for kind in ("cpp", "python"):
-            rows.append(measure(rig, backend, kind, args, floor))
+            rows.append(measure(rig, variant, kind, args, floor))
     blocking = {r.callback: r.graph_added_us for r in rows if r.backend == "blocking"}
     for r in rows:
         if r.graph_added_us and blocking.get(r.callback) and r.backend != "blocking":

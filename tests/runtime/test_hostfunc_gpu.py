@@ -102,6 +102,40 @@ def test_a_cuda_graph_replayed_1000_times_fires_every_callback_in_order(case):
     d.shutdown(5.0)
 
 
+@pytest.mark.parametrize("ring", ["memops", "batched", "kernel"])
+@pytest.mark.parametrize("name", extension_names(mode="spin"))
+def test_every_doorbell_ring_keeps_count_and_order_eagerly_and_over_1000_replays(name, ring):
+    ext = load(name)
+    d = HostDispatcher("spin", extension=ext, device="cuda", simulate_absent=["hostfunc_v2"], ring=ring)
+    assert (d.backend, d.info()["ring"]) == ("doorbell", ring), d.info()["ring_reason"]
+    s = Steps(ext, d)
+    for k in range(200):
+        s.step(k)
+    d.synchronize()
+    assert s.seen == [(k, k + 1, k) for k in range(200)]
+    s.seen.clear()
+    g = torch.cuda.CUDAGraph()
+    with d.graph(g) as captured:
+        for k in range(3):
+            s.step(k)
+    assert captured.callbacks == 6
+    for _ in range(1000):
+        d.replay(g)
+    d.synchronize()
+    assert s.seen == [(k, 200 + 3 * r + k + 1, 200 + 3 * r + k) for r in range(1000) for k in range(3)]
+    assert s.log.tags() == list(range(200)) + [0, 1, 2] * 1000
+    del g
+    d.shutdown(5.0)
+
+
+def test_auto_ring_is_one_that_passed_its_self_test_here():
+    d = HostDispatcher("spin", device="cuda", simulate_absent=["hostfunc_v2"])
+    info = d.info()
+    assert info["ring"] in ("kernel", "batched", "memops")
+    assert f"{info['ring']} ring (self-test passed)" in info["ring_reason"], info["ring_reason"]
+    d.shutdown(5.0)
+
+
 @pytest.mark.parametrize("name", extension_names(mode="spin"))
 def test_doorbell_slots_are_reused_across_graphs(name):
     ext = load(name)

@@ -197,3 +197,16 @@ def test_bad_mode_names_are_refused():
         ext.Engine("spin", "ignore", device="cpu")
     with pytest.raises(ValueError, match="device must be 'cuda', 'cuda:N', 'cpu', None or a SimDevice"):
         ext.Engine("spin", device="tpu")
+    with pytest.raises(ValueError, match="ring must be auto, memops, batched or kernel, not 'bell'"):
+        ext.Engine("spin", device="cpu", ring="bell")
+
+
+@pytest.mark.parametrize("ring", ["auto", "kernel"])
+def test_a_device_that_only_writes_and_waits_says_which_ring_it_uses_and_why(ring):
+    ext = load(NATIVE)
+    d = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=ext.SimStream(),
+                       ring=ring)  # fmt: skip
+    info = d.info()
+    assert (info["backend"], info["ring"]) == ("doorbell", "memops")
+    assert info["ring_reason"] == f"this device rings with two memory operations ({ring} asked)"
+    d.shutdown(1.0)

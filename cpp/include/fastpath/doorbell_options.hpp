@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "fastpath/device.hpp"
+
 namespace fastpath::hostdispatch {
 
 struct DoorbellOptions {
@@ -13,6 +15,7 @@ struct DoorbellOptions {
   std::int64_t backoff_poll_ns = 50'000;
   // Idle but with live graphs: look for replays nobody announced this often.
   std::int64_t safety_poll_ns = 5'000'000;
+  Ring ring = Ring::Auto;
 };
 
 enum class Phase : int {

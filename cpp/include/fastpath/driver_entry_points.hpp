@@ -22,6 +22,7 @@ inline constexpr unsigned int kHostFuncV2MinVersion = 13020;
 using PfnStreamWriteValue32 = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using PfnStreamWaitValue32 = CUresult(CUDAAPI*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using PfnGetErrorName = CUresult(CUDAAPI*)(CUresult, const char**);
+using PfnStreamBatchMemOp = CUresult(CUDAAPI*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 inline constexpr unsigned int kMemOpsVersion = 12000;  // the v2 memory operations, CUDA 11.7+
 inline constexpr unsigned int kWaitValueEq = 0x1;      // CU_STREAM_WAIT_VALUE_EQ
 
@@ -65,6 +66,8 @@ struct DriverApi {
   PfnLaunchHostFuncV2 launch_host_func_v2 = nullptr;
   std::string hostfunc_v2_why_not;
   PfnGetErrorName get_error_name = nullptr;
+  PfnStreamBatchMemOp batch_mem_op = nullptr;
+  std::string batch_why_not;
 
   static const DriverApi& get() {
     static const DriverApi api = resolve();
@@ -91,6 +94,9 @@ struct DriverApi {
     } else {
       api.memops_why_not = write.fn == nullptr ? write.why_not : wait.why_not;
     }
+    const DriverSymbol batch = lookup_driver_symbol("cuStreamBatchMemOp", kMemOpsVersion);
+    api.batch_mem_op = reinterpret_cast<PfnStreamBatchMemOp>(batch.fn);
+    api.batch_why_not = batch.why_not;
     const DriverSymbol v2 = lookup_driver_symbol("cuLaunchHostFunc_v2", kHostFuncV2MinVersion);
     api.launch_host_func_v2 = reinterpret_cast<PfnLaunchHostFuncV2>(v2.fn);
     api.hostfunc_v2_why_not = v2.why_not;

@@ -50,6 +50,7 @@ struct BackendStats {
   std::int64_t slots_in_use = 0, slot_limit = 0, stream_slots = 0, graph_slots = 0;
   std::string worker_state = "none";
   std::int64_t worker_cpu_ns = 0, worker_wakeups = 0, worker_os_id = 0;
+  std::string ring = "none", ring_reason;  // how streams ring the doorbell (device.hpp)
 };
 
 struct ShutdownOutcome {

@@ -20,12 +20,15 @@
 
 namespace fastpath::hostdispatch {
 
-class DoorbellState final : public Stoppable, public std::enable_shared_from_this<DoorbellState> {
+class DoorbellState final : public Stoppable {
  public:
   DoorbellState(std::shared_ptr<Device> device, DoorbellOptions opts)
       : device_(device), opts_(opts), table_(std::move(device), opts.max_slots) {}
 
-  Status init() { return table_.init(); }
+  Status init() {
+    ring_ = device_->choose_ring(opts_.ring);
+    return table_.init();
+  }
 
   // ---- launch side (no GIL) ----
 
@@ -46,8 +49,9 @@ class DoorbellState final : public Stoppable, public std::enable_shared_from_thi
     c_.launched.fetch_add(1, std::memory_order_relaxed);
     c_.outstanding_eager.fetch_add(1);  // seq_cst: pairs with the worker's sleeping_ store
     wake_if_sleeping();
-    st = device_->write_flag(stream, addr, kFlagRequested);
-    if (!st.ok()) {  // never requested, so the worker cannot have taken it: take it back
+    bool requested = false;
+    st = device_->ring(stream, addr, kFlagRequested, kFlagServed, ring_.ring, &requested);
+    if (!requested) {  // never requested, so the worker cannot have taken it: take it back
       CallbackPtr undone;
       {
         std::lock_guard<std::mutex> lock(slot.fifo_mu);
@@ -58,7 +62,6 @@ class DoorbellState final : public Stoppable, public std::enable_shared_from_thi
       c_.launched.fetch_sub(1, std::memory_order_relaxed);
       return st;
     }
-    st = device_->wait_flag(stream, addr, kFlagServed);
     if (!st.ok()) {
       return Status::failure(st.error + " (the callback will still run, but the stream does not wait for it)");
     }
@@ -70,12 +73,12 @@ class DoorbellState final : public Stoppable, public std::enable_shared_from_thi
     std::uint32_t i = 0;
     Status st = table_.graph_slot(std::move(cb), &i);
     if (!st.ok()) return st;
-    st = device_->retain_in_capture(stream, std::make_unique<SlotLease>(shared_from_this(), i));
+    st = device_->retain_in_capture(stream, std::make_unique<SlotLease>(this, i));
     if (!st.ok()) return st;  // the lease died with the failure and gave the slot back
     wake_if_sleeping();       // a worker asleep with no graph alive starts polling for unannounced replays
     const std::uint64_t addr = table_.device_addr(i);
-    st = device_->write_flag(stream, addr, kFlagRequested);
-    if (st.ok()) st = device_->wait_flag(stream, addr, kFlagServed);
+    bool requested = false;
+    st = device_->ring(stream, addr, kFlagRequested, kFlagServed, ring_.ring, &requested);
     if (st.ok()) c_.launched.fetch_add(1, std::memory_order_relaxed);
     return st;  // on failure the graph still owns the slot and gives it back when destroyed
   }
@@ -86,12 +89,12 @@ class DoorbellState final : public Stoppable, public std::enable_shared_from_thi
   }
 
   // Any thread: a graph holding slot i is gone.
+  // The worker frees slots under release_mu_, so unlocking it is the caller's last touch of this
+  // state: the worker may exit and destroy it right after.
   void request_release(std::uint32_t i) {
-    {
-      std::lock_guard<std::mutex> lock(release_mu_);
-      releases_.push_back(i);
-      release_pending_.store(true, std::memory_order_release);
-    }
+    std::lock_guard<std::mutex> lock(release_mu_);
+    releases_.push_back(i);
+    release_pending_.store(true, std::memory_order_release);
     wake_always();
   }
 
@@ -151,6 +154,8 @@ class DoorbellState final : public Stoppable, public std::enable_shared_from_thi
     s.worker_cpu_ns = worker_cpu_ns_.load();
     s.worker_wakeups = wakeups_.load();
     s.worker_os_id = worker_os_id_.load();
+    s.ring = name_of(ring_.ring);
+    s.ring_reason = ring_.reason;
     return s;
   }
 
@@ -161,11 +166,15 @@ class DoorbellState final : public Stoppable, public std::enable_shared_from_thi
  private:
   class SlotLease final : public GraphOwned {
    public:
-    SlotLease(std::shared_ptr<DoorbellState> state, std::uint32_t slot) : state_(std::move(state)), slot_(slot) {}
+    SlotLease(DoorbellState* state, std::uint32_t slot) : state_(state), slot_(slot) {}
     ~SlotLease() override { state_->request_release(slot_); }
 
    private:
-    std::shared_ptr<DoorbellState> state_;
+    // Not an owner: CUDA runs this destructor on a thread of its own, where the last owner's
+    // cudaFreeHost would be a CUDA call from a CUDA callback (seen on the H200 as a later pinned
+    // allocation failing with "invalid argument"). The state outlives every lease anyway: its
+    // worker exits only once no graph holds a slot, and only the worker frees a graph's slot.
+    DoorbellState* state_;
     std::uint32_t slot_;
   };
 
@@ -353,6 +362,7 @@ class DoorbellState final : public Stoppable, public std::enable_shared_from_thi
 
   std::shared_ptr<Device> device_;
   DoorbellOptions opts_;
+  RingChoice ring_;
   SlotTable table_;
   Counters c_;
   std::atomic<Phase> phase_{Phase::Active};

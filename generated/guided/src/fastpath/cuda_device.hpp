@@ -13,106 +13,25 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
 #include <thread>
 
+#include "fastpath/cuda_ring.hpp"
+#include "fastpath/cuda_util.hpp"
 #include "fastpath/doorbell_slots.hpp"
 #include "fastpath/driver_entry_points.hpp"
 #include "fastpath/spin_util.hpp"
 
 namespace fastpath::hostdispatch {
 
-inline Status cuda_failure(const char* what, cudaError_t e) {
-  (void)cudaGetLastError();  // ours alone: keep it from surfacing in someone else's check
-  return Status::failure(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Lets this thread make calls that a global-mode capture on another stream would forbid.
-class RelaxedCaptureMode {
- public:
-  RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCaptureMode() { (void)cudaThreadExchangeStreamCaptureMode(&mode_); }
-  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
-  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int ordinal) {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != ordinal) {
-      changed_ = cudaSetDevice(ordinal) == cudaSuccess;
-    }
-  }
-  ~CurrentDevice() {
-    if (changed_) (void)cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
-
-// Polls a stream until its work is done or timeout_s passes.
-inline bool stream_finishes(cudaStream_t s, double timeout_s, cudaError_t* last) {
-  const std::int64_t deadline = now_ns() + static_cast<std::int64_t>(timeout_s * 1e9);
-  for (;;) {
-    *last = cudaStreamQuery(s);
-    if (*last != cudaErrorNotReady) return *last == cudaSuccess;
-    if (now_ns() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
-// One doorbell round trip on a private stream: the stream requests, the host serves, the stream
-// passes its wait. The probe answers even when the request never shows, so it cannot hang.
 inline Capability self_test_memops(const DriverApi& api) {
-  Capability cap;
-  void* host = nullptr;
-  cudaError_t e = cudaHostAlloc(&host, kFlagStride, cudaHostAllocMapped | cudaHostAllocPortable);
-  if (e != cudaSuccess) return {false, cuda_failure("cudaHostAlloc(mapped)", e).error};
-  auto* flag = new (host) std::atomic<std::uint32_t>(kFlagIdle);
-  void* dev = nullptr;
-  cudaStream_t s = nullptr;
-  if ((e = cudaHostGetDevicePointer(&dev, host, 0)) != cudaSuccess ||
-      (e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess) {
-    cap.reason = cuda_failure("doorbell self-test set-up", e).error;
-    (void)cudaFreeHost(host);
-    return cap;
-  }
-  const auto addr = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(dev));
-  CUresult r = api.write_value32(reinterpret_cast<CUstream>(s), addr, kFlagRequested, 0);
-  if (r == CUDA_SUCCESS) r = api.wait_value32(reinterpret_cast<CUstream>(s), addr, kFlagServed, kWaitValueEq);
-  bool seen = false;
-  if (r == CUDA_SUCCESS) {
-    const std::int64_t deadline = now_ns() + 2'000'000'000;
-    while (!(seen = flag->load(std::memory_order_acquire) == kFlagRequested) && now_ns() < deadline) cpu_relax();
-  }
-  flag->store(kFlagServed, std::memory_order_release);
-  cudaError_t last = cudaSuccess;
-  const bool finished = stream_finishes(s, 2.0, &last);
-  if (r != CUDA_SUCCESS) {
-    cap.reason = "cuStreamWriteValue32/cuStreamWaitValue32 refused: " + api.error_text(r);
-  } else if (!seen) {
-    cap.reason = "self-test: the stream's flag write never reached host memory";
-  } else if (!finished) {
-    cap.reason = last == cudaErrorNotReady ? "self-test: the stream's wait never saw the host's flag"
-                                           : cuda_failure("self-test stream", last).error;
-  } else {
-    cap.available = true;
-    cap.reason = "stream memory operations on mapped pinned memory (self-test passed)";
-  }
-  if (finished || last != cudaErrorNotReady) {
-    (void)cudaStreamDestroy(s);
-    (void)cudaFreeHost(host);
-  }  // else the stream may still touch the flag: keep both, deliberately
+  if (api.write_value32 == nullptr) return {false, api.memops_why_not};
+  Capability cap = self_test_ring(Ring::Memops);
+  if (cap.available) cap.reason = "stream memory operations on mapped pinned memory (self-test passed)";
   return cap;
 }
 
@@ -221,6 +140,28 @@ class CudaDevice final : public Device {
     return Status::failure("cuStreamWaitValue32: " + api.error_text(r));
   }
 
+  RingChoice choose_ring(Ring wanted) override {
+    std::string passed_over;
+    if (wanted != Ring::Auto) {
+      const Capability cap = ring_capability(wanted);
+      if (cap.available) return {wanted, std::string(name_of(wanted)) + " ring, as asked (self-test passed)"};
+      passed_over = cap.reason + "; ";
+    }
+    // The order is the measured one: bench/hostdispatch.py times every ring side by side.
+    for (Ring r : {Ring::Kernel, Ring::Batched, Ring::Memops}) {
+      if (r == wanted) continue;
+      const Capability cap = ring_capability(r);
+      if (cap.available) return {r, passed_over + name_of(r) + " ring (self-test passed)"};
+      passed_over += cap.reason + "; ";
+    }
+    return {Ring::Memops, passed_over + "memops ring, untested"};
+  }
+
+  Status ring(StreamHandle stream, std::uint64_t addr, std::uint32_t request, std::uint32_t served, Ring how,
+              bool* requested) override {
+    return enqueue_ring(how, as_rt(stream), addr, request, served, requested);
+  }
+
   Status launch_host_func(StreamHandle stream, HostFn fn, void* data, bool spin_wait) override {
     if (spin_wait) {
       const DriverApi& api = DriverApi::get();
@@ -277,6 +218,21 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // Self-tested once per device, ring and process.
+  Capability ring_capability(Ring r) const {
+    static std::mutex mu;
+    static std::map<std::pair<int, int>, Capability> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_pair(ordinal_, static_cast<int>(r));
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+      RelaxedCaptureMode relaxed;
+      CurrentDevice on(ordinal_);
+      it = cache.emplace(key, self_test_ring(r)).first;
+    }
+    return it->second;
+  }
+
   static void destroy_owned(void* p) { delete static_cast<GraphOwned*>(p); }
   static cudaStream_t as_rt(StreamHandle s) { return reinterpret_cast<cudaStream_t>(s); }
   static CUstream as_cu(StreamHandle s) { return reinterpret_cast<CUstream>(s); }

@@ -181,6 +181,8 @@ class PyEngine {
     d["worker_cpu_ns"] = s.worker_cpu_ns;
     d["worker_wakeups"] = s.worker_wakeups;
     d["worker_os_id"] = s.worker_os_id;
+    d["ring"] = s.ring;
+    d["ring_reason"] = s.ring_reason;
     d["errors_pending"] = errors_->pending();
     return d;
   }

@@ -181,7 +181,7 @@ void define_module(py::module_& m, Policy policy) {
       .def(py::init([policy](std::optional<std::string> mode, std::optional<std::string> on_unsupported,
                              const py::object& device, std::uint32_t max_slots, double spin_budget_us,
                              double backoff_poll_us, double safety_poll_us, std::vector<std::string> simulate_absent,
-                             bool hold_gil_during_launch) {
+                             bool hold_gil_during_launch, const std::string& ring) {
              EngineSettings s;
              s.options.mode = requested_mode<Policy>(mode);
              s.options.on_unsupported = requested_policy<Policy>(on_unsupported);
@@ -191,13 +191,17 @@ void define_module(py::module_& m, Policy policy) {
              s.options.doorbell.backoff_poll_ns = static_cast<std::int64_t>(backoff_poll_us * 1e3);
              s.options.doorbell.safety_poll_ns = static_cast<std::int64_t>(safety_poll_us * 1e3);
              s.options.simulate_absent = std::move(simulate_absent);
+             if (!parse_ring(ring, &s.options.doorbell.ring)) {
+               throw py::value_error("ring must be auto, memops, batched or kernel, not '" + ring + "'");
+             }
              s.hold_gil_during_launch = hold_gil_during_launch;
              return std::make_unique<PyEngine>(s, device, policy);
            }),
            py::arg("mode") = py::none(), py::arg("on_unsupported") = py::none(), py::arg("device") = "cuda",
            py::kw_only(), py::arg("max_slots") = 1024, py::arg("spin_budget_us") = 10000.0,
            py::arg("backoff_poll_us") = 50.0, py::arg("safety_poll_us") = 5000.0,
-           py::arg("simulate_absent") = std::vector<std::string>{}, py::arg("hold_gil_during_launch") = false)
+           py::arg("simulate_absent") = std::vector<std::string>{}, py::arg("hold_gil_during_launch") = false,
+           py::arg("ring") = "auto")
       .def("launch", &PyEngine::launch_python, py::arg("stream"), py::arg("fn"),
            "Enqueue fn(*args) on the stream (eagerly, or into the graph being captured).")
       .def(
