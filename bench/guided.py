@@ -8,14 +8,22 @@ corpus (32k tokens unless --tokenizer gives one), so xgrammar computes real mask
 follow an endless JSON-lines regex, so they run as long as free ones do (ignore_eos, max_tokens).
 The grammar work runs in a host callback captured in the decode graph; its wake-up latency is
 what the dispatch mode changes.
+
+Columns: greedy steps free and guided (the overhead the issue targets) and the host time inside
+the fill callback; the guided path with xgrammar's calls taken out (callback, copies, mask); and
+the same pair with temperature 1.0, which runs the general sampler. "Host" gives xgrammar's fill
+alone on this host, row by row (the engine's way) and through its thread pool.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,20 +46,58 @@ def tokenizer_dir(path: Path | None, out: Path) -> Path:
     return target
 
 
-def step_time(llm, batch: int, guided: bool, short: int, long: int, repeats: int) -> float:
+def step_time(
+    llm, batch: int, guided: bool, short: int, long: int, repeats: int, temperature: float = 0.0
+) -> float:
+    """Median over repeats of (wall(long) - wall(short)) / (long - short): decode steps only."""
     from fastpath.runtime import SamplingParams
 
     prompts = [[1000 + 7 * i + j for j in range(16)] for i in range(batch)]
 
     def params(n):
         spec = {"regex": ENDLESS_JSON} if guided else None
-        return SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, guided=spec)
+        return SamplingParams(max_tokens=n, ignore_eos=True, temperature=temperature, seed=0, guided=spec)
 
     def run(n):
         return wall(lambda: llm.generate(prompts, params(n)))
 
     run(short)
     return statistics.median((run(long) - run(short)) / (long - short) for _ in range(repeats))
+
+
+@contextmanager
+def without_grammar_work(guided):
+    """The guided path with xgrammar's calls taken out: callback, copies, mask and sampler remain."""
+    guided._accept = lambda states, tokens: None
+    guided._fill_rows = lambda states: None
+    try:
+        yield
+    finally:
+        del guided._accept, guided._fill_rows
+
+
+def fill_alone(guided, batch: int, calls=None, steps: int = 200) -> float:
+    """Mean µs for one step's fill of `batch` rows, on the host alone (no GPU, no engine thread)."""
+    calls = calls or guided.calls
+    import random
+
+    import numpy as np
+
+    from fastpath.runtime.guided.spec import parse_spec
+
+    rng = random.Random(0)
+    matchers = [guided.state_for(parse_spec({"regex": ENDLESS_JSON})).matcher for _ in range(batch)]
+    mask = np.full((batch, guided.words), -1, dtype=np.int32)
+    rows, total = list(range(batch)), 0.0
+    for _ in range(steps):
+        start = time.perf_counter()
+        calls.fill(matchers, mask, rows)
+        total += time.perf_counter() - start
+        bits = np.unpackbits(mask.view(np.uint8), axis=1, bitorder="little")[:, : guided.vocab_size]
+        for r, m in enumerate(matchers):
+            allowed = np.flatnonzero(bits[r]).tolist()
+            m.accept_token(rng.choice([t for t in allowed if t > 2] or allowed))
+    return total / steps * 1e6
 
 
 def main() -> None:
@@ -68,26 +114,60 @@ def main() -> None:
     from fastpath.runtime import LLM
 
     tok = tokenizer_dir(args.tokenizer, args.out)
-    short, long, repeats = (8, 40, 1) if args.quick else (16, 112, 3)
+    short, long, repeats = (8, 40, 2) if args.quick else (16, 176, 5)
     rows, payload = [], {"env": environment(), "rows": []}
     for mode in args.modes:
         llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=256,
                   tokenizer=tok, guided_backend="xgrammar", dispatch_mode=mode)  # fmt: skip
         backend = llm.executor.dispatcher.backend
+        ring = llm.executor.dispatcher.info().get("ring", "none")
+        g = llm.executor.guided
+        if mode == args.modes[0]:
+            from fastpath.runtime.guided.matcher_calls import MatcherCalls, usable_cpus
+
+            payload["host"] = {"holds_gil": g.calls.holds_gil, "threads": g.calls.threads,
+                               "usable_cpus": usable_cpus(), "os_cpu_count": os.cpu_count(),
+                               "fill_alone_us": {b: fill_alone(g, b) for b in args.batch},
+                               "fill_alone_pool_us": {b: fill_alone(g, b, MatcherCalls("auto")) for b in args.batch}}  # fmt: skip
+            print("host:", payload["host"], flush=True)
         for b in args.batch:
             free = step_time(llm, b, False, short, long, repeats)
+            fills0, fill_s0 = g.fills, g.fill_seconds
             guided = step_time(llm, b, True, short, long, repeats)
-            r = {"mode": mode, "backend": backend, "batch": b, "free_s": free, "guided_s": guided}
+            fill_us = (g.fill_seconds - fill_s0) / max(g.fills - fills0, 1) * 1e6
+            sampled = step_time(llm, b, False, short, long, repeats, temperature=1.0)
+            guided_sampled = step_time(llm, b, True, short, long, repeats, temperature=1.0)
+            with without_grammar_work(g):
+                plumbing = step_time(llm, b, True, short, long, repeats)
+            r = {"mode": mode, "backend": backend, "ring": ring, "batch": b, "free_s": free, "guided_s": guided,
+                 "host_fill_us": fill_us, "free_sampled_s": sampled, "guided_sampled_s": guided_sampled,
+                 "guided_no_grammar_s": plumbing}  # fmt: skip
             payload["rows"].append(r)
             rows.append(
-                [mode, backend, b, f"{free * 1e6:.0f}", f"{guided * 1e6:.0f}", f"{guided / free - 1:+.1%}"]
-            )
+                [mode, backend, ring, b, f"{free * 1e6:.0f}", f"{guided * 1e6:.0f}", f"{guided / free - 1:+.1%}",
+                 f"{fill_us:.0f}", f"{plumbing * 1e6:.0f}", f"{sampled * 1e6:.0f}", f"{guided_sampled * 1e6:.0f}",
+                 f"{guided_sampled / sampled - 1:+.1%}"]
+            )  # fmt: skip
             print(rows[-1], flush=True)
         llm.close()
         del llm
         gc.collect()
         torch.cuda.empty_cache()
-    table = markdown_table(["mode", "backend", "batch", "free µs/step", "guided µs/step", "overhead"], rows)
+    headers = [
+        "mode",
+        "backend",
+        "ring",
+        "batch",
+        "free µs/step",
+        "guided µs/step",
+        "overhead",
+        "host fill µs/step",
+        "guided, no grammar work",
+        "free, sampled",
+        "guided, sampled",
+        "overhead, sampled",
+    ]
+    table = markdown_table(headers, rows) + f"\n\nHost: {payload['host']}\n"
     write_outputs(args.out, "guided", payload, table)
 
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fastpath.graphs")
 
 KINDS = ("greedy", "general")  # greedy graphs skip the sort and noise of random sampling
+GUIDED_KINDS = ("guided_greedy", "guided_general")  # the same two, with the grammar's bitmask applied
 
 
 @dataclass(slots=True)
@@ -45,7 +46,7 @@ class DecodeGraphs:
 
     def capture_all(self) -> None:
         # Largest first, so smaller graphs fit in the memory pool the largest one set aside.
-        kinds = KINDS + (("guided",) if self.core.guided is not None else ())
+        kinds = KINDS + (GUIDED_KINDS if self.core.guided is not None else ())
         work = [(b, kind) for b in reversed(self.sizes) for kind in kinds]
         for b, kind in progress(work, "capturing CUDA graphs"):
             self.capture(b, kind)
@@ -53,8 +54,8 @@ class DecodeGraphs:
 
     def capture(self, rows: int, kind: str) -> None:
         core, bufs = self.core, self.buffers[rows]
-        sampling = self.sampling[rows] if kind != "greedy" else None
-        guided = kind == "guided"
+        sampling = None if kind.endswith("greedy") else self.sampling[rows]
+        guided = kind in GUIDED_KINDS
         side = torch.cuda.Stream(core.device)
         side.wait_stream(torch.cuda.current_stream(core.device))
         with torch.cuda.stream(side):

@@ -33,7 +33,7 @@ class StepRunner:
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         guided = self.guided is not None and any(s.guided is not None for s in seqs)
-        greedy = not guided and all(s.params.greedy for s in seqs)  # guided graphs run the general sampler
+        greedy = all(s.params.greedy for s in seqs)
         step = DecodeStep(
             len(seqs), packed, None if greedy else sampling_tensors(seqs, rows), prev is not None, guided
         )
@@ -55,7 +55,7 @@ class StepRunner:
             buffers = DecodeBuffers.allocate(rows, cols - FIXED_COLUMNS, hidden, self.dtype, self.device)
         prev = prev_tokens if step.uses_prev else None
         self.decode_prologue(DecodeInputs(step.num_seqs, step.packed, buffers, prev))
-        kind = "guided" if step.guided else "greedy" if step.sampling is None else "general"
+        kind = ("guided_" if step.guided else "") + ("greedy" if step.sampling is None else "general")
         sampling = step.sampling.to(self.device) if step.sampling is not None else None
         with self.forward_order():
             if graphed and (rows, kind) in self.graphs.graphs:
@@ -108,7 +108,7 @@ class StepRunner:
         logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
         if joined is not None:
             joined()
-            logits = self.guided.apply(logits, self.guided.device_mask)
+            logits = self.guided.apply(logits, self.guided.device_mask, self.guided.device_rows)
         return sample(logits, sampling, True, self.model.ops.greedy)
 
     def _guided_mask_async(self, fed_tokens: torch.Tensor):
@@ -118,6 +118,7 @@ class StepRunner:
             g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens)
             self.dispatcher.launch(g.fill_from_device_tokens)
             g.device_mask.copy_(g.host_mask)
+            g.device_rows.copy_(g.host_rows)
             return lambda: None
         main = torch.cuda.current_stream(self.device)
         self.guided_stream.wait_stream(main)
@@ -125,6 +126,7 @@ class StepRunner:
             g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens, non_blocking=True)
             self.dispatcher.launch(g.fill_from_device_tokens)
             g.device_mask.copy_(g.host_mask, non_blocking=True)
+            g.device_rows.copy_(g.host_rows, non_blocking=True)
         return lambda: main.wait_stream(self.guided_stream)
 
     def launch_prefill(self, batch: ScheduledBatch):
@@ -149,8 +151,10 @@ class StepRunner:
                 return empty, empty.float()
             if guided is not None:
                 self.guided.fill_on_host(guided)
-                mask = self.guided.host_mask[: len(guided)].to(self.device, non_blocking=True)
-                logits = self.guided.apply(logits, mask)
+                n, g = len(guided), self.guided
+                mask = g.host_mask[:n].to(self.device, non_blocking=True)
+                rows = g.host_rows[:n].to(self.device, non_blocking=True)
+                logits = g.apply(logits, mask, rows)
             return sample(logits, sampling, True, self.model.ops.greedy)
 
     def prefill_forward(self, step: PrefillStep) -> torch.Tensor:

@@ -10,6 +10,7 @@ step's row assignment from a queue the host fills, in launch order, before each 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from .grammar_cache import GrammarCache
+from .matcher_calls import MatcherCalls
 from .spec import GuidedSpec
 
 log = logging.getLogger("fastpath.guided")
@@ -30,6 +32,12 @@ class GuidedState:
     matcher: Any
     accepted: int = 0
     error: str | None = None
+    terminated: bool = False
+
+    @property
+    def live(self) -> bool:
+        """Still constrained: no error, and the matcher has not taken its stop token."""
+        return self.error is None and not self.terminated
 
 
 class GuidedDecoder:
@@ -59,13 +67,21 @@ class GuidedDecoder:
         pinned = device.type == "cuda"
         self.host_tokens = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pinned)
         self.host_mask = torch.full((max_rows, self.words), -1, dtype=torch.int32, pin_memory=pinned)
+        self.host_rows = torch.zeros(max_rows, dtype=torch.int32, pin_memory=pinned)  # 1: row is constrained
         self.device_mask = torch.full((max_rows, self.words), -1, dtype=torch.int32, device=device)
+        self.device_rows = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        # The callback touches these through numpy views: torch ops release the GIL, and each
+        # release costs the callback a wait for the engine's thread to give it back.
+        self._tokens_np = self.host_tokens.numpy()
+        self._mask_np = self.host_mask.numpy()
+        self._rows_np = self.host_rows.numpy()
         cols = torch.arange(vocab_size, device=device)
         self._word = cols // 32
         self._bit = (cols % 32).to(torch.int32)
         self._queue: deque[list[Any]] = deque()
-        self._batch = self.cache.batch_matcher()
+        self.calls = MatcherCalls()
         self.fills = 0
+        self.fill_seconds = 0.0  # host time inside the fills, for bench/guided.py
 
     # --- requests ---------------------------------------------------------------------------------
 
@@ -80,19 +96,18 @@ class GuidedDecoder:
         self._queue.append(rows + [None] * (rows_total - len(rows)))
 
     def fill_from_device_tokens(self) -> None:
-        """Host callback of a decode step: accept the fed tokens, then fill the next bitmask rows."""
+        """Host callback of a decode step: accept the fed tokens, then fill the next bitmask rows.
+
+        Two xgrammar calls per step, both holding the GIL (matcher_calls.py says why).
+        """
+        start = time.perf_counter()
         rows = self._queue.popleft()
-        tokens = self.host_tokens.tolist()
-        states = []
-        for r, seq in enumerate(rows):
-            state = None if seq is None else seq.guided
-            if state is not None and state.error is None and not state.matcher.is_terminated():
-                if not state.matcher.accept_token(tokens[r]):
-                    state.error = f"token {tokens[r]} was sampled outside the grammar"
-                    log.warning("guided request %d: %s", seq.seq_id, state.error)
-                state.accepted += 1
-            states.append(state)
+        tokens = self._tokens_np.tolist()
+        states = [None if seq is None else seq.guided for seq in rows]
+        live = [r for r, s in enumerate(states) if s is not None and s.live]
+        self._accept([states[r] for r in live], [tokens[r] for r in live])
         self._fill_rows(states)
+        self.fill_seconds += time.perf_counter() - start
 
     def fill_on_host(self, seqs: list[Any]) -> None:
         """A prefill step's rows: every output so far is known on the host; accept what is new, then fill."""
@@ -100,29 +115,40 @@ class GuidedDecoder:
             state = seq.guided
             if state is not None:
                 for token in seq.output_ids[state.accepted :]:
-                    if not state.matcher.is_terminated():
-                        state.matcher.accept_token(token)
-                    state.accepted += 1
+                    if state.live:
+                        self._accept([state], [token])
+                    else:
+                        state.accepted += 1
         self._fill_rows([seq.guided for seq in seqs])
 
+    def _accept(self, states: list[GuidedState], tokens: list[int]) -> None:
+        if not states:
+            return
+        oks = self.calls.accept([s.matcher for s in states], tokens)
+        for state, token, ok in zip(states, tokens, oks, strict=True):
+            state.accepted += 1
+            if not ok:
+                state.error = f"token {token} was sampled outside the grammar"
+                log.warning("guided request: %s", state.error)
+            else:
+                state.terminated = self.calls.terminated(state.matcher)
+
     def _fill_rows(self, states: list[GuidedState | None]) -> None:
-        """Constrained rows through xgrammar's batch fill (its own threads); the others unconstrained."""
-        constrained = [
-            r
-            for r, s in enumerate(states)
-            if s is not None and s.error is None and not s.matcher.is_terminated()
-        ]
-        self.host_mask[: len(states)].fill_(-1)  # every bit set: no constraint
-        if len(constrained) == 1:
-            states[constrained[0]].matcher.fill_next_token_bitmask(self.host_mask, constrained[0])
-        elif constrained:
-            matchers = [states[r].matcher for r in constrained]
-            self._batch.batch_fill_next_token_bitmask(matchers, self.host_mask, indices=constrained)
+        """Constrained rows through xgrammar's batch fill (its own threads); the row flags say which."""
+        flags, constrained = self._rows_np, []
+        for r, s in enumerate(states):
+            live = s is not None and s.live
+            flags[r] = live  # a free row's mask words are stale, and ignored
+            if live:
+                constrained.append(r)
+        if constrained:
+            self.calls.fill([states[r].matcher for r in constrained], self._mask_np, constrained)
         self.fills += 1
 
     # --- on the device ------------------------------------------------------------------------------
 
-    def apply(self, logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """logits with every token the mask forbids set to -inf (a pure tensor op: capturable)."""
-        allowed = (mask[: logits.shape[0], self._word] >> self._bit) & 1
-        return logits.masked_fill(allowed == 0, float("-inf"))
+    def apply(self, logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """logits with every token a constrained row's mask forbids set to -inf (pure tensor ops: capturable)."""
+        n = logits.shape[0]
+        forbidden = ((mask[:n, self._word] >> self._bit) & 1 == 0) & (rows[:n, None] != 0)
+        return logits.masked_fill(forbidden, float("-inf"))

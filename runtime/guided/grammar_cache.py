@@ -56,7 +56,3 @@ class GrammarCache:
 
     def matcher(self, spec: GuidedSpec) -> Any:
         return self._xgr.GrammarMatcher(self.get(spec))
-
-    def batch_matcher(self) -> Any:
-        """Fills many matchers' bitmask rows at once, on xgrammar's own threads."""
-        return self._xgr.BatchGrammarMatcher()

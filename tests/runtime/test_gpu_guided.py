@@ -24,8 +24,9 @@ def by_mode():
     outs = {}
     for mode in ("blocking", "spin"):
         with _llm(mode) as llm:
-            assert "guided" in {k for _, k in llm.executor.graphs.graphs}, (
-                "guided decode graphs were captured"
+            kinds = {k for _, k in llm.executor.graphs.graphs}
+            assert {"guided_greedy", "guided_general"} <= kinds, (
+                f"guided decode graphs were captured: {kinds}"
             )
             backend = llm.executor.dispatcher.backend
             results = {}
@@ -46,6 +47,23 @@ def test_every_finished_output_validates_under_graphs(by_mode):
             assert len(finished) >= 3, f"{mode}/{name}: {outs}"
             for text in finished:
                 jsonschema.validate(json.loads(text), SCHEMAS[name])
+
+
+def test_greedy_guided_requests_replay_the_greedy_guided_graphs():
+    with _llm("spin") as llm:
+        graphs, replayed = llm.executor.graphs, []
+        replay = graphs.replay
+        graphs.replay = lambda rows, kind: (replayed.append(kind), replay(rows, kind))[1]
+        finished = 0
+        for schema in SCHEMAS.values():
+            # Greedy on random weights may repeat a digit for ever: only finished outputs can be checked.
+            for o in llm.generate(PROMPTS, SamplingParams(max_tokens=200, guided={"json_schema": schema})):
+                assert o.finish_reason in ("stop", "length"), o.finish_reason
+                if o.finish_reason == "stop":
+                    jsonschema.validate(json.loads(o.text), schema)
+                    finished += 1
+        assert finished >= len(SCHEMAS), f"only {finished} greedy guided outputs finished"
+        assert set(replayed) == {"guided_greedy"}, set(replayed)
 
 
 def test_outputs_are_identical_across_dispatch_modes(by_mode):

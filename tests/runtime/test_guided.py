@@ -107,3 +107,15 @@ def test_guided_requests_need_the_backend_on(tiny_text_checkpoint):
     plain = LLM(str(tiny_text_checkpoint), device="cpu", max_seq_len=64)
     with pytest.raises(RequestError, match="guided decoding is off in this engine"):
         plain.generate(["x"], _guided({"json_object": True}, 1))
+
+
+def test_matcher_calls_hold_the_gil_without_touching_xgrammars_own_wrappers(llm):
+    from xgrammar.tvm_ffi_binding import BatchGrammarMatcher
+
+    calls = llm.executor.guided.calls
+    assert calls.holds_gil, "the installed xgrammar exposes its tvm-ffi methods; the fill must hold the GIL"
+    assert calls._fill.release_gil is False
+    shared = {m.name: m.func for m in BatchGrammarMatcher.__tvm_ffi_type_info__.methods}
+    assert (
+        shared["batch_fill_next_token_bitmask"].release_gil is True
+    )  # other users in the process keep theirs
