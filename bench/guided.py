@@ -67,13 +67,15 @@ def step_time(
 
 @contextmanager
 def without_grammar_work(guided):
-    """The guided path with xgrammar's calls taken out: callback, copies, mask and sampler remain."""
-    guided._accept = lambda states, tokens: None
-    guided._fill_rows = lambda states: None
+    """The guided path with xgrammar's calls taken out: every row planned free; callback, copies, mask remain."""
+    enqueue = guided.enqueue
+    free_fill = guided.native.fill if guided.native is not None else guided._fill_python
+    guided.enqueue = lambda seqs, total: enqueue([None] * len(seqs), total)
+    guided.fill_on_host = lambda seqs: free_fill([None] * len(seqs))
     try:
         yield
     finally:
-        del guided._accept, guided._fill_rows
+        del guided.enqueue, guided.fill_on_host
 
 
 def fill_alone(guided, batch: int, calls=None, steps: int = 200) -> float:
@@ -125,7 +127,7 @@ def main() -> None:
         if mode == args.modes[0]:
             from fastpath.runtime.guided.matcher_calls import MatcherCalls, usable_cpus
 
-            payload["host"] = {"holds_gil": g.calls.holds_gil, "threads": g.calls.threads,
+            payload["host"] = {"fill": g.fill, "holds_gil": g.calls.holds_gil, "threads": g.calls.threads,
                                "usable_cpus": usable_cpus(), "os_cpu_count": os.cpu_count(),
                                "fill_alone_us": {b: fill_alone(g, b) for b in args.batch},
                                "fill_alone_pool_us": {b: fill_alone(g, b, MatcherCalls("auto")) for b in args.batch}}  # fmt: skip

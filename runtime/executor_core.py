@@ -97,7 +97,7 @@ class ExecutorCore(StepRunner):
         self.execution_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
         self.dispatcher = self._make_dispatcher()
         self.readback = Readback(self.dispatcher, config.device, parallel)
-        self.guided = GuidedDecoder.for_engine(config)
+        self.guided = GuidedDecoder.for_engine(config, self.dispatcher.extension)
         # The bitmask work overlaps the forward on its own stream (why the execution-stream loop is gated off).
         self.guided_stream = (
             torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None

@@ -5,9 +5,12 @@ the CUDA graph being captured, and returns at once; a host thread runs it when t
 there, and the stream waits for it. Modes (DESIGN.md, "Host dispatch"):
 
 - ``blocking``: ``cudaLaunchHostFunc``.
-- ``spin``: low latency. ``hostfunc_v2`` (CUDA 13.2+), else the ``doorbell`` (stream memory
-  operations and a spinning worker), else ``blocking``; a fall back warns once per process, or
-  raises where ``on_unsupported="error"`` and only ``blocking`` is left.
+- ``spin``: low latency. ``hostfunc_v2`` (CUDA 13.2+), else the ``doorbell`` (the stream writes a
+  request flag and waits for the host's answer; a spinning worker runs the callback), else
+  ``blocking``; a fall back warns once per process, or raises where ``on_unsupported="error"``
+  and only ``blocking`` is left. The doorbell's ``ring`` (an engine option) is how the stream
+  writes and waits: ``kernel`` (one poll kernel), ``batched`` (one batched memory operation) or
+  ``memops`` (two); ``auto`` takes the first that self-tests, in that order.
 - ``auto``: the best that works here, silently.
 - ``inline``: on the launching thread, at launch. Without CUDA every mode runs inline, in order.
 
@@ -171,6 +174,12 @@ class HostDispatcher:
 
     def token_ready_flag(self) -> Any:
         return self.extension.TokenReadyFlag()
+
+    def launch_guided_fill(self, fill: Any, stream: Any = None) -> None:
+        """A C++ callback (no GIL) running the next step of ``fill``, an ``extension.GuidedFill``."""
+        if self._sync_inline:
+            _sync_torch_stream_for_inline()
+        self._engine.launch_guided_fill(self._handle(stream), fill)
 
     # ---- graphs ----
 

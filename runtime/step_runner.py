@@ -116,7 +116,7 @@ class StepRunner:
         g = self.guided
         if self.guided_stream is None:
             g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens)
-            self.dispatcher.launch(g.fill_from_device_tokens)
+            g.launch_fill(self.dispatcher)
             g.device_mask.copy_(g.host_mask)
             g.device_rows.copy_(g.host_rows)
             return lambda: None
@@ -124,7 +124,7 @@ class StepRunner:
         self.guided_stream.wait_stream(main)
         with torch.cuda.stream(self.guided_stream):
             g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens, non_blocking=True)
-            self.dispatcher.launch(g.fill_from_device_tokens)
+            g.launch_fill(self.dispatcher)
             g.device_mask.copy_(g.host_mask, non_blocking=True)
             g.device_rows.copy_(g.host_rows, non_blocking=True)
         return lambda: main.wait_stream(self.guided_stream)

@@ -51,6 +51,7 @@ def test_every_finished_output_validates_under_graphs(by_mode):
 
 def test_greedy_guided_requests_replay_the_greedy_guided_graphs():
     with _llm("spin") as llm:
+        assert llm.executor.guided.fill == "native"
         graphs, replayed = llm.executor.graphs, []
         replay = graphs.replay
         graphs.replay = lambda rows, kind: (replayed.append(kind), replay(rows, kind))[1]

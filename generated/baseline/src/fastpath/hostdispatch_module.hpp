@@ -18,6 +18,7 @@
 #include "fastpath/engine.hpp"
 #include "fastpath/py_engine.hpp"
 #include "fastpath/py_sim_bindings.hpp"
+#include "fastpath/guided_fill.hpp"
 #include "fastpath/token_ready_flag.hpp"
 
 namespace fastpath::hostdispatch {
@@ -177,6 +178,68 @@ void define_module(py::module_& m, Policy policy) {
 
   define_sim_classes(m);
 
+  py::class_<MatcherApi, std::shared_ptr<MatcherApi>>(
+      m, "MatcherApi", py::module_local(), "tvm-ffi's entry points and xgrammar's matcher methods, by address.")
+      .def(py::init([](std::uintptr_t call, std::uintptr_t inc_ref, std::uintptr_t dec_ref, std::uintptr_t move_error,
+                       std::uintptr_t accept_token, std::uintptr_t is_terminated, std::uintptr_t fill) {
+             for (std::uintptr_t p : {call, inc_ref, dec_ref, move_error, accept_token, is_terminated, fill}) {
+               if (p == 0) throw py::value_error("MatcherApi: every address must be non-zero");
+             }
+             auto api = std::make_shared<MatcherApi>();
+             api->call = reinterpret_cast<tvm_ffi_abi::FunctionCall>(call);
+             api->inc_ref = reinterpret_cast<tvm_ffi_abi::ObjectRefFn>(inc_ref);
+             api->dec_ref = reinterpret_cast<tvm_ffi_abi::ObjectRefFn>(dec_ref);
+             api->move_error = reinterpret_cast<tvm_ffi_abi::ErrorMoveFromRaised>(move_error);
+             api->accept_token = reinterpret_cast<void*>(accept_token);
+             api->is_terminated = reinterpret_cast<void*>(is_terminated);
+             api->fill_next_token_bitmask = reinterpret_cast<void*>(fill);
+             return api;
+           }),
+           py::arg("call"), py::arg("inc_ref"), py::arg("dec_ref"), py::arg("move_error"), py::arg("accept_token"),
+           py::arg("is_terminated"), py::arg("fill_next_token_bitmask"));
+
+  py::class_<GuidedRow, std::shared_ptr<GuidedRow>>(m, "GuidedRow", py::module_local(),
+                                                    "A guided request's xgrammar matcher, driven without the GIL.")
+      .def(py::init([](std::shared_ptr<MatcherApi> api, std::uintptr_t matcher) {
+             if (matcher == 0) throw py::value_error("GuidedRow: the matcher handle is null");
+             return std::make_shared<GuidedRow>(std::move(api), matcher);
+           }),
+           py::arg("api"), py::arg("matcher"))
+      .def("accept", &GuidedRow::accept, py::arg("token"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("accepted", &GuidedRow::accepted)
+      .def_property_readonly("terminated", &GuidedRow::terminated)
+      .def_property_readonly("live", &GuidedRow::live)
+      .def_property_readonly("error", [](const GuidedRow& r) -> py::object {
+        std::string e = r.error();
+        return e.empty() ? py::object(py::none()) : py::object(py::str(e));
+      });
+
+  // None in a plan is a free row.
+  auto to_plan = [](const py::list& rows) {
+    RowPlan plan;
+    plan.reserve(rows.size());
+    for (const py::handle& r : rows) plan.push_back(r.is_none() ? nullptr : r.cast<std::shared_ptr<GuidedRow>>());
+    return plan;
+  };
+  py::class_<GuidedFill, std::shared_ptr<GuidedFill>>(
+      m, "GuidedFill", py::module_local(), "Each decode step's bitmask, filled by a C++ host callback from a queue of row plans.")
+      .def(py::init<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::int64_t, std::int64_t>(), py::arg("tokens"),
+           py::arg("mask"), py::arg("flags"), py::arg("max_rows"), py::arg("words"))
+      .def("enqueue", [to_plan](GuidedFill& f, const py::list& rows) { f.enqueue(to_plan(rows)); }, py::arg("rows"),
+           "The row plan of the next launched step.")
+      .def(
+          "fill",
+          [to_plan](GuidedFill& f, const py::list& rows) {
+            RowPlan plan = to_plan(rows);
+            py::gil_scoped_release unlocked;
+            f.fill(plan);
+          },
+          py::arg("rows"), "Fill these rows now, on this thread (a prefill's rows).")
+      .def_property_readonly("fills", &GuidedFill::fills)
+      .def_property_readonly("step_seconds", &GuidedFill::step_seconds)
+      .def_property_readonly("missing_plans", &GuidedFill::missing_plans)
+      .def_property_readonly("queued", &GuidedFill::queued);
+
   py::class_<PyEngine>(m, "Engine", py::module_local(), "Host callbacks on a stream, through the backend the spin chain picked.")
       .def(py::init([policy](std::optional<std::string> mode, std::optional<std::string> on_unsupported,
                              const py::object& device, std::uint32_t max_slots, double spin_budget_us,
@@ -220,6 +283,13 @@ void define_module(py::module_& m, Policy policy) {
             e.launch(stream, std::make_shared<AppendTag>(std::move(log), tag));
           },
           py::arg("stream"), py::arg("log"), py::arg("tag"), "A C++ callback (no GIL) that appends tag to log.")
+      .def(
+          "launch_guided_fill",
+          [](PyEngine& e, StreamHandle stream, std::shared_ptr<GuidedFill> fill) {
+            PyGraveyard::instance().reap();
+            e.launch(stream, std::make_shared<GuidedFillStep>(std::move(fill)));
+          },
+          py::arg("stream"), py::arg("fill"), "A C++ callback (no GIL) that runs fill's next step.")
       .def("capture_id", &PyEngine::capture_id, py::arg("stream"))
       .def("take_capture", &PyEngine::take_capture, py::arg("capture_id"))
       .def("announce", &PyEngine::announce, py::arg("callbacks"))
