@@ -59,6 +59,7 @@ class GuidedState:
     spec: GuidedSpec
     matcher: Any
     row: Any  # PythonRow, or the dispatch extension's GuidedRow
+    warned: bool = False  # its row's error was logged
 
     @property
     def error(self) -> str | None:
@@ -110,11 +111,7 @@ class GuidedDecoder:
         self.native = None
         if self._api is not None:
             self.native = extension.GuidedFill(
-                self.host_tokens.data_ptr(),
-                self.host_mask.data_ptr(),
-                self.host_rows.data_ptr(),
-                max_rows,
-                self.words,
+                self.host_tokens, self.host_mask, self.host_rows, max_rows, self.words
             )
         # The Python fill's state. Its callback touches these through numpy views: torch ops
         # release the GIL, and each release costs the callback a wait to get it back.
@@ -152,9 +149,16 @@ class GuidedDecoder:
 
     def enqueue(self, seqs: list[Any], rows_total: int) -> None:
         """The row plan of the next launched decode step: each row's matcher, None for a free row."""
-        plan = [None if s is None or s.guided is None else s.guided.row for s in seqs]
-        plan += [None] * (rows_total - len(plan))
+        states = [None if s is None else s.guided for s in seqs]
+        for state in states:
+            if state is not None and state.row.error is not None and not state.warned:
+                state.warned = True  # the row runs unconstrained from here
+                log.warning("guided request: %s", state.row.error)
+        plan = [None if s is None else s.row for s in states] + [None] * (rows_total - len(states))
         if self.native is not None:
+            errors = self.native.take_errors()
+            if errors:
+                raise RuntimeError("guided fill failed: " + "; ".join(errors))
             self.native.enqueue(plan)
         else:
             self._queue.append(plan)

@@ -36,7 +36,7 @@ def matcher_api(extension: Any) -> Any | None:
             is_terminated=methods["is_terminated"].__chandle__(),
             fill_next_token_bitmask=methods["fill_next_token_bitmask"].__chandle__(),
         )
-    except (OSError, AttributeError, KeyError, RuntimeError):
+    except (OSError, AttributeError, KeyError, RuntimeError, TypeError, ValueError):
         return None
 
 

@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 
 import jsonschema
 import pytest
@@ -150,7 +151,8 @@ def test_a_native_fill_on_a_worker_thread_matches_xgrammar_and_reports_refused_t
 
     g = llm.executor.guided
     stream = ext.SimStream()
-    with pytest.warns(HostDispatchFallbackWarning, match="using the doorbell backend"):
+    with warnings.catch_warnings():  # the fall back to the doorbell warns once per process
+        warnings.simplefilter("ignore", HostDispatchFallbackWarning)
         d = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=stream)
     assert d.backend == "doorbell"
     spec = parse_spec({"regex": "[a-z]{2,6}!"})
@@ -172,3 +174,27 @@ def test_a_native_fill_on_a_worker_thread_matches_xgrammar_and_reports_refused_t
     assert state.row.accepted == 2 and state.error == f"token {bad} was sampled outside the grammar"
     d.shutdown(5.0)
     stream.close()
+
+
+def test_a_native_fill_reports_a_step_without_a_plan_and_refuses_bad_buffers_and_long_plans(llm):
+    import torch
+
+    from fastpath.runtime import _hostdispatch as ext
+    from fastpath.runtime.hostfunc import HostDispatcher
+
+    tokens, flags = torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.int32)
+    fill = ext.GuidedFill(tokens, torch.zeros(4, 3, dtype=torch.int32), flags, 4, 3)
+    d = HostDispatcher("inline", device="cpu")
+    d.launch_guided_fill(fill)  # nothing enqueued
+    assert fill.take_errors() == [
+        "a guided fill ran with no row plan queued: this step's rows run unconstrained"
+    ]
+    assert flags.tolist() == [0, 0, 0, 0] and fill.take_errors() == []
+    with pytest.raises(ValueError, match="a row plan of 5 rows; this fill holds 4"):
+        fill.enqueue([None] * 5)
+    with pytest.raises(
+        ValueError, match="GuidedFill: mask is not a contiguous CPU tensor of the expected size"
+    ):
+        ext.GuidedFill(tokens, torch.zeros(3, 4, dtype=torch.int32).t(), flags, 4, 3)
+    with pytest.raises(ValueError, match="GuidedFill: tokens is not a contiguous CPU tensor"):
+        ext.GuidedFill(tokens.int(), torch.zeros(4, 3, dtype=torch.int32), flags, 4, 3)

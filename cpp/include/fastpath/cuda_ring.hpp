@@ -11,7 +11,9 @@
 #include <atomic>
 #include <cstdint>
 #include <new>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "fastpath/doorbell_slots.hpp"
 #include "fastpath/driver_entry_points.hpp"
@@ -56,7 +58,7 @@ struct RingKernel {
  private:
   static RingKernel load() {
     RingKernel k;
-#if CUDART_VERSION >= 12000
+#if CUDART_VERSION >= 12050
     cudaLibrary_t lib = nullptr;
     cudaError_t e = cudaLibraryLoadData(&lib, kRingKernelPtx, nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (e != cudaSuccess) {
@@ -71,7 +73,7 @@ struct RingKernel {
     }
     k.fn = reinterpret_cast<const void*>(kernel);  // the library stays loaded for the process
 #else
-    k.why_not = "the ring kernel needs CUDA 12.0 or newer to load";
+    k.why_not = "the ring kernel needs a CUDA 12.5 or newer runtime to load";
 #endif
     return k;
   }
@@ -108,7 +110,7 @@ inline Status enqueue_ring(Ring how, cudaStream_t stream, std::uint64_t addr, st
       *requested = true;
       return Status::success();
     }
-    case Ring::Auto:
+    case Ring::Auto:  // resolved by choose_ring before any launch; memops is the safe reading
     case Ring::Memops: {
       if (api.write_value32 == nullptr) return Status::failure(api.memops_why_not);
       CUresult r = api.write_value32(cu_stream, dev_addr, request, 0);
@@ -148,8 +150,18 @@ inline Capability self_test_ring(Ring how) {
     while (!(seen = flag->load(std::memory_order_acquire) == kFlagRequested) && now_ns() < deadline) cpu_relax();
   }
   flag->store(kFlagServed, std::memory_order_release);
-  cudaError_t last = cudaSuccess;
-  const bool finished = stream_finishes(s, 2.0, &last);
+  // A request that lands after the answer would overwrite it: answer again until the stream is done.
+  cudaError_t last = cudaErrorNotReady;
+  bool finished = false;
+  for (const std::int64_t deadline = now_ns() + 2'000'000'000; now_ns() < deadline;) {
+    last = cudaStreamQuery(s);
+    if (last != cudaErrorNotReady) {
+      finished = last == cudaSuccess;
+      break;
+    }
+    if (flag->load(std::memory_order_acquire) == kFlagRequested) flag->store(kFlagServed, std::memory_order_release);
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
   const std::string what = std::string(name_of(how)) + " ring";
   if (!st.ok()) {
     cap.reason = what + " refused: " + st.error;

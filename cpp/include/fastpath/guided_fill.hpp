@@ -74,11 +74,11 @@ class GuidedRow {
                                tvm_ffi_abi::bool_arg(false)};
     bool ok = false;
     std::string error;
-    if (!api_->call_bool(api_->accept_token, args, 3, &ok, &error)) return fail(error);
-    if (!ok) return fail("token " + std::to_string(token) + " was sampled outside the grammar");
+    if (!api_->call_bool(api_->accept_token, args, 3, &ok, &error)) return fail(error, true);
+    if (!ok) return fail("token " + std::to_string(token) + " was sampled outside the grammar", false);
     tvm_ffi_abi::Any self[] = {tvm_ffi_abi::object_arg(matcher_)};
     bool done = false;
-    if (!api_->call_bool(api_->is_terminated, self, 1, &done, &error)) return fail(error);
+    if (!api_->call_bool(api_->is_terminated, self, 1, &done, &error)) return fail(error, true);
     terminated_.store(done);
   }
 
@@ -89,7 +89,7 @@ class GuidedRow {
     bool constrained = false;
     std::string error;
     if (api_->call_bool(api_->fill_next_token_bitmask, args, 4, &constrained, &error)) return true;
-    fail(error);
+    fail(error, true);
     return false;
   }
 
@@ -100,13 +100,21 @@ class GuidedRow {
     std::lock_guard<std::mutex> lock(mu_);
     return error_;
   }
+  // An xgrammar call that failed (not a refused token), once: the fill reports it to Python.
+  bool take_internal_error(std::string* why) {
+    if (!internal_.exchange(false)) return false;
+    *why = error();
+    return true;
+  }
 
  private:
-  void fail(const std::string& why) {
+  void fail(const std::string& why, bool internal) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (error_.empty()) error_ = why;
+      if (!error_.empty()) return;
+      error_ = why;
     }
+    if (internal) internal_.store(true);
     failed_.store(true);
   }
 
@@ -115,6 +123,7 @@ class GuidedRow {
   std::atomic<std::int64_t> accepted_{0};
   std::atomic<bool> terminated_{false};
   std::atomic<bool> failed_{false};
+  std::atomic<bool> internal_{false};
   mutable std::mutex mu_;
   std::string error_;
 };
@@ -122,21 +131,40 @@ class GuidedRow {
 using RowPlan = std::vector<std::shared_ptr<GuidedRow>>;  // null: a free row
 
 // The shared state a captured fill callback reads: pinned buffers and a queue of row plans, one
-// per launched step, in launch order (a graph replay takes no per-step arguments).
+// per launched step, in launch order (a graph replay takes no per-step arguments). Plans hold at
+// most max_rows rows; rows past a plan's end keep their flags (callers pad plans to the step).
 class GuidedFill {
  public:
+  // `owner` keeps the buffers alive for as long as any callback can still touch them.
   GuidedFill(std::uintptr_t tokens, std::uintptr_t mask, std::uintptr_t flags, std::int64_t max_rows,
-             std::int64_t words)
-      : tokens_(reinterpret_cast<const std::int64_t*>(tokens)),
+             std::int64_t words, std::shared_ptr<void> owner)
+      : owner_(std::move(owner)),
+        tokens_(reinterpret_cast<const std::int64_t*>(tokens)),
         flags_(reinterpret_cast<std::int32_t*>(flags)),
         max_rows_(max_rows),
         shape_{max_rows, words} {
     tensor_ = {reinterpret_cast<void*>(mask), 1, 0, 2, 0, 32, 1, shape_, nullptr, 0};
   }
 
+  std::int64_t max_rows() const { return max_rows_; }
+
+  // The caller's thread (Python's): plans the callback is done with are dropped here, so the last
+  // reference to a matcher is never let go on a callback thread.
   void enqueue(RowPlan plan) {
+    std::deque<RowPlan> spent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      plans_.push_back(std::move(plan));
+      spent.swap(spent_);
+    }
+  }
+
+  // Failures since the last call: a step with no plan, or an xgrammar call that failed.
+  std::vector<std::string> take_errors() {
     std::lock_guard<std::mutex> lock(mu_);
-    plans_.push_back(std::move(plan));
+    std::vector<std::string> out;
+    out.swap(errors_);
+    return out;
   }
 
   // The callback: the step's fed tokens into its guided rows, then their bitmask rows.
@@ -147,26 +175,40 @@ class GuidedFill {
       std::lock_guard<std::mutex> lock(mu_);
       if (plans_.empty()) {
         ++missing_plans_;
-        return;
+        errors_.push_back("a guided fill ran with no row plan queued: this step's rows run unconstrained");
+      } else {
+        plan = std::move(plans_.front());
+        plans_.pop_front();
       }
-      plan = std::move(plans_.front());
-      plans_.pop_front();
+    }
+    if (plan.empty()) {
+      for (std::int64_t r = 0; r < max_rows_; ++r) flags_[r] = 0;
+      return;
     }
     for (std::size_t r = 0; r < plan.size(); ++r) {
       if (plan[r] && plan[r]->live()) plan[r]->accept(tokens_[r]);
     }
     fill(plan);
     busy_ns_.fetch_add(now_ns() - start);
+    std::lock_guard<std::mutex> lock(mu_);
+    spent_.push_back(std::move(plan));
   }
 
   // Row r constrained <=> flags[r] == 1; a free row's mask words are stale and ignored.
   void fill(const RowPlan& plan) {
     const std::size_t n = std::min<std::size_t>(plan.size(), static_cast<std::size_t>(max_rows_));
+    std::vector<std::string> failed;
     for (std::size_t r = 0; r < n; ++r) {
       const bool constrained = plan[r] && plan[r]->live() && plan[r]->fill(&tensor_, static_cast<std::int64_t>(r));
       flags_[r] = constrained ? 1 : 0;
+      std::string why;
+      if (plan[r] && plan[r]->take_internal_error(&why)) failed.push_back("row " + std::to_string(r) + ": " + why);
     }
     fills_.fetch_add(1);
+    if (!failed.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      errors_.insert(errors_.end(), failed.begin(), failed.end());
+    }
   }
 
   std::int64_t fills() const { return fills_.load(); }
@@ -181,6 +223,7 @@ class GuidedFill {
   }
 
  private:
+  std::shared_ptr<void> owner_;
   const std::int64_t* tokens_;
   std::int32_t* flags_;
   std::int64_t max_rows_;
@@ -188,6 +231,8 @@ class GuidedFill {
   tvm_ffi_abi::DLTensor tensor_{};
   mutable std::mutex mu_;
   std::deque<RowPlan> plans_;
+  std::deque<RowPlan> spent_;
+  std::vector<std::string> errors_;
   std::int64_t missing_plans_ = 0;
   std::atomic<std::int64_t> fills_{0};
   std::atomic<std::int64_t> busy_ns_{0};

@@ -214,7 +214,11 @@ void define_module(py::module_& m, Policy policy) {
       });
 
   // None in a plan is a free row.
-  auto to_plan = [](const py::list& rows) {
+  auto to_plan = [](const GuidedFill& f, const py::list& rows) {
+    if (static_cast<std::int64_t>(rows.size()) > f.max_rows()) {
+      throw py::value_error("a row plan of " + std::to_string(rows.size()) + " rows; this fill holds " +
+                            std::to_string(f.max_rows()));
+    }
     RowPlan plan;
     plan.reserve(rows.size());
     for (const py::handle& r : rows) plan.push_back(r.is_none() ? nullptr : r.cast<std::shared_ptr<GuidedRow>>());
@@ -222,14 +226,37 @@ void define_module(py::module_& m, Policy policy) {
   };
   py::class_<GuidedFill, std::shared_ptr<GuidedFill>>(
       m, "GuidedFill", py::module_local(), "Each decode step's bitmask, filled by a C++ host callback from a queue of row plans.")
-      .def(py::init<std::uintptr_t, std::uintptr_t, std::uintptr_t, std::int64_t, std::int64_t>(), py::arg("tokens"),
-           py::arg("mask"), py::arg("flags"), py::arg("max_rows"), py::arg("words"))
-      .def("enqueue", [to_plan](GuidedFill& f, const py::list& rows) { f.enqueue(to_plan(rows)); }, py::arg("rows"),
-           "The row plan of the next launched step.")
+      .def(py::init([](const py::object& tokens, const py::object& mask, const py::object& flags, std::int64_t max_rows,
+                       std::int64_t words) {
+             // Contiguous CPU tensors (pinned where a GPU reads them): int64 [max_rows], int32
+             // [max_rows, words], int32 [max_rows]. The fill keeps them alive.
+             auto check = [](const py::object& t, std::int64_t numel, std::int64_t itemsize, const char* what) {
+               const bool ok = t.attr("device").attr("type").cast<std::string>() == "cpu" &&
+                               t.attr("is_contiguous")().cast<bool>() && t.attr("numel")().cast<std::int64_t>() == numel &&
+                               t.attr("element_size")().cast<std::int64_t>() == itemsize;
+               if (!ok) throw py::value_error(std::string("GuidedFill: ") + what + " is not a contiguous CPU tensor of the expected size");
+               return t.attr("data_ptr")().cast<std::uintptr_t>();
+             };
+             const std::uintptr_t t = check(tokens, max_rows, 8, "tokens");
+             const std::uintptr_t m = check(mask, max_rows * words, 4, "mask");
+             const std::uintptr_t f = check(flags, max_rows, 4, "flags");
+             PyObject* keep = py::make_tuple(tokens, mask, flags).release().ptr();
+             std::shared_ptr<void> owner(keep, [](void* p) { PyGraveyard::instance().bury(static_cast<PyObject*>(p)); });
+             return std::make_shared<GuidedFill>(t, m, f, max_rows, words, std::move(owner));
+           }),
+           py::arg("tokens"), py::arg("mask"), py::arg("flags"), py::arg("max_rows"), py::arg("words"))
+      .def(
+          "enqueue",
+          [to_plan](GuidedFill& f, const py::list& rows) {
+            PyGraveyard::instance().reap();
+            f.enqueue(to_plan(f, rows));
+          },
+          py::arg("rows"), "The row plan of the next launched step.")
+      .def("take_errors", &GuidedFill::take_errors, "Failures since the last call (a step with no plan, xgrammar errors).")
       .def(
           "fill",
           [to_plan](GuidedFill& f, const py::list& rows) {
-            RowPlan plan = to_plan(rows);
+            RowPlan plan = to_plan(f, rows);
             py::gil_scoped_release unlocked;
             f.fill(plan);
           },

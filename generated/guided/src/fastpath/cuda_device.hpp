@@ -159,6 +159,8 @@ class CudaDevice final : public Device {
 
   Status ring(StreamHandle stream, std::uint64_t addr, std::uint32_t request, std::uint32_t served, Ring how,
               bool* requested) override {
+    if (how != Ring::Kernel) return enqueue_ring(how, as_rt(stream), addr, request, served, requested);
+    CurrentDevice on(ordinal_);  // a runtime launch goes to the current device; the stream is on ours
     return enqueue_ring(how, as_rt(stream), addr, request, served, requested);
   }
 
