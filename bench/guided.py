@@ -69,7 +69,7 @@ def step_time(
 def without_grammar_work(guided):
     """The guided path with xgrammar's calls taken out: every row planned free; callback, copies, mask remain."""
     enqueue = guided.enqueue
-    free_fill = guided.native.fill if guided.native is not None else guided._fill_python
+    free_fill = guided.filler.fill
     guided.enqueue = lambda seqs, total: enqueue([None] * len(seqs), total)
     guided.fill_on_host = lambda seqs: free_fill([None] * len(seqs))
     try:

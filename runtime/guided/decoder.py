@@ -14,8 +14,6 @@ xgrammar's calls holding the GIL (matcher_calls.py says why).
 from __future__ import annotations
 
 import logging
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,32 +22,10 @@ import torch
 from .grammar_cache import GrammarCache
 from .matcher_calls import MatcherCalls
 from .native_fill import matcher_api, matcher_handle
+from .python_fill import PythonFill, PythonRow
 from .spec import GuidedSpec
 
 log = logging.getLogger("fastpath.guided")
-
-
-class PythonRow:
-    """A request's matcher driven from Python: the same interface as the extension's GuidedRow."""
-
-    __slots__ = ("accepted", "calls", "error", "matcher", "terminated")
-
-    def __init__(self, matcher: Any, calls: MatcherCalls) -> None:
-        self.matcher, self.calls = matcher, calls
-        self.accepted, self.error, self.terminated = 0, None, False
-
-    @property
-    def live(self) -> bool:
-        return self.error is None and not self.terminated
-
-    def accept(self, token: int) -> None:
-        self.accepted += 1
-        if not self.live:
-            return
-        if not self.calls.accept([self.matcher], [token])[0]:
-            self.error = f"token {token} was sampled outside the grammar"
-        else:
-            self.terminated = self.calls.terminated(self.matcher)
 
 
 @dataclass(slots=True)
@@ -58,7 +34,7 @@ class GuidedState:
 
     spec: GuidedSpec
     matcher: Any
-    row: Any  # PythonRow, or the dispatch extension's GuidedRow
+    row: Any  # python_fill.PythonRow, or the dispatch extension's GuidedRow
     warned: bool = False  # its row's error was logged
 
     @property
@@ -108,40 +84,33 @@ class GuidedDecoder:
         self.calls = MatcherCalls()
         self._extension = extension
         self._api = matcher_api(extension) if extension is not None else None
-        self.native = None
         if self._api is not None:
-            self.native = extension.GuidedFill(
+            self.filler = extension.GuidedFill(
                 self.host_tokens, self.host_mask, self.host_rows, max_rows, self.words
             )
-        # The Python fill's state. Its callback touches these through numpy views: torch ops
-        # release the GIL, and each release costs the callback a wait to get it back.
-        self._queue: deque[list[Any]] = deque()
-        self._tokens_np = self.host_tokens.numpy()
-        self._mask_np = self.host_mask.numpy()
-        self._rows_np = self.host_rows.numpy()
-        self._fills = 0
-        self._fill_seconds = 0.0
+        else:
+            self.filler = PythonFill(self.host_tokens, self.host_mask, self.host_rows, self.calls)
 
     @property
     def fill(self) -> str:
         """Where each step's fill runs: "native" (C++, no GIL) or "python"."""
-        return "native" if self.native is not None else "python"
+        return "native" if self._api is not None else "python"
 
     @property
     def fills(self) -> int:
-        return self.native.fills if self.native is not None else self._fills
+        return self.filler.fills
 
     @property
     def fill_seconds(self) -> float:
-        """Host time inside the fills, for bench/guided.py."""
-        return self.native.step_seconds if self.native is not None else self._fill_seconds
+        """Host time inside the fills' callbacks, for bench/guided.py."""
+        return self.filler.step_seconds
 
     # --- requests ---------------------------------------------------------------------------------
 
     def state_for(self, spec: GuidedSpec) -> GuidedState:
         """A fresh matcher; raises GrammarError when the constraint does not compile."""
         matcher = self.cache.matcher(spec)
-        if self.native is not None:
+        if self._api is not None:
             return GuidedState(spec, matcher, self._extension.GuidedRow(self._api, matcher_handle(matcher)))
         return GuidedState(spec, matcher, PythonRow(matcher, self.calls))
 
@@ -154,32 +123,19 @@ class GuidedDecoder:
             if state is not None and state.row.error is not None and not state.warned:
                 state.warned = True  # the row runs unconstrained from here
                 log.warning("guided request: %s", state.row.error)
-        plan = [None if s is None else s.row for s in states] + [None] * (rows_total - len(states))
-        if self.native is not None:
-            errors = self.native.take_errors()
-            if errors:
-                raise RuntimeError("guided fill failed: " + "; ".join(errors))
-            self.native.enqueue(plan)
-        else:
-            self._queue.append(plan)
+        errors = self.filler.take_errors()
+        if errors:
+            raise RuntimeError("guided fill failed: " + "; ".join(errors))
+        self.filler.enqueue(
+            [None if s is None else s.row for s in states] + [None] * (rows_total - len(states))
+        )
 
     def launch_fill(self, dispatcher: Any) -> None:
         """Enqueue this step's fill on the current stream (or into the graph being captured)."""
-        if self.native is not None:
-            dispatcher.launch_guided_fill(self.native)
+        if self._api is not None:
+            dispatcher.launch_guided_fill(self.filler)  # a C++ callback
         else:
-            dispatcher.launch(self.fill_from_device_tokens)
-
-    def fill_from_device_tokens(self) -> None:
-        """The Python fill's callback: accept the fed tokens, then fill the next bitmask rows."""
-        start = time.perf_counter()
-        plan = self._queue.popleft()
-        tokens = self._tokens_np.tolist()
-        for r, row in enumerate(plan):
-            if row is not None and row.live:
-                row.accept(tokens[r])
-        self._fill_python(plan)
-        self._fill_seconds += time.perf_counter() - start
+            dispatcher.launch(self.filler.run_step)
 
     def fill_on_host(self, seqs: list[Any]) -> None:
         """A prefill step's rows: every output so far is known on the host; accept what is new, then fill."""
@@ -188,23 +144,7 @@ class GuidedDecoder:
             if state is not None:
                 for token in seq.output_ids[state.row.accepted :]:
                     state.row.accept(token)
-        plan = [None if s.guided is None else s.guided.row for s in seqs]
-        if self.native is not None:
-            self.native.fill(plan)
-        else:
-            self._fill_python(plan)
-
-    def _fill_python(self, plan: list[Any]) -> None:
-        """Constrained rows filled row by row; the row flags say which rows are constrained."""
-        flags, constrained = self._rows_np, []
-        for r, row in enumerate(plan):
-            live = row is not None and row.live
-            flags[r] = live  # a free row's mask words are stale, and ignored
-            if live:
-                constrained.append(r)
-        if constrained:
-            self.calls.fill([plan[r].matcher for r in constrained], self._mask_np, constrained)
-        self._fills += 1
+        self.filler.fill([None if s.guided is None else s.guided.row for s in seqs])
 
     # --- on the device ------------------------------------------------------------------------------
 

@@ -59,7 +59,7 @@ class MatcherCalls:
         try:
             from xgrammar.tvm_ffi_binding import BatchGrammarMatcher, GrammarMatcher
 
-            self._accept = _held(BatchGrammarMatcher, "batch_accept_token")
+            self._accept = _held(GrammarMatcher, "accept_token")
             self._fill = _held(BatchGrammarMatcher, "batch_fill_next_token_bitmask")
             self._fill_one = _held(GrammarMatcher, "fill_next_token_bitmask")
             self._terminated = _held(GrammarMatcher, "is_terminated")
@@ -67,10 +67,12 @@ class MatcherCalls:
         except (ImportError, AttributeError, StopIteration, TypeError):
             self.holds_gil = False  # another binding: its public calls, whatever they do with the GIL
 
-    def accept(self, matchers: list[Any], tokens: list[int]) -> list[bool]:
-        if not self.holds_gil:
-            return [m.accept_token(t) for m, t in zip(matchers, tokens, strict=True)]
-        return [bool(ok) for ok in self._accept([m._handle for m in matchers], tokens, False)]
+    def accept(self, matcher: Any, token: int) -> bool:
+        return (
+            bool(self._accept(matcher._handle, token, False))
+            if self.holds_gil
+            else matcher.accept_token(token)
+        )
 
     def terminated(self, matcher: Any) -> bool:
         return bool(self._terminated(matcher._handle)) if self.holds_gil else matcher.is_terminated()

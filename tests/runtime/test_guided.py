@@ -166,7 +166,7 @@ def test_a_native_fill_on_a_worker_thread_matches_xgrammar_and_reports_refused_t
     for token, live in ((good, True), (bad, False)):
         g.host_tokens[1] = token
         g.enqueue(seqs, 3)
-        d.launch_guided_fill(g.native)
+        d.launch_guided_fill(g.filler)
         stream.synchronize()
         assert state.row.live is live and g.host_rows[:3].tolist() == [0, int(live), 0]
         if live:

@@ -1,0 +1,82 @@
+"""The guided fill in Python: the fallback for an xgrammar not built on tvm-ffi.
+
+`PythonFill` and `PythonRow` have the interface of the dispatch extension's `GuidedFill` and
+`GuidedRow` (cpp/include/fastpath/guided_fill.hpp), so the decoder drives either. The callback
+touches the pinned buffers through numpy views: torch ops release the GIL, and each release costs
+the callback a wait to get it back (matcher_calls.py says why that wait is long).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from .matcher_calls import MatcherCalls
+
+
+class PythonRow:
+    """A request's matcher driven from Python."""
+
+    __slots__ = ("accepted", "calls", "error", "matcher", "terminated")
+
+    def __init__(self, matcher: Any, calls: MatcherCalls) -> None:
+        self.matcher, self.calls = matcher, calls
+        self.accepted, self.error, self.terminated = 0, None, False
+
+    @property
+    def live(self) -> bool:
+        return self.error is None and not self.terminated
+
+    def accept(self, token: int) -> None:
+        self.accepted += 1
+        if not self.live:
+            return
+        if not self.calls.accept(self.matcher, token):
+            self.error = f"token {token} was sampled outside the grammar"
+        else:
+            self.terminated = self.calls.terminated(self.matcher)
+
+
+class PythonFill:
+    """Each decode step's bitmask, filled by a Python host callback from a queue of row plans."""
+
+    def __init__(
+        self, tokens: torch.Tensor, mask: torch.Tensor, flags: torch.Tensor, calls: MatcherCalls
+    ) -> None:
+        self.calls = calls
+        self._tokens, self._mask, self._flags = tokens.numpy(), mask.numpy(), flags.numpy()
+        self._plans: deque[list[Any]] = deque()
+        self.fills = 0
+        self.step_seconds = 0.0  # inside run_step
+
+    def enqueue(self, plan: list[Any]) -> None:
+        self._plans.append(plan)
+
+    def take_errors(self) -> list[str]:
+        return []  # a failing callback raises, and the dispatcher re-raises it at check()
+
+    def run_step(self) -> None:
+        """The callback: the step's fed tokens into its guided rows, then their bitmask rows."""
+        start = time.perf_counter()
+        plan = self._plans.popleft()
+        tokens = self._tokens.tolist()
+        for r, row in enumerate(plan):
+            if row is not None and row.live:
+                row.accept(tokens[r])
+        self.fill(plan)
+        self.step_seconds += time.perf_counter() - start
+
+    def fill(self, plan: list[Any]) -> None:
+        """Row r constrained <=> flags[r] == 1; a free row's mask words are stale and ignored."""
+        constrained = []
+        for r, row in enumerate(plan):
+            live = row is not None and row.live
+            self._flags[r] = live
+            if live:
+                constrained.append(r)
+        if constrained:
+            self.calls.fill([plan[r].matcher for r in constrained], self._mask, constrained)
+        self.fills += 1
