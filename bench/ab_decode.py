@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A/B of how a decode step's read-back completes, on the 1.2B Llama, in one process.
 
-A C++ host callback marking a flag (the default) against a CUDA event the host synchronizes on.
+A C++ host callback marking a flag, posted on the step's stream (the default where the dispatcher
+posts) or waited for on a side stream, against a CUDA event the host synchronizes on.
 
     python bench/ab_decode.py --out DIR
 """
@@ -31,17 +32,27 @@ def main() -> None:
     from fastpath.runtime.readback import Readback
 
     rows, payload = [], []
-    for callback in (True, False):
-        Readback.by_callback = callback
+    variants = {
+        "posted callback": (True, True),
+        "callback on a side stream": (True, False),
+        "event": (False, False),
+    }
+    for name, (callback, posting) in variants.items():
+        Readback.by_callback, Readback.posting = callback, posting
         llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512)
+        if posting and not llm.executor.dispatcher.posts:
+            print(f"skipping {name!r}: {llm.executor.dispatcher.info()['ring_reason']}")
+            llm.close()
+            continue
         for b in args.batch:
             step = engine_step_time(llm, b, 16, 144, 3)
-            payload.append({"readback_by_callback": callback, "batch": b, "step_s": step})
-            rows.append([callback, b, f"{step * 1e6:.0f}"])
+            payload.append({"readback": name, "batch": b, "step_s": step})
+            rows.append([name, b, f"{step * 1e6:.0f}"])
             print(rows[-1], flush=True)
         llm.close()
+    Readback.by_callback, Readback.posting = True, True
     write_outputs(
-        args.out, "ab_decode", {"rows": payload}, markdown_table(["callback", "batch", "µs/step"], rows)
+        args.out, "ab_decode", {"rows": payload}, markdown_table(["readback", "batch", "µs/step"], rows)
     )
 
 

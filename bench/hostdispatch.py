@@ -42,7 +42,11 @@ VARIANTS = {
     "doorbell/memops": ("doorbell", "spin", ["hostfunc_v2"], "memops"),
     "doorbell/batched": ("doorbell", "spin", ["hostfunc_v2"], "batched"),
     "doorbell/kernel": ("doorbell", "spin", ["hostfunc_v2"], "kernel"),
+    "doorbell/queue": ("doorbell", "spin", ["hostfunc_v2"], "queue"),
 }
+# Callback kinds: "posted" ones (wait=False) let the stream go on, measured where the ring posts.
+KINDS = ("cpp", "python")
+POSTED_KINDS = ("cpp posted", "python posted")
 TARGET_ADDED_US = {"cpp": 2.0, "python": 5.0}
 TARGET_VS_BLOCKING = 8.0
 
@@ -50,7 +54,7 @@ TARGET_VS_BLOCKING = 8.0
 @dataclass
 class Row:
     backend: str  # a VARIANTS key: the backend, and for the doorbell its ring
-    callback: str  # "cpp" | "python" | "none"
+    callback: str  # a KINDS or POSTED_KINDS entry, or "none"
     mode: str = ""  # the mode asked for
     eager_us: float | None = None
     graph_us: float | None = None
@@ -198,11 +202,17 @@ def measure(rig: Rig, variant: str, kind: str, args: argparse.Namespace, floor: 
     def python_cb() -> None:
         hits[0] += 1
 
+    wait = not kind.endswith("posted")
+    if not wait and not d.posts:
+        row.note = f"the {got} ring cannot post"
+        d.shutdown(1.0)
+        return row
+
     def launch() -> None:
-        if kind == "cpp":
-            d.launch_token_ready(flag)
+        if kind.startswith("cpp"):
+            d.launch_token_ready(flag, wait=wait)
         else:
-            d.launch(python_cb)
+            d.launch(python_cb, wait=wait)
 
     row.eager_us = time_eager(rig, launch, args.steps)
     row.eager_added_us = row.eager_us - floor.eager_us
@@ -215,7 +225,7 @@ def measure(rig: Rig, variant: str, kind: str, args: argparse.Namespace, floor: 
     expected = args.steps + min(50, args.steps)
     if backend != "inline":
         expected += args.per_graph * (args.replays + 3)
-    row.count_ok = (flag.ready_steps if kind == "cpp" else hits[0]) == expected
+    row.count_ok = (flag.ready_steps if kind.startswith("cpp") else hits[0]) == expected
     d.shutdown(5.0)
     return row
 
@@ -275,14 +285,15 @@ def main() -> int:
     )
     rows = [floor]
     for variant in VARIANTS:
-        if not rig.gpu and variant.startswith("doorbell/") and variant != "doorbell/memops":
-            continue  # the simulated device has one ring
-        for kind in ("cpp", "python"):
+        if not rig.gpu and variant in ("doorbell/batched", "doorbell/kernel"):
+            continue  # the simulated device rings with memops or its queue
+        for kind in KINDS + (POSTED_KINDS if variant == "doorbell/queue" else ()):
             rows.append(measure(rig, variant, kind, args, floor))
     blocking = {r.callback: r.graph_added_us for r in rows if r.backend == "blocking"}
-    for r in rows:
-        if r.graph_added_us and blocking.get(r.callback) and r.backend != "blocking":
-            r.graph_vs_blocking = blocking[r.callback] / max(r.graph_added_us, 1e-3)
+    for r in rows:  # a posted callback against blocking's, which always waits
+        base = blocking.get(r.callback.split()[0])
+        if r.graph_added_us and base and r.backend != "blocking":
+            r.graph_vs_blocking = base / max(r.graph_added_us, 1e-3)
     idle = idle_cpu(rig, 0.3 if args.quick else 1.0)
 
     headers = [

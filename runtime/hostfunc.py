@@ -9,8 +9,12 @@ there, and the stream waits for it. Modes (DESIGN.md, "Host dispatch"):
   request flag and waits for the host's answer; a spinning worker runs the callback), else
   ``blocking``; a fall back warns once per process, or raises where ``on_unsupported="error"``
   and only ``blocking`` is left. The doorbell's ``ring`` (an engine option) is how the stream
-  writes and waits: ``kernel`` (one poll kernel), ``batched`` (one batched memory operation) or
-  ``memops`` (two); ``auto`` takes the first that self-tests, in that order.
+  writes and waits: ``queue`` (one kernel appends to a queue the worker serves in order),
+  ``kernel`` (one poll kernel), ``batched`` (one batched memory operation) or ``memops`` (two);
+  ``auto`` takes the first that self-tests, in that order.
+- A callback launched with ``wait=False`` is posted: on the queue ring the stream goes on without
+  waiting for it (``HostDispatcher.posts``); elsewhere it waits like any other. Posted callbacks
+  still run once per launch or replay, in stream order, and ``synchronize()`` waits for them.
 - ``auto``: the best that works here, silently.
 - ``inline``: on the launching thread, at launch. Without CUDA every mode runs inline, in order.
 
@@ -136,6 +140,7 @@ class HostDispatcher:
         self._sync_inline = not self._engine.has_device and device != "cpu" and _torch_cuda_ready()
         self._graph_callbacks: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._unannounced_seen = 0
+        self._posts = bool(self._engine.info()["posts"])  # fixed for the engine's life
         if self._engine.fallback:
             _warn_fallback_once(self._engine.fallback)
 
@@ -157,20 +162,26 @@ class HostDispatcher:
 
     # ---- launching ----
 
-    def launch(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Enqueue ``fn(*args)`` on the current stream (or into the graph being captured)."""
+    def launch(self, fn: Callable[..., Any], *args: Any, wait: bool = True) -> None:
+        """Enqueue ``fn(*args)`` on the current stream (or into the graph being captured).
+
+        ``wait=False`` posts it: the stream goes on without waiting for it, where the backend can
+        post (`posts`); it still runs once per launch or replay, in stream order.
+        """
         if self._sync_inline:
             _sync_torch_stream_for_inline()
-        self._engine.launch(self._default_stream(), fn, *args)
+        self._engine.launch(self._default_stream(), fn, *args, wait=wait)
 
-    def launch_on(self, stream: Any, fn: Callable[..., Any], *args: Any) -> None:
-        self._engine.launch(self._handle(stream), fn, *args)
+    def launch_on(self, stream: Any, fn: Callable[..., Any], *args: Any, wait: bool = True) -> None:
+        self._engine.launch(self._handle(stream), fn, *args, wait=wait)
 
-    def launch_token_ready(self, flag: Any, step: int | None = None, stream: Any = None) -> None:
+    def launch_token_ready(
+        self, flag: Any, step: int | None = None, stream: Any = None, *, wait: bool = True
+    ) -> None:
         """A C++ callback (no GIL) marking ``step`` of ``flag`` ready; the next step when None."""
         if self._sync_inline:
             _sync_torch_stream_for_inline()
-        self._engine.launch_token_ready(self._handle(stream), flag, step)
+        self._engine.launch_token_ready(self._handle(stream), flag, step, wait)
 
     def token_ready_flag(self) -> Any:
         return self.extension.TokenReadyFlag()
@@ -299,6 +310,11 @@ class HostDispatcher:
     def stream_handle(self, stream: Any = None) -> int:
         """The handle `launch` would use, or that of ``stream``."""
         return self._handle(stream)
+
+    @property
+    def posts(self) -> bool:
+        """Whether a posted callback (``wait=False``) lets its stream go on: the doorbell's queue ring."""
+        return self._posts
 
     @property
     def backend(self) -> str:

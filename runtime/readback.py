@@ -1,8 +1,8 @@
 """How the host learns that a step's sampled tokens have landed in pinned memory.
 
-By default a C++ host callback (no GIL) marks a TokenReadyFlag when the stream passes the copy; it
-is launched on a side stream, so the forward never waits for it, and the host waits on the flag with
-the GIL released. Under tensor parallelism rank 0 records a CUDA event instead, which it polls while
+By default a C++ host callback (no GIL) marks a TokenReadyFlag when the stream passes the copy, and
+the host waits on the flag with the GIL released. The forward never waits for the callback: it is
+posted where the dispatcher posts (the doorbell's queue ring), else launched on a side stream. Under tensor parallelism rank 0 records a CUDA event instead, which it polls while
 watching its workers (parallel/state.py).
 """
 
@@ -14,8 +14,9 @@ READBACK_TIMEOUT_S = 300.0  # a step that long is a hung device, not a slow one
 
 
 class Readback:
-    # A class switch, so bench/ab_decode.py can compare the two in one process.
+    # Class switches, so bench/ab_decode.py can compare the three in one process.
     by_callback = True
+    posting = True
 
     def __init__(self, dispatcher, device: torch.device, parallel) -> None:
         self.dispatcher = dispatcher
@@ -23,7 +24,8 @@ class Readback:
         self.parallel = parallel
         self.is_cuda = device.type == "cuda"
         self._flag = dispatcher.token_ready_flag()
-        self._stream = torch.cuda.Stream(device) if self.is_cuda else None
+        self._posts = dispatcher.posts and self.posting
+        self._stream = torch.cuda.Stream(device) if self.is_cuda and not self._posts else None
         self._tickets = 0
 
     def mark(self) -> tuple[int, torch.cuda.Event | None]:
@@ -34,7 +36,9 @@ class Readback:
             event = torch.cuda.Event()
             event.record()
             return ticket, event
-        if self._stream is not None:
+        if self._posts:
+            self.dispatcher.launch_token_ready(self._flag, ticket, wait=False)
+        elif self._stream is not None:
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
                 self.dispatcher.launch_token_ready(self._flag, ticket)

@@ -36,7 +36,7 @@ void check(const hd::Status& st, const char* what) {
 void run(const char* label, hd::Mode mode, hd::SimDeviceConfig config, hd::Backend expected) {
   hd::EngineOptions opts;
   opts.mode = mode;
-  opts.doorbell.max_slots = 16;
+  opts.doorbell.max_slots = 24;  // the queue ring's one operation a callback lets ~5 graphs queue up
   opts.doorbell.safety_poll_ns = 1'000'000;
   auto device = std::make_shared<hd::SimDevice>(config);
   auto engine = hd::Engine::create(opts, device, "", hd::RuntimeModePolicy{});
@@ -54,7 +54,9 @@ void run(const char* label, hd::Mode mode, hd::SimDeviceConfig config, hd::Backe
   for (int s = 0; s < kStreams; ++s) {
     launchers.emplace_back([&, s] {
       for (int i = 0; i < kEager; ++i) {
-        check(engine->launch(streams[s]->handle(), std::make_shared<hd::AppendTag>(logs[s], i)), "eager launch");
+        auto cb = std::make_shared<hd::AppendTag>(logs[s], i);
+        cb->set_posted(i % 3 == 0);  // posted and waiting callbacks keep one order
+        check(engine->launch(streams[s]->handle(), std::move(cb)), "eager launch");
       }
     });
   }
@@ -64,7 +66,9 @@ void run(const char* label, hd::Mode mode, hd::SimDeviceConfig config, hd::Backe
   for (int g = 0; g < kGraphs; ++g) {
     graph_stream.begin_capture();
     for (int k = 0; k < 3; ++k) {
-      check(engine->launch(graph_stream.handle(), std::make_shared<hd::AppendTag>(graph_log, g * 3 + k)), "captured launch");
+      auto cb = std::make_shared<hd::AppendTag>(graph_log, g * 3 + k);
+      cb->set_posted(k == 1);
+      check(engine->launch(graph_stream.handle(), std::move(cb)), "captured launch");
     }
     auto body = graph_stream.end_capture();
     for (int r = 0; r < kReplays; ++r) {
@@ -74,7 +78,9 @@ void run(const char* label, hd::Mode mode, hd::SimDeviceConfig config, hd::Backe
   }  // each body dies after its last queued replay: the slots go back while others run
   for (auto& t : launchers) t.join();
   for (auto& s : streams) expect(s->synchronize(30.0), std::string(label) + ": a stream did not finish");
+  for (auto& s : streams) check(engine->synchronize(s->handle()), "synchronize");
   expect(graph_stream.synchronize(30.0), std::string(label) + ": the graph stream did not finish");
+  check(engine->synchronize(graph_stream.handle()), "synchronize");  // and the posted callbacks
 
   for (int s = 0; s < kStreams; ++s) {
     const auto tags = logs[s]->tags();
@@ -135,10 +141,12 @@ int main() {
   const long long live_before = hd::Callback::live_count().load();
   run("blocking", hd::Mode::Blocking, {}, hd::Backend::Blocking);
   run("hostfunc_v2", hd::Mode::Spin, {}, hd::Backend::HostFuncV2);
-  run("doorbell", hd::Mode::Spin, {false, true, 13000, 13000}, hd::Backend::Doorbell);
+  run("doorbell/memops", hd::Mode::Spin, {false, true, 13000, 13000, false}, hd::Backend::Doorbell);
+  run("doorbell/queue", hd::Mode::Spin, {false, true, 13000, 13000, true}, hd::Backend::Doorbell);
   shutdown_with_pending("blocking", hd::Mode::Blocking, {});
   shutdown_with_pending("hostfunc_v2", hd::Mode::Spin, {});
-  shutdown_with_pending("doorbell", hd::Mode::Spin, {false, true, 13000, 13000});
+  shutdown_with_pending("doorbell/memops", hd::Mode::Spin, {false, true, 13000, 13000, false});
+  shutdown_with_pending("doorbell/queue", hd::Mode::Spin, {false, true, 13000, 13000, true});
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // detached workers let go last
   expect(hd::Callback::live_count().load() == live_before, "every callback was destroyed");
   return failures == 0 ? 0 : 1;

@@ -24,7 +24,8 @@ ALL_MODES = ("inline", "blocking", "spin", "auto")
 SIM_BACKENDS = (
     ("blocking", {}, "blocking"),
     ("spin", {}, "hostfunc_v2"),
-    ("spin", {"hostfunc_v2": False}, "doorbell"),
+    ("spin", {"hostfunc_v2": False}, "doorbell"),  # the queue ring
+    ("spin", {"hostfunc_v2": False, "queue": False}, "doorbell"),  # two memory operations
     ("auto", {"hostfunc_v2": False}, "doorbell"),
     ("spin", {"hostfunc_v2": False, "memops": False}, "blocking"),
 )

@@ -102,7 +102,7 @@ def test_a_cuda_graph_replayed_1000_times_fires_every_callback_in_order(case):
     d.shutdown(5.0)
 
 
-@pytest.mark.parametrize("ring", ["memops", "batched", "kernel"])
+@pytest.mark.parametrize("ring", ["memops", "batched", "kernel", "queue"])
 @pytest.mark.parametrize("name", extension_names(mode="spin"))
 def test_every_doorbell_ring_keeps_count_and_order_eagerly_and_over_1000_replays(name, ring):
     ext = load(name)
@@ -128,10 +128,61 @@ def test_every_doorbell_ring_keeps_count_and_order_eagerly_and_over_1000_replays
     d.shutdown(5.0)
 
 
+@pytest.mark.parametrize("name", extension_names(mode="spin"))
+def test_posted_callbacks_keep_count_and_order_with_waiting_ones_eagerly_and_over_1000_replays(name):
+    ext = load(name)
+    d = HostDispatcher("spin", extension=ext, device="cuda", simulate_absent=["hostfunc_v2"], ring="queue")
+    assert d.posts, d.info()["ring_reason"]
+    x = torch.zeros(1, device="cuda")
+    log, seen = ext.CallLog(), []
+
+    def step(k: int) -> None:
+        x.add_(1)
+        d.launch(lambda k: seen.append((k, len(log))), k, wait=k % 2 == 0)
+        d.engine.launch_log(d.stream_handle(), log, k, wait=k % 3 == 0)
+
+    for k in range(300):
+        step(k)
+    d.synchronize()
+    assert seen == [(k, k) for k in range(300)] and log.tags() == list(range(300))
+    seen.clear()
+    log.clear()
+    g = torch.cuda.CUDAGraph()
+    with d.graph(g) as captured:
+        for k in range(4):
+            step(k)
+    assert captured.callbacks == 8
+    for _ in range(1000):
+        d.replay(g)
+    d.synchronize()
+    assert seen == [(k, 4 * r + k) for r in range(1000) for k in range(4)]
+    assert log.tags() == [0, 1, 2, 3] * 1000
+    assert (d.info()["outstanding_graph"], d.info()["unannounced"]) == (0, 0)
+    del g
+    d.shutdown(5.0)
+
+
+@pytest.mark.parametrize("name", extension_names(mode="spin"))
+def test_a_posted_callback_lets_the_gpu_stream_go_on(name):
+    ext = load(name)
+    d = HostDispatcher("spin", extension=ext, device="cuda", simulate_absent=["hostfunc_v2"], ring="queue")
+    release, ran = threading.Event(), []
+    x = torch.zeros(1, device="cuda")
+    d.launch(lambda: (release.wait(10), ran.append(1)), wait=False)
+    x.add_(1)
+    stream = torch.cuda.current_stream()
+    assert wait_until(stream.query, timeout=5.0)  # done on the GPU while its callback waits
+    assert ran == []
+    release.set()
+    d.synchronize()
+    assert ran == [1]
+    d.shutdown(5.0)
+
+
 def test_auto_ring_is_one_that_passed_its_self_test_here():
     d = HostDispatcher("spin", device="cuda", simulate_absent=["hostfunc_v2"])
     info = d.info()
-    assert info["ring"] in ("kernel", "batched", "memops")
+    assert info["ring"] in ("queue", "kernel", "batched", "memops")
     assert f"{info['ring']} ring (self-test passed)" in info["ring_reason"], info["ring_reason"]
     d.shutdown(5.0)
 
@@ -267,6 +318,35 @@ def test_captured_callbacks_die_with_their_graphs(case):
     assert wait_until(lambda: (gc.collect(), ext.reap(), all(r() is None for r in refs))[-1])
     assert wait_until(lambda: ext.live_callbacks() == baseline)
     assert d.info()["graph_callbacks_alive"] == 0
+    d.shutdown(5.0)
+
+
+@pytest.mark.parametrize("name", extension_names(mode="spin"))
+def test_a_pinned_tensor_a_dead_graph_released_is_not_freed_into_the_next_capture(name):
+    # torch records an event on every stream a pinned block was used on when the block is freed;
+    # recorded into a capture, that event fails the next pinned allocation ("invalid argument").
+    ext = load(name)
+    d = HostDispatcher("spin", extension=ext, device="cuda", simulate_absent=["hostfunc_v2"])
+    x = torch.zeros(1, dtype=torch.int64, device="cuda")
+    pinned = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+    g = torch.cuda.CUDAGraph()
+    with d.graph(g):
+        x.add_(1)
+        pinned.copy_(x, non_blocking=True)
+        d.launch(lambda p=pinned: None)  # the graph's callback holds the last reference
+    del pinned
+    d.replay(g)
+    d.synchronize()
+    del g  # the doorbell worker drops the callback without the GIL
+    assert wait_until(lambda: ext.graveyard_size() > 0)
+    g2 = torch.cuda.CUDAGraph()
+    with d.graph(g2):
+        x.add_(1)
+        d.launch(lambda: None)
+    d.replay(g2)
+    d.synchronize()
+    torch.zeros(1, dtype=torch.int64, pin_memory=True)  # reuses the freed block's size class
+    del g2
     d.shutdown(5.0)
 
 

@@ -197,16 +197,35 @@ def test_bad_mode_names_are_refused():
         ext.Engine("spin", "ignore", device="cpu")
     with pytest.raises(ValueError, match="device must be 'cuda', 'cuda:N', 'cpu', None or a SimDevice"):
         ext.Engine("spin", device="tpu")
-    with pytest.raises(ValueError, match="ring must be auto, memops, batched or kernel, not 'bell'"):
+    with pytest.raises(ValueError, match="ring must be auto, queue, kernel, batched or memops, not 'bell'"):
         ext.Engine("spin", device="cpu", ring="bell")
+    with pytest.raises(ValueError, match="queue_entries must be a power of two of at least 8, not 100"):
+        ext.Engine("spin", device="cpu", queue_entries=100)
 
 
 @pytest.mark.parametrize("ring", ["auto", "kernel"])
 def test_a_device_that_only_writes_and_waits_says_which_ring_it_uses_and_why(ring):
     ext = load(NATIVE)
-    d = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=ext.SimStream(),
-                       ring=ring)  # fmt: skip
+    device = ext.SimDevice(hostfunc_v2=False, queue=False)
+    d = HostDispatcher("spin", extension=ext, device=device, stream=ext.SimStream(), ring=ring)
     info = d.info()
-    assert (info["backend"], info["ring"]) == ("doorbell", "memops")
+    assert (info["backend"], info["ring"], info["posts"], d.posts) == ("doorbell", "memops", False, False)
     assert info["ring_reason"] == f"this device rings with two memory operations ({ring} asked)"
     d.shutdown(1.0)
+
+
+@pytest.mark.parametrize("ring", ["auto", "queue"])
+def test_a_device_with_the_queue_ring_posts(ring):
+    ext = load(NATIVE)
+    d = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=ext.SimStream(),
+                       ring=ring)  # fmt: skip
+    assert (d.info()["ring"], d.posts) == ("queue", True)
+    d.shutdown(1.0)
+
+
+def test_backends_that_cannot_post_say_so():
+    ext = load(NATIVE)
+    for mode, device in (("blocking", ext.SimDevice()), ("spin", ext.SimDevice())):
+        d = HostDispatcher(mode, extension=ext, device=device, stream=ext.SimStream())
+        assert d.backend in ("blocking", "hostfunc_v2") and not d.posts
+        d.shutdown(1.0)

@@ -28,8 +28,8 @@ class Sim:
     stream: Any
     backend: str
 
-    def log_tag(self, log: Any, tag: int) -> None:
-        self.d.engine.launch_log(self.stream.handle, log, tag)
+    def log_tag(self, log: Any, tag: int, wait: bool = True) -> None:
+        self.d.engine.launch_log(self.stream.handle, log, tag, wait)
 
     def capture(self, body) -> Any:
         self.stream.begin_capture()
@@ -81,10 +81,10 @@ def wait_until(predicate, timeout=10.0) -> bool:
 
 def test_eager_callbacks_run_once_each_in_stream_order(sim):
     log, seen = sim.ext.CallLog(), []
-    for i in range(300):
-        sim.d.launch(lambda i: seen.append((i, len(log))), i)  # Python, then C++, on one stream
-        sim.log_tag(log, i)
-    sim.d.synchronize()
+    for i in range(300):  # Python, then C++, on one stream; posted and waiting mixed
+        sim.d.launch(lambda i: seen.append((i, len(log))), i, wait=i % 2 == 0)
+        sim.log_tag(log, i, wait=i % 3 != 0)
+    sim.d.synchronize()  # waits for posted callbacks too
     assert seen == [(i, i) for i in range(300)]
     assert log.tags() == list(range(300))
     info = sim.d.info()
@@ -96,8 +96,8 @@ def test_a_graph_replayed_1000_times_fires_each_callback_once_per_replay_in_orde
 
     def body():
         for k in range(3):
-            sim.d.launch(lambda k: seen.append((k, len(log))), k)
-            sim.log_tag(log, k)
+            sim.d.launch(lambda k: seen.append((k, len(log))), k, wait=k != 1)
+            sim.log_tag(log, k, wait=k != 2)
 
     graph = sim.capture(body)
     assert seen == [] and len(log) == 0  # captured, not run
@@ -257,6 +257,120 @@ def test_doorbell_slots_are_reused_as_graphs_come_and_go(case):
     assert log.tags() == [t for i in range(200) for t in (2 * i, 2 * i + 1) * 3]
     info = s.d.info()
     assert (info["slots_in_use"], info["slot_limit"], info["stream_slots"]) == (0, 8, 0)
+    s.d.shutdown(5.0)
+    s.stream.close()
+
+
+POSTING = [p for p in DOORBELL if p.values[0][2].get("queue", True)]  # the queue ring
+NOT_POSTING = [p for p in DOORBELL if not p.values[0][2].get("queue", True)]
+
+
+@pytest.mark.parametrize("case", POSTING)
+def test_a_posted_callback_lets_its_stream_go_on_and_synchronize_waits_for_it(case):
+    s = make_sim(*case[:3])
+    assert s.d.posts
+    release, ran = threading.Event(), []
+    s.d.launch(lambda: (release.wait(10), ran.append("posted")), wait=False)
+    s.stream.busy(0.0)
+    assert s.stream.synchronize(timeout=5.0)  # the stream is done; its callback still waits
+    assert ran == []
+    release.set()
+    s.d.synchronize()
+    assert ran == ["posted"]
+    s.d.shutdown(5.0)
+    s.stream.close()
+
+
+@pytest.mark.parametrize("case", NOT_POSTING)
+def test_a_ring_that_cannot_post_makes_a_posted_callback_wait(case):
+    s = make_sim(*case[:3])
+    assert not s.d.posts
+    release, ran = threading.Event(), []
+    s.d.launch(lambda: (release.wait(10), ran.append("posted")), wait=False)
+    assert not s.stream.synchronize(timeout=0.3)  # the stream waits for it
+    release.set()
+    s.d.synchronize()
+    assert ran == ["posted"]
+    s.d.shutdown(5.0)
+    s.stream.close()
+
+
+@pytest.mark.parametrize("case", POSTING)
+def test_a_full_queue_holds_its_stream_until_the_worker_catches_up(case):
+    s = make_sim(*case[:3], queue_entries=8)
+    release, seen = threading.Event(), []
+    s.d.launch(release.wait, 10, wait=False)  # holds the worker on the first entry
+    for i in range(100):
+        s.d.launch(seen.append, i, wait=False)
+    assert not s.stream.synchronize(timeout=0.3)  # eight entries claimed, then the stream stops
+    assert seen == []
+    release.set()
+    s.d.synchronize()
+    assert seen == list(range(100))
+    s.d.shutdown(5.0)
+    s.stream.close()
+
+
+@pytest.mark.parametrize("case", POSTING)
+def test_a_graph_posting_through_a_small_queue_keeps_count_and_order_lap_after_lap(case):
+    s = make_sim(*case[:3], queue_entries=8)
+    log = s.ext.CallLog()
+    graph = s.capture(lambda: [s.log_tag(log, k, wait=k == 5) for k in range(6)])
+    for _ in range(500):  # 3000 entries: 375 laps of the queue
+        s.d.replay(graph, s.stream)
+    s.d.synchronize()
+    assert log.tags() == list(range(6)) * 500
+    assert s.d.info()["outstanding_graph"] == 0
+    graph.reset()
+    s.d.shutdown(5.0)
+    s.stream.close()
+
+
+@pytest.mark.parametrize("case", POSTING)
+def test_shutdown_reports_posted_callbacks_that_will_not_run(case):
+    s = make_sim(*case[:3])
+    release, ran = threading.Event(), []
+    s.d.launch(release.wait, 10, wait=False)
+    for i in range(5):
+        s.d.launch(ran.append, i, wait=False)
+    assert s.stream.synchronize(timeout=5.0)
+    report = s.d.shutdown(timeout=0.1)
+    assert not report.drained and len(report.not_run) == 5
+    release.set()
+    assert wait_until(lambda: s.d.info()["discarded"] == 5)
+    assert ran == []
+    s.stream.close()
+
+
+@pytest.mark.parametrize("case", DOORBELL)
+def test_references_dropped_off_the_gil_are_not_freed_while_a_capture_is_underway(case):
+    # Freeing a callback can free CUDA resources: on the H200 a torch pinned tensor freed during a
+    # capture recorded a captured event, and the next pinned allocation failed.
+    name, mode, device, _ = case
+    s = make_sim(name, mode, device)
+    fn = Callable()
+    ref = weakref.ref(fn)
+    graph = s.capture(lambda fn=fn: s.d.launch(fn))
+    del fn
+    s.d.replay(graph, s.stream)
+    s.d.synchronize()
+    graph.reset()  # the worker frees the graph's slot without the GIL: fn waits in the graveyard
+    assert wait_until(lambda: s.ext.graveyard_size() > 0)
+    alive_in_capture = []
+
+    def body() -> None:
+        s.d.launch(lambda: None)
+        s.d.info()
+        s.d.check()
+        s.ext.reap()
+        alive_in_capture.append(ref() is not None)
+
+    inner = s.capture(body)
+    assert alive_in_capture == [True]
+    s.d.launch(lambda: None)  # outside a capture, a launch reaps
+    assert ref() is None and s.ext.graveyard_size() == 0
+    s.d.synchronize()
+    inner.reset()
     s.d.shutdown(5.0)
     s.stream.close()
 

@@ -110,6 +110,8 @@ inline Status enqueue_ring(Ring how, cudaStream_t stream, std::uint64_t addr, st
       *requested = true;
       return Status::success();
     }
+    case Ring::Queue:
+      return Status::failure("the queue ring has a protocol of its own (cuda_queue.hpp)");
     case Ring::Auto:  // resolved by choose_ring before any launch; memops is the safe reading
     case Ring::Memops: {
       if (api.write_value32 == nullptr) return Status::failure(api.memops_why_not);

@@ -16,6 +16,8 @@ struct DoorbellOptions {
   // Idle but with live graphs: look for replays nobody announced this often.
   std::int64_t safety_poll_ns = 5'000'000;
   Ring ring = Ring::Auto;
+  // The queue ring's entries (a power of two): how far streams may run ahead of the worker.
+  std::uint32_t queue_entries = 4096;
 };
 
 enum class Phase : int {

@@ -116,12 +116,14 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Called without the GIL.
-  Status launch(StreamHandle stream, CallbackPtr cb) {
+  Status launch(StreamHandle stream, CallbackPtr cb, bool* captured = nullptr) {
+    if (captured != nullptr) *captured = false;
     if (!device_) return backend_->launch(stream, std::move(cb));
     CaptureState cs;
     Status st = device_->capture_state(stream, &cs);
     if (!st.ok()) return st;
     if (!cs.capturing) return backend_->launch(stream, std::move(cb));
+    if (captured != nullptr) *captured = true;
     st = backend_->launch_captured(stream, std::move(cb));
     if (st.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -157,7 +159,11 @@ class Engine {
   const Capabilities& capabilities() const { return caps_; }
   bool has_device() const { return static_cast<bool>(device_); }
   std::string device_name() const { return device_ ? device_->name() : std::string("none"); }
-  Status synchronize(StreamHandle stream) { return device_ ? device_->synchronize(stream) : Status::success(); }
+  Status synchronize(StreamHandle stream) {
+    Status st = device_ ? device_->synchronize(stream) : Status::success();
+    if (st.ok()) backend_->wait_posted();
+    return st;
+  }
 
  private:
   Engine(std::shared_ptr<Device> device, Capabilities caps, Selection sel, std::unique_ptr<BackendImpl> backend)

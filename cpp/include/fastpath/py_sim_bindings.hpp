@@ -51,15 +51,17 @@ inline void throw_if_failed(const Status& st) {
 
 inline void define_sim_classes(py::module_& m) {
   py::class_<PySimDevice>(m, "SimDevice", py::module_local(), "A CPU stand-in for a CUDA device (tests and benchmarks without a GPU).")
-      .def(py::init([](bool hostfunc_v2, bool memops, int runtime_version, int driver_version) {
+      .def(py::init([](bool hostfunc_v2, bool memops, bool queue, int runtime_version, int driver_version) {
              SimDeviceConfig c;
              c.hostfunc_v2 = hostfunc_v2;
              c.memops = memops;
+             c.queue = queue;
              c.runtime_version = runtime_version;
              c.driver_version = driver_version;
              return PySimDevice{std::make_shared<SimDevice>(c)};
            }),
-           py::kw_only(), py::arg("hostfunc_v2") = true, py::arg("memops") = true, py::arg("runtime_version") = 13020,
+           py::kw_only(), py::arg("hostfunc_v2") = true, py::arg("memops") = true, py::arg("queue") = true,
+           py::arg("runtime_version") = 13020,
            py::arg("driver_version") = 13020);
 
   py::class_<PySimStream>(m, "SimStream", py::module_local(), "A thread that runs enqueued operations in order, like a stream.")

@@ -51,6 +51,7 @@ struct BackendStats {
   std::string worker_state = "none";
   std::int64_t worker_cpu_ns = 0, worker_wakeups = 0, worker_os_id = 0;
   std::string ring = "none", ring_reason;  // how streams ring the doorbell (device.hpp)
+  bool posts = false;  // a posted callback lets its stream go on (the doorbell's queue ring)
 };
 
 struct ShutdownOutcome {
@@ -75,6 +76,8 @@ class BackendImpl {
   // The owner is gone: keep serving what is pending and what live graphs fire, then stop.
   virtual void detach() = 0;
   virtual BackendStats stats() const = 0;
+  // After a stream synchronize: until the posted callbacks launched or announced so far have run.
+  virtual void wait_posted() {}
 };
 
 // Stops every backend's callbacks before the interpreter finalizes (an atexit hook calls it).

@@ -25,11 +25,18 @@ class Callback {
   // For reports. A Python callable needs the GIL for this; only Python-facing code calls it.
   virtual std::string describe() const = 0;
 
+  // Posted: the stream goes on without waiting for it (where the backend can; others wait).
+  bool posted() const { return posted_; }
+  void set_posted(bool posted) { posted_ = posted; }
+
   // Callbacks alive in this extension: a leak shows up here.
   static std::atomic<std::int64_t>& live_count() {
     static std::atomic<std::int64_t> count{0};
     return count;
   }
+
+ private:
+  bool posted_ = false;
 };
 
 using CallbackPtr = std::shared_ptr<Callback>;

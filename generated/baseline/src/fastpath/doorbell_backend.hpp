@@ -61,6 +61,8 @@ class DoorbellBackend final : public BackendImpl {
 
   BackendStats stats() const override { return state_->stats(); }
 
+  void wait_posted() override { state_->wait_posted(); }
+
  private:
   explicit DoorbellBackend(std::shared_ptr<DoorbellState> state)
       : state_(std::move(state)), worker_(&DoorbellState::worker_main, state_) {}

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -25,15 +26,30 @@ class DoorbellState final : public Stoppable {
   DoorbellState(std::shared_ptr<Device> device, DoorbellOptions opts)
       : device_(device), opts_(opts), table_(std::move(device), opts.max_slots) {}
 
+  ~DoorbellState() override {
+    if (queue_.host.host != nullptr) device_->free_queue(queue_);
+  }
+
   Status init() {
     ring_ = device_->choose_ring(opts_.ring);
-    return table_.init();
+    Status st = table_.init();
+    if (!st.ok() || ring_.ring != Ring::Queue) return st;
+    st = device_->alloc_queue(opts_.queue_entries, &queue_);
+    if (!st.ok()) return st;
+    entries_ = static_cast<std::atomic<std::uint64_t>*>(queue_.host.host);
+    consumed_ = new (queue_.consumed_host()) std::atomic<std::uint32_t>(0);
+    table_.set_idle_flag(consumed_);
+    return st;
   }
+
+  // The stream goes on past a posted callback only on the queue ring; every other ring waits.
+  bool posts() const { return consumed_ != nullptr; }
 
   // ---- launch side (no GIL) ----
 
   Status launch_eager(StreamHandle stream, CallbackPtr cb) {
     if (phase() != Phase::Active) return Status::failure("host dispatch is shut down");
+    const bool waits = !cb->posted();
     std::uint32_t i = 0;
     Status st = table_.stream_slot(stream, &i);
     if (!st.ok()) return st;
@@ -50,7 +66,7 @@ class DoorbellState final : public Stoppable {
     c_.outstanding_eager.fetch_add(1);  // seq_cst: pairs with the worker's sleeping_ store
     wake_if_sleeping();
     bool requested = false;
-    st = device_->ring(stream, addr, kFlagRequested, kFlagServed, ring_.ring, &requested);
+    st = ring(stream, i, addr, waits, &requested);
     if (!requested) {  // never requested, so the worker cannot have taken it: take it back
       CallbackPtr undone;
       {
@@ -70,6 +86,7 @@ class DoorbellState final : public Stoppable {
 
   Status launch_captured(StreamHandle stream, CallbackPtr cb) {
     if (phase() != Phase::Active) return Status::failure("host dispatch is shut down");
+    const bool waits = !cb->posted();
     std::uint32_t i = 0;
     Status st = table_.graph_slot(std::move(cb), &i);
     if (!st.ok()) return st;
@@ -78,9 +95,16 @@ class DoorbellState final : public Stoppable {
     wake_if_sleeping();       // a worker asleep with no graph alive starts polling for unannounced replays
     const std::uint64_t addr = table_.device_addr(i);
     bool requested = false;
-    st = device_->ring(stream, addr, kFlagRequested, kFlagServed, ring_.ring, &requested);
+    st = ring(stream, i, addr, waits, &requested);
     if (st.ok()) c_.launched.fetch_add(1, std::memory_order_relaxed);
     return st;  // on failure the graph still owns the slot and gives it back when destroyed
+  }
+
+  // With posted callbacks about, a stream that finished may still have callbacks to run: wait for
+  // every callback launched or announced so far.
+  void wait_posted() {
+    if (!posted_seen_.load(std::memory_order_acquire)) return;
+    while (outstanding() > 0 && phase() != Phase::Discarding) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 
   void announce(std::int64_t callbacks) {
@@ -156,6 +180,7 @@ class DoorbellState final : public Stoppable {
     s.worker_os_id = worker_os_id_.load();
     s.ring = name_of(ring_.ring);
     s.ring_reason = ring_.reason;
+    s.posts = posts();
     return s;
   }
 
@@ -179,6 +204,14 @@ class DoorbellState final : public Stoppable {
   };
 
   Phase phase() const { return phase_.load(std::memory_order_acquire); }
+
+  Status ring(StreamHandle stream, std::uint32_t i, std::uint64_t addr, bool waits, bool* requested) {
+    if (!posts()) return device_->ring(stream, addr, kFlagRequested, kFlagServed, ring_.ring, requested);
+    if (!waits) posted_seen_.store(true, std::memory_order_release);
+    const Status st = device_->ring_queue(stream, queue_, i, waits, addr);
+    *requested = st.ok();  // one launch: it either claims or never runs
+    return st;
+  }
   std::int64_t outstanding() const { return c_.outstanding_eager.load() + c_.outstanding_graph.load(); }
 
   void wake_if_sleeping() {
@@ -295,17 +328,35 @@ class DoorbellState final : public Stoppable {
   }
 
   bool scan(bool discard) {
+    if (posts()) return drain_queue(discard);
     bool any = false;
     const std::uint32_t n = table_.high_water();
     for (std::uint32_t i = 0; i < n; ++i) {
       if (table_.line(i).state.load(std::memory_order_acquire) != kFlagRequested) continue;
-      serve(i, discard);
+      serve(i, discard, kFlagServed, true);
       any = true;
     }
     return any;
   }
 
-  void serve(std::uint32_t i, bool discard) {
+  // Serves the queue in claim order, which is each stream's order.
+  bool drain_queue(bool discard) {
+    bool any = false;
+    const std::uint32_t mask = queue_.entries - 1;
+    for (;;) {
+      const std::uint64_t entry = entries_[tail_ & mask].load(std::memory_order_acquire);
+      const std::uint32_t seq = tail_ + 1;
+      if (static_cast<std::uint32_t>(entry) != seq) return any;  // not written yet, or last lap's
+      const auto word = static_cast<std::uint32_t>(entry >> 32);
+      serve(word & ~kQueueWaits, discard, seq, (word & kQueueWaits) != 0);
+      tail_ = seq;
+      consumed_->store(seq, std::memory_order_release);
+      any = true;
+    }
+  }
+
+  // Runs slot i's next callback, then answers the stream with `answer` if it waits.
+  void serve(std::uint32_t i, bool discard, std::uint32_t answer, bool waits) {
     SlotInfo& slot = table_.info(i);
     FlagLine& line = table_.line(i);
     const auto kind = static_cast<SlotKind>(slot.kind.load(std::memory_order_acquire));
@@ -328,19 +379,19 @@ class DoorbellState final : public Stoppable {
       } else {
         c_.unannounced.fetch_add(1, std::memory_order_relaxed);  // a request with nothing queued
       }
-      line.state.store(kFlagServed, std::memory_order_release);
+      if (waits) line.state.store(answer, std::memory_order_release);
       if (cb) c_.outstanding_eager.fetch_sub(1);
       return;  // cb is destroyed here, after the stream was let go
     }
     if (kind == SlotKind::Graph && !discard) {
       slot.fixed->run(false);
       c_.completed.fetch_add(1, std::memory_order_relaxed);
-      line.state.store(kFlagServed, std::memory_order_release);
+      if (waits) line.state.store(answer, std::memory_order_release);
       if (!decrement_if_positive(c_.outstanding_graph)) c_.unannounced.fetch_add(1, std::memory_order_relaxed);
       return;
     }
     c_.discarded.fetch_add(1, std::memory_order_relaxed);
-    line.state.store(kFlagServed, std::memory_order_release);
+    if (waits) line.state.store(answer, std::memory_order_release);
   }
 
   void apply_releases() {
@@ -350,10 +401,13 @@ class DoorbellState final : public Stoppable {
       released.swap(releases_);
       release_pending_.store(false, std::memory_order_release);
     }
+    // A released graph's last replay is done, so its entries are all in the queue: serve them
+    // before its slots can be reused.
+    if (posts() && !released.empty()) drain_queue(phase() == Phase::Discarding);
     for (std::uint32_t i : released) {
       // A graph is released only after its last replay completed, so this flag is quiet; a
       // request still here would be a stream left waiting, so answer it before letting go.
-      if (table_.line(i).state.load(std::memory_order_acquire) == kFlagRequested) {
+      if (!posts() && table_.line(i).state.load(std::memory_order_acquire) == kFlagRequested) {
         table_.line(i).state.store(kFlagServed, std::memory_order_release);
       }
       table_.free_graph_slot(i);  // drops the captured callback; a Python one defers its decref
@@ -364,6 +418,11 @@ class DoorbellState final : public Stoppable {
   DoorbellOptions opts_;
   RingChoice ring_;
   SlotTable table_;
+  QueueMemory queue_;  // the queue ring's; empty on the others
+  std::atomic<std::uint64_t>* entries_ = nullptr;
+  std::atomic<std::uint32_t>* consumed_ = nullptr;  // host-written, device-read: entries served
+  std::uint32_t tail_ = 0;                          // the worker's copy of *consumed_
+  std::atomic<bool> posted_seen_{false};
   Counters c_;
   std::atomic<Phase> phase_{Phase::Active};
   std::atomic<WorkerState> state_{WorkerState::Starting};

@@ -144,7 +144,9 @@ void define_module(py::module_& m, Policy policy) {
   m.def("live_callbacks", [] { return Callback::live_count().load(); },
         "Host callbacks alive in this extension, Python and C++: a leak shows here.");
   m.def("reap", [] { PyGraveyard::instance().reap(); },
-        "Drop Python references released on threads without the GIL.");
+        "Drop Python references released on threads without the GIL (not while a capture is counted).");
+  m.def("graveyard_size", [] { return PyGraveyard::instance().size(); },
+        "Python references released without the GIL and not yet dropped.");
   m.def(
       "_shutdown_at_exit",
       [](double timeout_s) {
@@ -271,7 +273,7 @@ void define_module(py::module_& m, Policy policy) {
       .def(py::init([policy](std::optional<std::string> mode, std::optional<std::string> on_unsupported,
                              const py::object& device, std::uint32_t max_slots, double spin_budget_us,
                              double backoff_poll_us, double safety_poll_us, std::vector<std::string> simulate_absent,
-                             bool hold_gil_during_launch, const std::string& ring) {
+                             bool hold_gil_during_launch, const std::string& ring, std::uint32_t queue_entries) {
              EngineSettings s;
              s.options.mode = requested_mode<Policy>(mode);
              s.options.on_unsupported = requested_policy<Policy>(on_unsupported);
@@ -282,8 +284,12 @@ void define_module(py::module_& m, Policy policy) {
              s.options.doorbell.safety_poll_ns = static_cast<std::int64_t>(safety_poll_us * 1e3);
              s.options.simulate_absent = std::move(simulate_absent);
              if (!parse_ring(ring, &s.options.doorbell.ring)) {
-               throw py::value_error("ring must be auto, memops, batched or kernel, not '" + ring + "'");
+               throw py::value_error("ring must be auto, queue, kernel, batched or memops, not '" + ring + "'");
              }
+             if (queue_entries < 8 || (queue_entries & (queue_entries - 1)) != 0) {
+               throw py::value_error("queue_entries must be a power of two of at least 8, not " + std::to_string(queue_entries));
+             }
+             s.options.doorbell.queue_entries = queue_entries;
              s.hold_gil_during_launch = hold_gil_during_launch;
              return std::make_unique<PyEngine>(s, device, policy);
            }),
@@ -291,29 +297,29 @@ void define_module(py::module_& m, Policy policy) {
            py::kw_only(), py::arg("max_slots") = 1024, py::arg("spin_budget_us") = 10000.0,
            py::arg("backoff_poll_us") = 50.0, py::arg("safety_poll_us") = 5000.0,
            py::arg("simulate_absent") = std::vector<std::string>{}, py::arg("hold_gil_during_launch") = false,
-           py::arg("ring") = "auto")
-      .def("launch", &PyEngine::launch_python, py::arg("stream"), py::arg("fn"),
-           "Enqueue fn(*args) on the stream (eagerly, or into the graph being captured).")
+           py::arg("ring") = "auto", py::arg("queue_entries") = 4096)
+      .def("launch", &PyEngine::launch_python, py::arg("stream"), py::arg("fn"), py::kw_only(), py::arg("wait") = true,
+           "Enqueue fn(*args) on the stream (eagerly, or into the graph being captured); wait=False posts it.")
       .def(
           "launch_token_ready",
-          [](PyEngine& e, StreamHandle stream, std::shared_ptr<TokenReadyFlag> flag, std::optional<std::int64_t> step) {
-            PyGraveyard::instance().reap();
+          [](PyEngine& e, StreamHandle stream, std::shared_ptr<TokenReadyFlag> flag, std::optional<std::int64_t> step,
+             bool wait) {
             CallbackPtr cb = step ? CallbackPtr(std::make_shared<MarkTokenStep>(std::move(flag), *step))
                                   : CallbackPtr(std::make_shared<AdvanceTokenFlag>(std::move(flag)));
-            e.launch(stream, std::move(cb));
+            e.launch(stream, std::move(cb), wait);
           },
-          py::arg("stream"), py::arg("flag"), py::arg("step") = py::none(),
+          py::arg("stream"), py::arg("flag"), py::arg("step") = py::none(), py::arg("wait") = true,
           "A C++ callback (no GIL) that marks `step` ready, or the next step when step is None.")
       .def(
           "launch_log",
-          [](PyEngine& e, StreamHandle stream, std::shared_ptr<CallLog> log, std::int64_t tag) {
-            e.launch(stream, std::make_shared<AppendTag>(std::move(log), tag));
+          [](PyEngine& e, StreamHandle stream, std::shared_ptr<CallLog> log, std::int64_t tag, bool wait) {
+            e.launch(stream, std::make_shared<AppendTag>(std::move(log), tag), wait);
           },
-          py::arg("stream"), py::arg("log"), py::arg("tag"), "A C++ callback (no GIL) that appends tag to log.")
+          py::arg("stream"), py::arg("log"), py::arg("tag"), py::arg("wait") = true,
+          "A C++ callback (no GIL) that appends tag to log.")
       .def(
           "launch_guided_fill",
           [](PyEngine& e, StreamHandle stream, std::shared_ptr<GuidedFill> fill) {
-            PyGraveyard::instance().reap();
             e.launch(stream, std::make_shared<GuidedFillStep>(std::move(fill)));
           },
           py::arg("stream"), py::arg("fill"), "A C++ callback (no GIL) that runs fill's next step.")

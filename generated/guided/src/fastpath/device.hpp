@@ -50,8 +50,12 @@ inline std::atomic<bool>& process_exiting() {
 //   batched: the same two in one cuStreamBatchMemOp (one node).
 //   kernel:  one single-thread kernel stores the request and polls the flag (one node; the poll
 //            runs on an SM instead of the front end).
-// auto picks the first of kernel, batched, memops that passes its self-test here.
-enum class Ring : int { Auto, Memops, Batched, Kernel };
+//   queue:   one single-thread kernel claims a sequence number with a device atomic and appends
+//            (sequence, slot) to a queue in host memory; the host serves the queue in order. A
+//            waiting callback then polls its flag for its sequence number; a posted one does not
+//            wait at all. The only ring that can post.
+// auto picks the first of queue, kernel, batched, memops that passes its self-test here.
+enum class Ring : int { Auto, Memops, Batched, Kernel, Queue };
 
 inline const char* name_of(Ring r) {
   switch (r) {
@@ -59,12 +63,13 @@ inline const char* name_of(Ring r) {
     case Ring::Memops: return "memops";
     case Ring::Batched: return "batched";
     case Ring::Kernel: return "kernel";
+    case Ring::Queue: return "queue";
   }
   return "?";
 }
 
 inline bool parse_ring(const std::string& text, Ring* out) {
-  for (Ring r : {Ring::Auto, Ring::Memops, Ring::Batched, Ring::Kernel}) {
+  for (Ring r : {Ring::Auto, Ring::Memops, Ring::Batched, Ring::Kernel, Ring::Queue}) {
     if (text == name_of(r)) {
       *out = r;
       return true;
@@ -83,6 +88,22 @@ struct FlagMemory {
   std::uint64_t device = 0;  // the same memory as the device addresses it
   std::size_t bytes = 0;
 };
+
+// The queue ring's memory. Host memory the device writes: `entries` 64-bit entries, then the
+// host's consumed count on a cache line of its own. Device memory: the claim counter, and the
+// claim limit below which a claimed entry is known to be free (consumed + entries, as last read).
+struct QueueMemory {
+  FlagMemory host;
+  std::uint64_t device_words = 0;  // {counter, limit}: two 32-bit words the device alone touches
+  std::uint32_t entries = 0;       // a power of two
+  std::uint64_t consumed_device() const { return host.device + entries * 8ULL; }
+  void* consumed_host() const { return static_cast<char*>(host.host) + entries * 8ULL; }
+  static std::size_t host_bytes(std::uint32_t entries) { return entries * 8ULL + 64; }
+};
+
+// Queue entry: the low word is the sequence number (claim + 1), the high word the slot; the
+// slot's top bit says the stream waits for it.
+inline constexpr std::uint32_t kQueueWaits = 0x80000000U;
 
 class Device {
  public:
@@ -110,6 +131,23 @@ class Device {
     if (!st.ok()) return st;
     *requested = true;
     return wait_flag(stream, addr, served);
+  }
+  // The queue ring: claims a sequence number and appends (seq, slot | waits) to the queue; with
+  // waits, the stream then waits until the word at flag equals seq.
+  virtual Status alloc_queue(std::uint32_t entries, QueueMemory* out) {
+    (void)entries;
+    (void)out;
+    return Status::failure("this device has no queue ring");
+  }
+  virtual void free_queue(const QueueMemory& mem) { (void)mem; }
+  virtual Status ring_queue(StreamHandle stream, const QueueMemory& q, std::uint32_t slot, bool waits,
+                            std::uint64_t flag) {
+    (void)stream;
+    (void)q;
+    (void)slot;
+    (void)waits;
+    (void)flag;
+    return Status::failure("this device has no queue ring");
   }
   virtual Status launch_host_func(StreamHandle stream, HostFn fn, void* data, bool spin_wait) = 0;
   virtual Status capture_state(StreamHandle stream, CaptureState* out) = 0;

@@ -68,6 +68,10 @@ class SlotTable {
     return st;
   }
 
+  // The queue ring answers with sequence numbers: a new slot's flag starts at the count served so
+  // far, below every number still to come.
+  void set_idle_flag(const std::atomic<std::uint32_t>* served) { idle_source_ = served; }
+
   FlagLine& line(std::uint32_t i) { return lines_[i]; }
   SlotInfo& info(std::uint32_t i) { return info_[i]; }
   std::uint64_t device_addr(std::uint32_t i) const { return mem_.device + static_cast<std::uint64_t>(i) * kFlagStride; }
@@ -131,7 +135,7 @@ class SlotTable {
       if (used_[i]) continue;
       used_[i] = true;
       ++in_use_;
-      lines_[i].state.store(kFlagIdle, std::memory_order_relaxed);
+      lines_[i].state.store(idle_source_ != nullptr ? idle_source_->load() : kFlagIdle, std::memory_order_release);
       if (i + 1 > high_water_.load(std::memory_order_relaxed)) {
         high_water_.store(i + 1, std::memory_order_release);
       }
@@ -149,6 +153,7 @@ class SlotTable {
   const std::uint32_t limit_;
   FlagMemory mem_;
   FlagLine* lines_ = nullptr;
+  const std::atomic<std::uint32_t>* idle_source_ = nullptr;
   std::unique_ptr<SlotInfo[]> info_;
   mutable std::mutex mu_;
   std::vector<bool> used_;

@@ -62,6 +62,10 @@ class CallbackGil {
 };
 
 // References dropped where the GIL is not held wait here until Python-facing code reaps them.
+// Never while a capture is underway: the last reference to a callback can hold CUDA resources,
+// and freeing them then is a CUDA call on a capturing stream. A torch pinned tensor records an
+// event on each stream it was used on, and that event, captured, fails the next pinned
+// allocation with "invalid argument" (seen on the H200).
 class PyGraveyard {
  public:
   static PyGraveyard& instance() {
@@ -73,9 +77,14 @@ class PyGraveyard {
     dead_.push_back(o);
     nonempty_.store(true, std::memory_order_release);
   }
+  // Between the start and the end of a capture (HostDispatcher.capture), reap() does nothing.
+  void pause() { paused_.fetch_add(1); }
+  void resume() { paused_.fetch_sub(1); }
+  bool paused() const { return paused_.load() > 0; }
+
   // GIL held.
   void reap() {
-    if (!nonempty_.load(std::memory_order_acquire)) return;
+    if (!nonempty_.load(std::memory_order_acquire) || paused()) return;
     std::vector<PyObject*> dead;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -93,6 +102,7 @@ class PyGraveyard {
   std::mutex mu_;
   std::vector<PyObject*> dead_;
   std::atomic<bool> nonempty_{false};
+  std::atomic<int> paused_{0};
 };
 
 // Drops a reference now if this thread holds the GIL, else defers it to the graveyard.

@@ -27,10 +27,11 @@
 namespace fastpath::hostdispatch {
 
 struct SimOp {
-  enum class Kind { Write, Wait, HostFunc, Busy };
+  enum class Kind { Write, Wait, HostFunc, Busy, Queue };
   Kind kind = Kind::Busy;
-  std::uint64_t addr = 0;
-  std::uint32_t value = 0;
+  std::uint64_t addr = 0;  // Queue: the flag
+  std::uint32_t value = 0;  // Queue: the slot word
+  QueueMemory queue;
   HostFn fn = nullptr;
   void* data = nullptr;
   std::int64_t busy_ns = 0;
@@ -164,19 +165,14 @@ class SimStream {
       case SimOp::Kind::Write:
         word->store(op.value, std::memory_order_release);
         break;
-      case SimOp::Kind::Wait: {
-        std::uint32_t polls = 0;
-        while (word->load(std::memory_order_acquire) != op.value && !stop_.load(std::memory_order_relaxed)) {
-          if (++polls < 1000) {
-            cpu_relax();
-          } else {
-            std::this_thread::yield();  // a CI machine may have fewer cores than spinning threads
-          }
-        }
+      case SimOp::Kind::Wait:
+        wait_for(op);
         break;
-      }
       case SimOp::Kind::HostFunc:
         op.fn(op.data);
+        break;
+      case SimOp::Kind::Queue:
+        ring_queue(op);
         break;
       case SimOp::Kind::Busy: {
         const std::int64_t until = now_ns() + op.busy_ns;
@@ -184,6 +180,41 @@ class SimStream {
           std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
         break;
+      }
+    }
+  }
+
+  // What the queue kernel does (cuda_queue.hpp), on host atomics.
+  void ring_queue(const SimOp& op) {
+    const QueueMemory& q = op.queue;
+    auto* words = reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::uintptr_t>(q.device_words));
+    auto* consumed = static_cast<std::atomic<std::uint32_t>*>(q.consumed_host());
+    auto* entries = static_cast<std::atomic<std::uint64_t>*>(q.host.host);
+    std::uint32_t limit = words[1].load(std::memory_order_relaxed);
+    const std::uint32_t s = words[0].fetch_add(1);
+    if (static_cast<std::int32_t>(s - limit) >= 0) {
+      while (static_cast<std::int32_t>(s - (limit = consumed->load(std::memory_order_acquire) + q.entries)) >= 0) {
+        if (stop_.load(std::memory_order_relaxed)) return;
+        std::this_thread::yield();
+      }
+      words[1].store(limit, std::memory_order_relaxed);
+    }
+    entries[s & (q.entries - 1)].store(static_cast<std::uint64_t>(op.value) << 32 | (s + 1), std::memory_order_release);
+    if ((op.value & kQueueWaits) == 0) return;
+    SimOp wait;
+    wait.addr = op.addr;
+    wait.value = s + 1;
+    wait_for(wait);
+  }
+
+  void wait_for(const SimOp& op) {
+    auto* word = reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::uintptr_t>(op.addr));
+    std::uint32_t polls = 0;
+    while (word->load(std::memory_order_acquire) != op.value && !stop_.load(std::memory_order_relaxed)) {
+      if (++polls < 1000) {
+        cpu_relax();
+      } else {
+        std::this_thread::yield();  // a CI machine may have fewer cores than spinning threads
       }
     }
   }
@@ -205,6 +236,7 @@ struct SimDeviceConfig {
   bool memops = true;
   int runtime_version = 13020;
   int driver_version = 13020;
+  bool queue = true;  // the queue ring; without it the doorbell rings with two memory operations
 };
 
 class SimDevice final : public Device {
@@ -233,6 +265,46 @@ class SimDevice final : public Device {
   }
 
   void free_flags(const FlagMemory& mem) override { std::free(mem.host); }
+
+  RingChoice choose_ring(Ring wanted) override {
+    if (config_.queue && (wanted == Ring::Auto || wanted == Ring::Queue)) return {Ring::Queue, "queue ring (simulated)"};
+    return Device::choose_ring(wanted);
+  }
+
+  Status alloc_queue(std::uint32_t entries, QueueMemory* out) override {
+    if (entries < 8 || (entries & (entries - 1)) != 0) {
+      return Status::failure("the queue ring needs a power of two of at least 8 entries, not " + std::to_string(entries));
+    }
+    QueueMemory q;
+    q.entries = entries;
+    Status st = alloc_flags(QueueMemory::host_bytes(entries), &q.host);
+    if (!st.ok()) return st;
+    auto* words = static_cast<std::uint32_t*>(std::aligned_alloc(64, 64));
+    if (words == nullptr) {
+      free_flags(q.host);
+      return Status::failure("out of memory for the simulated queue");
+    }
+    words[0] = 0;
+    words[1] = entries;
+    q.device_words = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(words));
+    *out = q;
+    return Status::success();
+  }
+
+  void free_queue(const QueueMemory& q) override {
+    std::free(reinterpret_cast<void*>(static_cast<std::uintptr_t>(q.device_words)));
+    free_flags(q.host);
+  }
+
+  Status ring_queue(StreamHandle stream, const QueueMemory& q, std::uint32_t slot, bool waits,
+                    std::uint64_t flag) override {
+    SimOp op;
+    op.kind = SimOp::Kind::Queue;
+    op.addr = flag;
+    op.value = waits ? slot | kQueueWaits : slot;
+    op.queue = q;
+    return push(stream, std::move(op));
+  }
 
   Status write_flag(StreamHandle stream, std::uint64_t addr, std::uint32_t value) override {
     SimOp op;

@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 
+#include "fastpath/cuda_queue.hpp"
 #include "fastpath/cuda_ring.hpp"
 #include "fastpath/cuda_util.hpp"
 #include "fastpath/doorbell_slots.hpp"
@@ -148,7 +149,7 @@ class CudaDevice final : public Device {
       passed_over = cap.reason + "; ";
     }
     // The order is the measured one: bench/hostdispatch.py times every ring side by side.
-    for (Ring r : {Ring::Kernel, Ring::Batched, Ring::Memops}) {
+    for (Ring r : {Ring::Queue, Ring::Kernel, Ring::Batched, Ring::Memops}) {
       if (r == wanted) continue;
       const Capability cap = ring_capability(r);
       if (cap.available) return {r, passed_over + name_of(r) + " ring (self-test passed)"};
@@ -159,9 +160,30 @@ class CudaDevice final : public Device {
 
   Status ring(StreamHandle stream, std::uint64_t addr, std::uint32_t request, std::uint32_t served, Ring how,
               bool* requested) override {
+    if (how == Ring::Queue) {
+      *requested = false;
+      return Status::failure("the queue ring rings through ring_queue");
+    }
     if (how != Ring::Kernel) return enqueue_ring(how, as_rt(stream), addr, request, served, requested);
     CurrentDevice on(ordinal_);  // a runtime launch goes to the current device; the stream is on ours
     return enqueue_ring(how, as_rt(stream), addr, request, served, requested);
+  }
+
+  Status alloc_queue(std::uint32_t entries, QueueMemory* out) override {
+    RelaxedCaptureMode relaxed;
+    CurrentDevice on(ordinal_);
+    return cuda_alloc_queue(entries, out);
+  }
+
+  void free_queue(const QueueMemory& mem) override {
+    CurrentDevice on(ordinal_);
+    cuda_free_queue(mem);
+  }
+
+  Status ring_queue(StreamHandle stream, const QueueMemory& q, std::uint32_t slot, bool waits,
+                    std::uint64_t flag) override {
+    CurrentDevice on(ordinal_);
+    return enqueue_queue(as_rt(stream), q, waits ? slot | kQueueWaits : slot, flag);
   }
 
   Status launch_host_func(StreamHandle stream, HostFn fn, void* data, bool spin_wait) override {
@@ -231,7 +253,7 @@ class CudaDevice final : public Device {
     if (it == cache.end()) {
       RelaxedCaptureMode relaxed;
       CurrentDevice on(ordinal_);
-      it = cache.emplace(key, self_test_ring(r)).first;
+      it = cache.emplace(key, r == Ring::Queue ? self_test_queue() : self_test_ring(r)).first;
     }
     return it->second;
   }

@@ -83,31 +83,40 @@ class PyEngine {
     engine_ = Engine::create(settings.options, std::move(choice.device), choice.no_device_reason, policy);
   }
 
-  void launch_python(StreamHandle stream, const py::object& fn, const py::args& args) {
-    PyGraveyard::instance().reap();
+  void launch_python(StreamHandle stream, const py::object& fn, const py::args& args, bool wait) {
     if (!PyCallable_Check(fn.ptr())) {
       throw py::type_error("a host callback must be callable, not " + std::string(py::repr(fn)));
     }
-    launch(stream, std::make_shared<PyCallback>(fn.ptr(), args.ptr(), errors_));
+    launch(stream, std::make_shared<PyCallback>(fn.ptr(), args.ptr(), errors_), wait);
   }
 
-  void launch(StreamHandle stream, CallbackPtr cb) {
+  // wait=false posts it: the stream does not wait for it where the backend can post (info's "posts").
+  void launch(StreamHandle stream, CallbackPtr cb, bool wait = true) {
+    cb->set_posted(!wait);
     Status st;
+    bool captured = false;
     if (hold_gil_) {
-      st = engine_->launch(stream, std::move(cb));
+      st = engine_->launch(stream, std::move(cb), &captured);
     } else {
       py::gil_scoped_release unlocked;
-      st = engine_->launch(stream, std::move(cb));
+      st = engine_->launch(stream, std::move(cb), &captured);
     }
     if (!st.ok()) throw std::runtime_error(st.error);
+    if (!captured) PyGraveyard::instance().reap();  // see PyGraveyard: never into a capture
   }
 
+  // Starts counting the capture on `stream` and pauses reaping until take_capture.
   py::object capture_id(StreamHandle stream) {
     auto id = engine_->capture_id(stream);
-    return id ? py::object(py::int_(*id)) : py::object(py::none());
+    if (!id) return py::none();
+    PyGraveyard::instance().pause();
+    return py::int_(*id);
   }
 
-  std::int64_t take_capture(std::uint64_t id) { return engine_->take_capture(id); }
+  std::int64_t take_capture(std::uint64_t id) {
+    PyGraveyard::instance().resume();
+    return engine_->take_capture(id);
+  }
 
   void announce(std::int64_t callbacks) {
     PyGraveyard::instance().reap();
@@ -183,6 +192,7 @@ class PyEngine {
     d["worker_os_id"] = s.worker_os_id;
     d["ring"] = s.ring;
     d["ring_reason"] = s.ring_reason;
+    d["posts"] = s.posts;
     d["errors_pending"] = errors_->pending();
     return d;
   }

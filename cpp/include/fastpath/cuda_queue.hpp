@@ -1,0 +1,214 @@
+// The queue ring on CUDA (device.hpp says what it is): its kernel, its memory, and its self-test.
+#pragma once
+
+#include "fastpath/cuda_util.hpp"
+
+#if FASTPATH_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "fastpath/device.hpp"
+#include "fastpath/spin_util.hpp"
+
+namespace fastpath::hostdispatch {
+
+// One thread: claim s with a device atomic; while s is a full lap ahead of what the host consumed,
+// poll the host's count (rare: the cached limit spares every other claim the PCIe read); store
+// (s + 1, slot) with release at system scope; a waiting callback then polls its flag for s + 1.
+// The limit is read before the claim, so the two reads overlap: a stale limit is only lower, and
+// lower is safe. Counters wrap: every comparison is a signed difference.
+inline constexpr char kQueueKernelPtx[] = R"PTX(
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry fastpath_doorbell_queue(.param .u64 entries, .param .u64 consumed, .param .u64 words,
+                                        .param .u64 flag, .param .u32 slot, .param .u32 mask)
+{
+  .reg .b64 %rd<8>;
+  .reg .b32 %r<12>;
+  .reg .pred %p<4>;
+  ld.param.u64 %rd1, [entries];
+  ld.param.u64 %rd2, [consumed];
+  ld.param.u64 %rd3, [words];
+  ld.param.u64 %rd4, [flag];
+  ld.param.u32 %r1, [slot];
+  ld.param.u32 %r2, [mask];
+  ld.relaxed.gpu.global.u32 %r4, [%rd3+4];
+  atom.global.add.u32 %r3, [%rd3], 1;
+  sub.u32 %r5, %r3, %r4;
+  setp.lt.s32 %p1, %r5, 0;
+  @%p1 bra CLAIMED;
+FULL:
+  ld.acquire.sys.global.u32 %r6, [%rd2];
+  add.u32 %r7, %r6, %r2;
+  add.u32 %r7, %r7, 1;
+  sub.u32 %r5, %r3, %r7;
+  setp.ge.s32 %p2, %r5, 0;
+  @%p2 bra FULL;
+  st.relaxed.gpu.global.u32 [%rd3+4], %r7;
+CLAIMED:
+  add.u32 %r8, %r3, 1;
+  and.b32 %r9, %r3, %r2;
+  mul.wide.u32 %rd5, %r9, 8;
+  add.u64 %rd6, %rd1, %rd5;
+  mov.b64 %rd7, {%r8, %r1};
+  st.release.sys.global.u64 [%rd6], %rd7;
+  and.b32 %r10, %r1, -2147483648;
+  setp.eq.u32 %p3, %r10, 0;
+  @%p3 bra DONE;
+WAIT:
+  ld.acquire.sys.global.u32 %r11, [%rd4];
+  setp.ne.u32 %p3, %r11, %r8;
+  @%p3 bra WAIT;
+DONE:
+  ret;
+}
+)PTX";
+
+struct QueueKernel {
+  const void* fn = nullptr;  // a cudaKernel_t
+  std::string why_not;
+
+  static const QueueKernel& get() {
+    static const QueueKernel k = load();
+    return k;
+  }
+
+ private:
+  static QueueKernel load() {
+    QueueKernel k;
+#if CUDART_VERSION >= 12050
+    cudaLibrary_t lib = nullptr;
+    cudaError_t e = cudaLibraryLoadData(&lib, kQueueKernelPtx, nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (e != cudaSuccess) {
+      k.why_not = cuda_failure("cudaLibraryLoadData(queue kernel PTX)", e).error;
+      return k;
+    }
+    cudaKernel_t kernel = nullptr;
+    e = cudaLibraryGetKernel(&kernel, lib, "fastpath_doorbell_queue");
+    if (e != cudaSuccess) {
+      k.why_not = cuda_failure("cudaLibraryGetKernel", e).error;
+      return k;
+    }
+    k.fn = reinterpret_cast<const void*>(kernel);  // the library stays loaded for the process
+#else
+    k.why_not = "the queue kernel needs a CUDA 12.5 or newer runtime to load";
+#endif
+    return k;
+  }
+};
+
+// On the current device. Synchronous: call it outside any capture (a dispatcher's construction).
+inline Status cuda_alloc_queue(std::uint32_t entries, QueueMemory* out) {
+  if (entries < 8 || (entries & (entries - 1)) != 0) {
+    return Status::failure("the queue ring needs a power of two of at least 8 entries, not " + std::to_string(entries));
+  }
+  QueueMemory q;
+  q.entries = entries;
+  const std::size_t bytes = QueueMemory::host_bytes(entries);
+  cudaError_t e = cudaHostAlloc(&q.host.host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e != cudaSuccess) return cuda_failure("cudaHostAlloc(queue, mapped)", e);
+  std::memset(q.host.host, 0, bytes);
+  q.host.bytes = bytes;
+  void* dev = nullptr;
+  void* words = nullptr;
+  const std::uint32_t init[2] = {0, entries};  // nothing claimed; a first lap is free
+  if ((e = cudaHostGetDevicePointer(&dev, q.host.host, 0)) != cudaSuccess ||
+      (e = cudaMalloc(&words, sizeof(init))) != cudaSuccess ||
+      (e = cudaMemcpy(words, init, sizeof(init), cudaMemcpyHostToDevice)) != cudaSuccess) {
+    Status st = cuda_failure("queue ring set-up", e);
+    if (words != nullptr) (void)cudaFree(words);
+    (void)cudaFreeHost(q.host.host);
+    return st;
+  }
+  q.host.device = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(dev));
+  q.device_words = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(words));
+  *out = q;
+  return Status::success();
+}
+
+inline void cuda_free_queue(const QueueMemory& q) {
+  if (q.host.host == nullptr || process_exiting().load()) return;
+  if (cudaFree(reinterpret_cast<void*>(static_cast<std::uintptr_t>(q.device_words))) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  if (cudaFreeHost(q.host.host) != cudaSuccess) (void)cudaGetLastError();
+}
+
+inline Status enqueue_queue(cudaStream_t stream, const QueueMemory& q, std::uint32_t slot_word, std::uint64_t flag) {
+  const QueueKernel& k = QueueKernel::get();
+  if (k.fn == nullptr) return Status::failure(k.why_not);
+  std::uint64_t entries = q.host.device, consumed = q.consumed_device(), words = q.device_words;
+  std::uint32_t mask = q.entries - 1;
+  void* args[] = {&entries, &consumed, &words, &flag, &slot_word, &mask};
+  const cudaError_t e = cudaLaunchKernel(k.fn, dim3(1), dim3(1), args, 0, stream);
+  return e == cudaSuccess ? Status::success() : cuda_failure("cudaLaunchKernel(queue kernel)", e);
+}
+
+// Twenty waiting requests through an eight-entry queue on a private stream: the host serves each
+// entry in order and the stream must finish. Claims past the first lap take the full-queue path,
+// so both paths of the kernel are tested.
+inline Capability self_test_queue() {
+  constexpr std::uint32_t kEntries = 8, kRequests = 20;
+  QueueMemory q;
+  Status st = cuda_alloc_queue(kEntries, &q);
+  if (!st.ok()) return {false, "queue ring self-test: " + st.error};
+  auto* entries = static_cast<std::atomic<std::uint64_t>*>(q.host.host);
+  auto* consumed = new (q.consumed_host()) std::atomic<std::uint32_t>(0);
+  auto* flag = new (static_cast<char*>(q.consumed_host()) + 32) std::atomic<std::uint32_t>(0);
+  const std::uint64_t flag_dev = q.consumed_device() + 32;
+  cudaStream_t s = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    cuda_free_queue(q);
+    return {false, cuda_failure("queue ring self-test set-up", e).error};
+  }
+  for (std::uint32_t i = 0; i < kRequests && st.ok(); ++i) st = enqueue_queue(s, q, 3U | kQueueWaits, flag_dev);
+  Capability cap;
+  std::uint32_t served = 0;
+  const std::int64_t deadline = now_ns() + 2'000'000'000;
+  while (st.ok() && served < kRequests && now_ns() < deadline) {
+    const std::uint64_t entry = entries[served % kEntries].load(std::memory_order_acquire);
+    if (static_cast<std::uint32_t>(entry) != served + 1) {
+      cpu_relax();
+      continue;
+    }
+    if ((entry >> 32) != (3U | kQueueWaits)) {
+      cap.reason = "queue ring self-test: an entry names the wrong slot";
+      break;
+    }
+    ++served;
+    flag->store(served, std::memory_order_release);
+    consumed->store(served, std::memory_order_release);
+  }
+  cudaError_t last = cudaErrorNotReady;
+  const bool finished = st.ok() && stream_finishes(s, 2.0, &last);
+  if (!st.ok()) {
+    cap.reason = "queue ring refused: " + st.error;
+  } else if (cap.reason.empty() && served < kRequests) {
+    cap.reason = "queue ring self-test: " + std::to_string(served) + " of " + std::to_string(kRequests) +
+                 " requests reached host memory";
+  } else if (cap.reason.empty() && !finished) {
+    cap.reason = last == cudaErrorNotReady ? "queue ring self-test: the stream never saw the host's answers"
+                                           : "queue ring self-test: " + cuda_failure("stream", last).error;
+  } else if (cap.reason.empty()) {
+    cap.available = true;
+  }
+  if (finished || !st.ok()) {  // a stream still polling keeps its memory, deliberately
+    (void)cudaStreamDestroy(s);
+    cuda_free_queue(q);
+  }
+  return cap;
+}
+
+}  // namespace fastpath::hostdispatch
+
+#endif  // FASTPATH_WITH_CUDA
