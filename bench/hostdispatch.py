@@ -2,9 +2,11 @@
 """Host-dispatch latency on a GPU, every backend side by side in one run.
 
     python bench/hostdispatch.py --out bench/results [--quick]
+    python bench/hostdispatch.py --replot bench/results/hostdispatch.json   # redraw the plot only
 
 Each step is a tiny torch op plus one host callback (C++: TokenReadyFlag.advance, no GIL; Python:
-a no-op function). The floor is the same op without a callback; "added" is a step's time minus
+a no-op function), waited for or posted (the queue ring's stream goes on; launched programmatically
+where the GPU can, and once more without, to show what that buys). The floor is the same op without a callback; "added" is a step's time minus
 the floor's, eagerly and inside a CUDA graph (G steps a graph, median over replays). Also: the
 CPU the process burns while callbacks are due (the spinning worker), and the doorbell worker's
 CPU over an idle second. Reference targets, not assertions: <= 2 us added for a C++ callback and
@@ -17,6 +19,7 @@ simulated device (CPU threads: protocol overheads, not GPU latency), and says so
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -43,6 +46,7 @@ VARIANTS = {
     "doorbell/batched": ("doorbell", "spin", ["hostfunc_v2"], "batched"),
     "doorbell/kernel": ("doorbell", "spin", ["hostfunc_v2"], "kernel"),
     "doorbell/queue": ("doorbell", "spin", ["hostfunc_v2"], "queue"),
+    "doorbell/queue, plain launch": ("doorbell", "spin", ["hostfunc_v2"], "queue"),
 }
 # Callback kinds: "posted" ones (wait=False) let the stream go on, measured where the ring posts.
 KINDS = ("cpp", "python")
@@ -87,6 +91,7 @@ class Rig:
                 stream=None if self.gpu else self.sim_stream,
                 simulate_absent=absent,
                 ring=ring,
+                programmatic_launch="plain launch" not in variant,
             )
 
     def work(self) -> None:
@@ -263,7 +268,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("bench/results"))
     p.add_argument("--quick", action="store_true", help="fewer steps and replays")
+    p.add_argument(
+        "--replot", type=Path, metavar="JSON", help="only redraw the plot of an earlier run's JSON"
+    )
     args = p.parse_args()
+    if args.replot:
+        payload = json.loads(args.replot.read_text())
+        plot([Row(**r) for r in payload["rows"]], args.replot.with_suffix(".png"), payload["scope"])
+        return 0
     args.steps, args.per_graph, args.replays = (300, 32, 20) if args.quick else (3000, 64, 200)
 
     gpu = torch.cuda.is_available() and ext.build_info()["cuda"]
@@ -285,9 +297,9 @@ def main() -> int:
     )
     rows = [floor]
     for variant in VARIANTS:
-        if not rig.gpu and variant in ("doorbell/batched", "doorbell/kernel"):
+        if not rig.gpu and variant in ("doorbell/batched", "doorbell/kernel", "doorbell/queue, plain launch"):
             continue  # the simulated device rings with memops or its queue
-        for kind in KINDS + (POSTED_KINDS if variant == "doorbell/queue" else ()):
+        for kind in KINDS + (POSTED_KINDS if variant.startswith("doorbell/queue") else ()):
             rows.append(measure(rig, variant, kind, args, floor))
     blocking = {r.callback: r.graph_added_us for r in rows if r.backend == "blocking"}
     for r in rows:  # a posted callback against blocking's, which always waits
@@ -358,18 +370,22 @@ def plot(rows: list[Row], path: Path, scope: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    measured = [r for r in rows if r.backend != "none" and r.eager_us is not None]
-    labels = [f"{r.backend}\n{r.callback}" for r in measured]
-    series = [("eager added", "eager_added_us"), ("graph added", "graph_added_us")]
-    fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 4))
-    width = 0.4
+    measured = [r for r in rows if r.backend != "none" and r.eager_us is not None][::-1]
+    labels = [f"{r.backend}, {r.callback}" for r in measured]
+    series = [("eager added", "eager_added_us"), ("in-graph added", "graph_added_us")]
+    fig, ax = plt.subplots(figsize=(8, max(3, len(labels) * 0.38)))
+    height = 0.4
     for i, (name, attr) in enumerate(series):
         values = [max(getattr(r, attr) or 0.0, 0.0) for r in measured]
-        ax.bar([j + (i - 0.5) * width for j in range(len(measured))], values, width, label=name)
-    ax.set_xticks(range(len(measured)), labels, fontsize=8)
-    ax.set_ylabel("added latency per callback (us)")
+        ax.barh([j + (i - 0.5) * height for j in range(len(measured))], values, height, label=name)
+    for target, style in ((TARGET_ADDED_US["cpp"], ":"), (TARGET_ADDED_US["python"], "--")):
+        ax.axvline(target, color="grey", linestyle=style, linewidth=1)
+    ax.set_yticks(range(len(measured)), labels, fontsize=8)
+    ax.set_xlabel(
+        "added latency per callback (us)\ntargets in a graph: 2 us for C++ (dotted), 5 us for Python (dashed)"
+    )
     ax.set_title(f"Host dispatch: {scope}")
-    ax.legend()
+    ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -79,6 +79,7 @@ class Engine:
         hold_gil_during_launch: bool = False,
         ring: str = "auto",  # auto | queue | kernel | batched | memops
         queue_entries: int = 4096,
+        programmatic_launch: bool = True,  # the queue kernel, where the GPU has it (sm_90 on)
     ) -> None: ...
     # wait=False posts the callback: its stream goes on without waiting where info()["posts"].
     def launch(self, stream: int, fn: Callable[..., Any], *args: Any, wait: bool = True) -> None: ...

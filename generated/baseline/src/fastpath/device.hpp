@@ -140,8 +140,10 @@ class Device {
     return Status::failure("this device has no queue ring");
   }
   virtual void free_queue(const QueueMemory& mem) { (void)mem; }
+  // programmatic: launch it so that it may start while the work before it runs, where the device can.
   virtual Status ring_queue(StreamHandle stream, const QueueMemory& q, std::uint32_t slot, bool waits,
-                            std::uint64_t flag) {
+                            std::uint64_t flag, bool programmatic) {
+    (void)programmatic;
     (void)stream;
     (void)q;
     (void)slot;

@@ -208,7 +208,7 @@ class DoorbellState final : public Stoppable {
   Status ring(StreamHandle stream, std::uint32_t i, std::uint64_t addr, bool waits, bool* requested) {
     if (!posts()) return device_->ring(stream, addr, kFlagRequested, kFlagServed, ring_.ring, requested);
     if (!waits) posted_seen_.store(true, std::memory_order_release);
-    const Status st = device_->ring_queue(stream, queue_, i, waits, addr);
+    const Status st = device_->ring_queue(stream, queue_, i, waits, addr, opts_.programmatic_launch);
     *requested = st.ok();  // one launch: it either claims or never runs
     return st;
   }

@@ -273,7 +273,8 @@ void define_module(py::module_& m, Policy policy) {
       .def(py::init([policy](std::optional<std::string> mode, std::optional<std::string> on_unsupported,
                              const py::object& device, std::uint32_t max_slots, double spin_budget_us,
                              double backoff_poll_us, double safety_poll_us, std::vector<std::string> simulate_absent,
-                             bool hold_gil_during_launch, const std::string& ring, std::uint32_t queue_entries) {
+                             bool hold_gil_during_launch, const std::string& ring, std::uint32_t queue_entries,
+                             bool programmatic_launch) {
              EngineSettings s;
              s.options.mode = requested_mode<Policy>(mode);
              s.options.on_unsupported = requested_policy<Policy>(on_unsupported);
@@ -290,6 +291,7 @@ void define_module(py::module_& m, Policy policy) {
                throw py::value_error("queue_entries must be a power of two of at least 8, not " + std::to_string(queue_entries));
              }
              s.options.doorbell.queue_entries = queue_entries;
+             s.options.doorbell.programmatic_launch = programmatic_launch;
              s.hold_gil_during_launch = hold_gil_during_launch;
              return std::make_unique<PyEngine>(s, device, policy);
            }),
@@ -297,7 +299,7 @@ void define_module(py::module_& m, Policy policy) {
            py::kw_only(), py::arg("max_slots") = 1024, py::arg("spin_budget_us") = 10000.0,
            py::arg("backoff_poll_us") = 50.0, py::arg("safety_poll_us") = 5000.0,
            py::arg("simulate_absent") = std::vector<std::string>{}, py::arg("hold_gil_during_launch") = false,
-           py::arg("ring") = "auto", py::arg("queue_entries") = 4096)
+           py::arg("ring") = "auto", py::arg("queue_entries") = 4096, py::arg("programmatic_launch") = true)
       .def("launch", &PyEngine::launch_python, py::arg("stream"), py::arg("fn"), py::kw_only(), py::arg("wait") = true,
            "Enqueue fn(*args) on the stream (eagerly, or into the graph being captured); wait=False posts it.")
       .def(

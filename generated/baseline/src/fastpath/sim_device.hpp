@@ -297,7 +297,7 @@ class SimDevice final : public Device {
   }
 
   Status ring_queue(StreamHandle stream, const QueueMemory& q, std::uint32_t slot, bool waits,
-                    std::uint64_t flag) override {
+                    std::uint64_t flag, bool) override {
     SimOp op;
     op.kind = SimOp::Kind::Queue;
     op.addr = flag;

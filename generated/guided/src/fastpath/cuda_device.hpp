@@ -145,14 +145,20 @@ class CudaDevice final : public Device {
     std::string passed_over;
     if (wanted != Ring::Auto) {
       const Capability cap = ring_capability(wanted);
-      if (cap.available) return {wanted, std::string(name_of(wanted)) + " ring, as asked (self-test passed)"};
+      if (cap.available) {
+        const char* how = wanted == Ring::Queue && queue_pdl() ? " ring, launched programmatically" : " ring";
+        return {wanted, std::string(name_of(wanted)) + how + ", as asked (self-test passed)"};
+      }
       passed_over = cap.reason + "; ";
     }
     // The order is the measured one: bench/hostdispatch.py times every ring side by side.
     for (Ring r : {Ring::Queue, Ring::Kernel, Ring::Batched, Ring::Memops}) {
       if (r == wanted) continue;
       const Capability cap = ring_capability(r);
-      if (cap.available) return {r, passed_over + name_of(r) + " ring (self-test passed)"};
+      if (cap.available) {
+        const char* how = r == Ring::Queue && queue_pdl() ? " ring, launched programmatically" : " ring";
+        return {r, passed_over + name_of(r) + how + " (self-test passed)"};
+      }
       passed_over += cap.reason + "; ";
     }
     return {Ring::Memops, passed_over + "memops ring, untested"};
@@ -181,9 +187,9 @@ class CudaDevice final : public Device {
   }
 
   Status ring_queue(StreamHandle stream, const QueueMemory& q, std::uint32_t slot, bool waits,
-                    std::uint64_t flag) override {
+                    std::uint64_t flag, bool programmatic) override {
     CurrentDevice on(ordinal_);
-    return enqueue_queue(as_rt(stream), q, waits ? slot | kQueueWaits : slot, flag);
+    return enqueue_queue(as_rt(stream), q, waits ? slot | kQueueWaits : slot, flag, programmatic && queue_pdl());
   }
 
   Status launch_host_func(StreamHandle stream, HostFn fn, void* data, bool spin_wait) override {
@@ -253,7 +259,27 @@ class CudaDevice final : public Device {
     if (it == cache.end()) {
       RelaxedCaptureMode relaxed;
       CurrentDevice on(ordinal_);
-      it = cache.emplace(key, r == Ring::Queue ? self_test_queue() : self_test_ring(r)).first;
+      it = cache.emplace(key, r == Ring::Queue ? self_test_queue(false) : self_test_ring(r)).first;
+    }
+    return it->second;
+  }
+
+  // Whether the queue kernel launches with programmatic dependent launch here: sm_90 or newer,
+  // and its own self-test passed. Once per device and process.
+  bool queue_pdl() {
+    static std::mutex mu;
+    static std::map<int, bool> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(ordinal_);
+    if (it == cache.end()) {
+      RelaxedCaptureMode relaxed;
+      CurrentDevice on(ordinal_);
+      int major = 0;
+      if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal_) != cudaSuccess) {
+        (void)cudaGetLastError();
+      }
+      const bool ok = major >= 9 && QueueKernel::get().pdl != nullptr && self_test_queue(true).available;
+      it = cache.emplace(ordinal_, ok).first;
     }
     return it->second;
   }

@@ -19,6 +19,8 @@ struct DoorbellOptions {
   Ring ring = Ring::Auto;
   // The queue ring's entries (a power of two): how far streams may run ahead of the worker.
   std::uint32_t queue_entries = 4096;
+  // Launch the queue kernel with programmatic dependent launch where the GPU has it (sm_90 on).
+  bool programmatic_launch = true;
 };
 
 enum class Phase : int {

@@ -9,6 +9,9 @@
 // writers never race: the flag strictly alternates. A flag is never shared by two launch sites
 // that could run concurrently: each stream has one (its callbacks queue in order behind it)
 // and each captured callback has its own for the life of its graph.
+//
+// The queue ring (device.hpp) requests through a queue instead, so the worker need not scan the
+// flags, and answers with the request's sequence number: a flag only ever moves forward.
 #pragma once
 
 #include <atomic>

@@ -25,11 +25,12 @@ namespace fastpath::hostdispatch {
 // (s + 1, slot) with release at system scope; a waiting callback then polls its flag for s + 1.
 // The limit is read before the claim, so the two reads overlap: a stale limit is only lower, and
 // lower is safe. Counters wrap: every comparison is a signed difference.
-inline constexpr char kQueueKernelPtx[] = R"PTX(
-.version 7.0
-.target sm_70
-.address_size 64
-
+// The same kernel twice: for sm_70 on, and for sm_90 on with programmatic dependent launch, where
+// it may start while the kernel before it runs and waits (griddepcontrol.wait) only before it
+// touches memory, so its launch latency hides behind that kernel.
+inline constexpr char kQueuePtxHeader[] = ".version 7.0\n.target sm_70\n.address_size 64\n";
+inline constexpr char kQueuePtxHeaderPdl[] = ".version 7.8\n.target sm_90\n.address_size 64\n";
+inline constexpr char kQueueKernelBody[] = R"PTX(
 .visible .entry fastpath_doorbell_queue(.param .u64 entries, .param .u64 consumed, .param .u64 words,
                                         .param .u64 flag, .param .u32 slot, .param .u32 mask)
 {
@@ -42,6 +43,7 @@ inline constexpr char kQueueKernelPtx[] = R"PTX(
   ld.param.u64 %rd4, [flag];
   ld.param.u32 %r1, [slot];
   ld.param.u32 %r2, [mask];
+  // PREDECESSOR
   ld.relaxed.gpu.global.u32 %r4, [%rd3+4];
   atom.global.add.u32 %r3, [%rd3], 1;
   sub.u32 %r5, %r3, %r4;
@@ -74,8 +76,16 @@ DONE:
 }
 )PTX";
 
+inline std::string queue_kernel_ptx(bool pdl) {
+  std::string ptx = std::string(pdl ? kQueuePtxHeaderPdl : kQueuePtxHeader) + kQueueKernelBody;
+  const std::string mark = "// PREDECESSOR";
+  ptx.replace(ptx.find(mark), mark.size(), pdl ? "griddepcontrol.wait;" : "");
+  return ptx;
+}
+
 struct QueueKernel {
-  const void* fn = nullptr;  // a cudaKernel_t
+  const void* fn = nullptr;   // a cudaKernel_t
+  const void* pdl = nullptr;  // the sm_90 one, or null
   std::string why_not;
 
   static const QueueKernel& get() {
@@ -87,24 +97,35 @@ struct QueueKernel {
   static QueueKernel load() {
     QueueKernel k;
 #if CUDART_VERSION >= 12050
-    cudaLibrary_t lib = nullptr;
-    cudaError_t e = cudaLibraryLoadData(&lib, kQueueKernelPtx, nullptr, nullptr, 0, nullptr, nullptr, 0);
-    if (e != cudaSuccess) {
-      k.why_not = cuda_failure("cudaLibraryLoadData(queue kernel PTX)", e).error;
-      return k;
-    }
-    cudaKernel_t kernel = nullptr;
-    e = cudaLibraryGetKernel(&kernel, lib, "fastpath_doorbell_queue");
-    if (e != cudaSuccess) {
-      k.why_not = cuda_failure("cudaLibraryGetKernel", e).error;
-      return k;
-    }
-    k.fn = reinterpret_cast<const void*>(kernel);  // the library stays loaded for the process
+    std::string error;
+    k.fn = load_one(queue_kernel_ptx(false), &k.why_not);
+    if (k.fn != nullptr) k.pdl = load_one(queue_kernel_ptx(true), &error);
 #else
     k.why_not = "the queue kernel needs a CUDA 12.5 or newer runtime to load";
 #endif
     return k;
   }
+
+#if CUDART_VERSION >= 12050
+  // The library stays loaded for the process.
+  static const void* load_one(const std::string& ptx, std::string* why_not) {
+    cudaLibrary_t lib = nullptr;
+    cudaError_t e = cudaLibraryLoadData(&lib, ptx.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+    if (e != cudaSuccess) {
+      *why_not = cuda_failure("cudaLibraryLoadData(queue kernel PTX)", e).error;
+      (void)cudaGetLastError();  // torch checks the last error after its launches: leave none
+      return nullptr;
+    }
+    cudaKernel_t kernel = nullptr;
+    e = cudaLibraryGetKernel(&kernel, lib, "fastpath_doorbell_queue");
+    if (e != cudaSuccess) {
+      *why_not = cuda_failure("cudaLibraryGetKernel", e).error;
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return reinterpret_cast<const void*>(kernel);
+  }
+#endif
 };
 
 // On the current device. Synchronous: call it outside any capture (a dispatcher's construction).
@@ -144,20 +165,34 @@ inline void cuda_free_queue(const QueueMemory& q) {
   if (cudaFreeHost(q.host.host) != cudaSuccess) (void)cudaGetLastError();
 }
 
-inline Status enqueue_queue(cudaStream_t stream, const QueueMemory& q, std::uint32_t slot_word, std::uint64_t flag) {
+inline Status enqueue_queue(cudaStream_t stream, const QueueMemory& q, std::uint32_t slot_word, std::uint64_t flag,
+                            bool pdl) {
   const QueueKernel& k = QueueKernel::get();
   if (k.fn == nullptr) return Status::failure(k.why_not);
   std::uint64_t entries = q.host.device, consumed = q.consumed_device(), words = q.device_words;
   std::uint32_t mask = q.entries - 1;
   void* args[] = {&entries, &consumed, &words, &flag, &slot_word, &mask};
-  const cudaError_t e = cudaLaunchKernel(k.fn, dim3(1), dim3(1), args, 0, stream);
-  return e == cudaSuccess ? Status::success() : cuda_failure("cudaLaunchKernel(queue kernel)", e);
+  if (!pdl || k.pdl == nullptr) {
+    const cudaError_t e = cudaLaunchKernel(k.fn, dim3(1), dim3(1), args, 0, stream);
+    return e == cudaSuccess ? Status::success() : cuda_failure("cudaLaunchKernel(queue kernel)", e);
+  }
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(1);
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelExC(&config, k.pdl, args);
+  return e == cudaSuccess ? Status::success() : cuda_failure("cudaLaunchKernelExC(queue kernel, programmatic)", e);
 }
 
 // Twenty waiting requests through an eight-entry queue on a private stream: the host serves each
 // entry in order and the stream must finish. Claims past the first lap take the full-queue path,
 // so both paths of the kernel are tested.
-inline Capability self_test_queue() {
+inline Capability self_test_queue(bool pdl) {
   constexpr std::uint32_t kEntries = 8, kRequests = 20;
   QueueMemory q;
   Status st = cuda_alloc_queue(kEntries, &q);
@@ -172,7 +207,7 @@ inline Capability self_test_queue() {
     cuda_free_queue(q);
     return {false, cuda_failure("queue ring self-test set-up", e).error};
   }
-  for (std::uint32_t i = 0; i < kRequests && st.ok(); ++i) st = enqueue_queue(s, q, 3U | kQueueWaits, flag_dev);
+  for (std::uint32_t i = 0; i < kRequests && st.ok(); ++i) st = enqueue_queue(s, q, 3U | kQueueWaits, flag_dev, pdl);
   Capability cap;
   std::uint32_t served = 0;
   const std::int64_t deadline = now_ns() + 2'000'000'000;
