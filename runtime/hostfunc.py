@@ -266,7 +266,11 @@ class HostDispatcher:
         raise exc
 
     def synchronize(self, stream: Any = None) -> None:
-        """Wait for the stream, then `check()`."""
+        """Wait for the stream, then `check()`.
+
+        Once posted callbacks have been used, it also waits until every callback launched or
+        announced so far has run, on any stream. Never call it from a callback.
+        """
         self._engine.synchronize(self._handle(stream))
         self.check()
 
