@@ -196,25 +196,42 @@ class HostDispatcher:
 
     @contextmanager
     def capture(self, graph: Any = None, stream: Any = None) -> Iterator[CapturedCallbacks]:
-        """Count the callbacks launched inside a capture already running on ``stream``."""
-        capture_id = self._engine.capture_id(self._handle(stream))
-        if capture_id is None:
-            raise RuntimeError("HostDispatcher.capture() needs a stream that is being captured into a graph")
+        """Count the callbacks launched inside a capture already running on ``stream``.
+
+        Until it ends, references that callbacks dropped off the GIL are not freed: freeing one
+        can free CUDA resources, and that must not land in a capture.
+        """
+        capture_id = self._begin_capture(stream)
         record = CapturedCallbacks()
         try:
             yield record
         finally:
-            record.callbacks = self._engine.take_capture(capture_id)
-            if graph is not None:
-                self.register_graph(graph, record.callbacks)
+            self._end_capture(capture_id, graph, record)
 
     @contextmanager
     def graph(self, cuda_graph: Any, **graph_kwargs: Any) -> Iterator[CapturedCallbacks]:
         """``torch.cuda.graph(cuda_graph, **graph_kwargs)`` that also counts its host callbacks."""
         import torch
 
-        with torch.cuda.graph(cuda_graph, **graph_kwargs), self.capture(cuda_graph) as record:
-            yield record
+        record, capture_id = CapturedCallbacks(), None
+        try:
+            with torch.cuda.graph(cuda_graph, **graph_kwargs):
+                capture_id = self._begin_capture(None)
+                yield record
+        finally:  # after torch ended the capture
+            if capture_id is not None:
+                self._end_capture(capture_id, cuda_graph, record)
+
+    def _begin_capture(self, stream: Any) -> int:
+        capture_id = self._engine.capture_id(self._handle(stream))
+        if capture_id is None:
+            raise RuntimeError("HostDispatcher.capture() needs a stream that is being captured into a graph")
+        return capture_id
+
+    def _end_capture(self, capture_id: int, graph: Any, record: CapturedCallbacks) -> None:
+        record.callbacks = self._engine.take_capture(capture_id)
+        if graph is not None:
+            self.register_graph(graph, record.callbacks)
 
     def register_graph(self, graph: Any, callbacks: int) -> None:
         """Remember how many callbacks each replay of ``graph`` fires (see `replay`)."""

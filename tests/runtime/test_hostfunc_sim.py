@@ -327,6 +327,29 @@ def test_a_graph_posting_through_a_small_queue_keeps_count_and_order_lap_after_l
 
 
 @pytest.mark.parametrize("case", POSTING)
+def test_a_released_graph_keeps_its_slot_until_entries_behind_an_unwritten_claim_are_served(case):
+    s = make_sim(*case[:3])
+    slow, other = s.ext.SimStream(), s.ext.SimStream()
+    slow.delay_queue_stores(0.3)  # claims at once, writes its entry 0.3 s later: a gap
+    ran = []
+    s.d.launch_on(slow, ran.append, "slow", wait=False)
+    time.sleep(0.05)
+    graph = s.capture(lambda: s.d.launch(ran.append, "graph", wait=False))
+    s.d.replay(graph, s.stream)
+    assert s.stream.synchronize(timeout=5.0)
+    graph.reset()  # its entry is written, but behind the gap
+    time.sleep(0.05)
+    s.d.launch_on(other, ran.append, "other")  # a new stream: it must not get the graph's slot
+    assert other.synchronize(timeout=5.0) and slow.synchronize(timeout=5.0)
+    s.d.synchronize()
+    assert ran == ["slow", "graph", "other"]
+    assert wait_until(lambda: s.d.info()["graph_slots"] == 0)
+    s.d.shutdown(5.0)
+    for stream in (s.stream, slow, other):
+        stream.close()
+
+
+@pytest.mark.parametrize("case", POSTING)
 def test_shutdown_reports_posted_callbacks_that_will_not_run(case):
     s = make_sim(*case[:3])
     release, ran = threading.Event(), []
@@ -365,6 +388,7 @@ def test_references_dropped_off_the_gil_are_not_freed_while_a_capture_is_underwa
         s.ext.reap()
         alive_in_capture.append(ref() is not None)
 
+    s.d.engine.take_capture(2**40)  # a capture never counted resumes nothing
     inner = s.capture(body)
     assert alive_in_capture == [True]
     s.d.launch(lambda: None)  # outside a capture, a launch reaps

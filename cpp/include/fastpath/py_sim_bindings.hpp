@@ -79,6 +79,9 @@ inline void define_sim_classes(py::module_& m) {
             throw_if_failed(st);
           },
           py::arg("seconds"), "Enqueue a 'kernel' that takes this long.")
+      .def(
+          "delay_queue_stores", [](PySimStream& s, double seconds) { s.get().delay_queue_stores(seconds); },
+          py::arg("seconds"), "From now on this stream's queue-ring requests pause between claim and store.")
       .def("begin_capture", [](PySimStream& s) { return s.get().begin_capture(); })
       .def("end_capture", [](PySimStream& s) { return PySimGraph{s.get().end_capture()}; })
       .def(

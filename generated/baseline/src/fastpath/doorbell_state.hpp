@@ -100,11 +100,15 @@ class DoorbellState final : public Stoppable {
     return st;  // on failure the graph still owns the slot and gives it back when destroyed
   }
 
-  // With posted callbacks about, a stream that finished may still have callbacks to run: wait for
-  // every callback launched or announced so far.
+  // After a stream synchronize: its posted callbacks are all written in the queue by now, so wait
+  // until the worker has served everything written so far (not what other streams add later).
   void wait_posted() {
-    if (!posted_seen_.load(std::memory_order_acquire)) return;
-    while (outstanding() > 0 && phase() != Phase::Discarding) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (!posts() || !posted_seen_.load(std::memory_order_acquire)) return;
+    const std::uint32_t horizon = written_horizon(consumed_->load(std::memory_order_acquire));
+    while (static_cast<std::int32_t>(consumed_->load(std::memory_order_acquire) - horizon) < 0 &&
+           phase() != Phase::Discarding && !worker_exited()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
   }
 
   void announce(std::int64_t callbacks) {
@@ -262,6 +266,7 @@ class DoorbellState final : public Stoppable {
     std::uint32_t spins = 0;
     for (;;) {
       if (release_pending_.load(std::memory_order_acquire)) apply_releases();
+      if (!deferred_.empty()) free_deferred();
       const Phase ph = phase();
       if (ph == Phase::Discarding) {
         set_state(WorkerState::Discarding);
@@ -288,6 +293,11 @@ class DoorbellState final : public Stoppable {
         }
         set_state(WorkerState::Spinning);
         cpu_relax();
+        continue;
+      }
+      if (!deferred_.empty()) {  // a claim still being written holds back a released slot
+        set_state(WorkerState::Spinning);
+        std::this_thread::yield();
         continue;
       }
       if (ph == Phase::Detached && nothing_left()) break;
@@ -401,9 +411,17 @@ class DoorbellState final : public Stoppable {
       released.swap(releases_);
       release_pending_.store(false, std::memory_order_release);
     }
-    // A released graph's last replay is done, so its entries are all in the queue: serve them
-    // before its slots can be reused.
-    if (posts() && !released.empty()) drain_queue(phase() == Phase::Discarding);
+    if (posts()) {
+      // A released graph's last replay is done, so its entries are all written; but one may sit
+      // behind a claim another stream has not written yet. Free the slot only once the worker
+      // has served everything written so far.
+      if (released.empty()) return;
+      drain_queue(phase() == Phase::Discarding);
+      const std::uint32_t horizon = written_horizon(tail_);
+      for (std::uint32_t i : released) deferred_.push_back({i, horizon});
+      free_deferred();
+      return;
+    }
     for (std::uint32_t i : released) {
       // A graph is released only after its last replay completed, so this flag is quiet; a
       // request still here would be a stream left waiting, so answer it before letting go.
@@ -414,6 +432,36 @@ class DoorbellState final : public Stoppable {
     }
   }
 
+  // The sequence number of the furthest entry written past `served`, or `served`: every entry
+  // written by now has a number at or below it. Any thread; it only reads the queue.
+  std::uint32_t written_horizon(std::uint32_t served) const {
+    std::uint32_t horizon = served;
+    const std::uint32_t mask = queue_.entries - 1;
+    for (std::uint32_t j = 1; j <= queue_.entries; ++j) {
+      const std::uint32_t seq = served + j;
+      if (static_cast<std::uint32_t>(entries_[(seq - 1) & mask].load(std::memory_order_acquire)) == seq) horizon = seq;
+    }
+    return horizon;
+  }
+
+  void free_deferred() {
+    drain_queue(phase() == Phase::Discarding);
+    std::size_t kept = 0;
+    for (const DeferredFree& d : deferred_) {
+      if (static_cast<std::int32_t>(tail_ - d.horizon) >= 0) {
+        table_.free_graph_slot(d.slot);
+      } else {
+        deferred_[kept++] = d;
+      }
+    }
+    deferred_.resize(kept);
+  }
+
+  struct DeferredFree {
+    std::uint32_t slot;
+    std::uint32_t horizon;  // free once the worker has served up to here
+  };
+
   std::shared_ptr<Device> device_;
   DoorbellOptions opts_;
   RingChoice ring_;
@@ -422,6 +470,7 @@ class DoorbellState final : public Stoppable {
   std::atomic<std::uint64_t>* entries_ = nullptr;
   std::atomic<std::uint32_t>* consumed_ = nullptr;  // host-written, device-read: entries served
   std::uint32_t tail_ = 0;                          // the worker's copy of *consumed_
+  std::vector<DeferredFree> deferred_;              // worker only
   std::atomic<bool> posted_seen_{false};
   Counters c_;
   std::atomic<Phase> phase_{Phase::Active};

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +85,12 @@ class PyEngine {
     engine_ = Engine::create(settings.options, std::move(choice.device), choice.no_device_reason, policy);
   }
 
+  ~PyEngine() {
+    for (std::size_t i = 0; i < paused_for_.size(); ++i) PyGraveyard::instance().resume();
+  }
+  PyEngine(const PyEngine&) = delete;
+  PyEngine& operator=(const PyEngine&) = delete;
+
   void launch_python(StreamHandle stream, const py::object& fn, const py::args& args, bool wait) {
     if (!PyCallable_Check(fn.ptr())) {
       throw py::type_error("a host callback must be callable, not " + std::string(py::repr(fn)));
@@ -105,16 +113,21 @@ class PyEngine {
     if (!captured) PyGraveyard::instance().reap();  // see PyGraveyard: never into a capture
   }
 
-  // Starts counting the capture on `stream` and pauses reaping until take_capture.
+  // The capture running on `stream`, if any; reaping pauses from the first call for a capture
+  // until take_capture of it.
   py::object capture_id(StreamHandle stream) {
     auto id = engine_->capture_id(stream);
     if (!id) return py::none();
-    PyGraveyard::instance().pause();
+    std::lock_guard<std::mutex> lock(paused_mu_);
+    if (paused_for_.insert(*id).second) PyGraveyard::instance().pause();
     return py::int_(*id);
   }
 
   std::int64_t take_capture(std::uint64_t id) {
-    PyGraveyard::instance().resume();
+    {
+      std::lock_guard<std::mutex> lock(paused_mu_);
+      if (paused_for_.erase(id) > 0) PyGraveyard::instance().resume();
+    }
     return engine_->take_capture(id);
   }
 
@@ -203,6 +216,8 @@ class PyEngine {
  private:
   bool hold_gil_;
   std::shared_ptr<PyErrorSink> errors_;
+  std::mutex paused_mu_;
+  std::set<std::uint64_t> paused_for_;  // captures that paused reaping and have not been taken
   std::unique_ptr<Engine> engine_;
 };
 

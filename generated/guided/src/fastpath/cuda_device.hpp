@@ -124,6 +124,7 @@ class CudaDevice final : public Device {
 
   void free_flags(const FlagMemory& mem) override {
     if (process_exiting().load()) return;
+    RelaxedCaptureMode relaxed;  // often on the worker thread, while another thread may capture
     if (cudaFreeHost(mem.host) != cudaSuccess) (void)cudaGetLastError();
   }
 
@@ -182,6 +183,7 @@ class CudaDevice final : public Device {
   }
 
   void free_queue(const QueueMemory& mem) override {
+    RelaxedCaptureMode relaxed;  // often on the worker thread, while another thread may capture
     CurrentDevice on(ordinal_);
     cuda_free_queue(mem);
   }

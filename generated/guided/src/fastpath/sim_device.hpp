@@ -135,6 +135,9 @@ class SimStream {
 
   std::int64_t executed() const { return executed_.load(); }
 
+  // A kernel preempted between its claim and its store: the queue has a gap meanwhile.
+  void delay_queue_stores(double seconds) { queue_store_delay_ns_.store(static_cast<std::int64_t>(seconds * 1e9)); }
+
  private:
   void run() {
     for (;;) {
@@ -190,14 +193,17 @@ class SimStream {
     auto* words = reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::uintptr_t>(q.device_words));
     auto* consumed = static_cast<std::atomic<std::uint32_t>*>(q.consumed_host());
     auto* entries = static_cast<std::atomic<std::uint64_t>*>(q.host.host);
-    std::uint32_t limit = words[1].load(std::memory_order_relaxed);
+    std::uint32_t limit = words[1].load(std::memory_order_acquire);
     const std::uint32_t s = words[0].fetch_add(1);
     if (static_cast<std::int32_t>(s - limit) >= 0) {
       while (static_cast<std::int32_t>(s - (limit = consumed->load(std::memory_order_acquire) + q.entries)) >= 0) {
         if (stop_.load(std::memory_order_relaxed)) return;
         std::this_thread::yield();
       }
-      words[1].store(limit, std::memory_order_relaxed);
+      words[1].store(limit, std::memory_order_release);
+    }
+    if (const std::int64_t delay = queue_store_delay_ns_.load(); delay > 0) {
+      std::this_thread::sleep_for(std::chrono::nanoseconds(delay));
     }
     entries[s & (q.entries - 1)].store(static_cast<std::uint64_t>(op.value) << 32 | (s + 1), std::memory_order_release);
     if ((op.value & kQueueWaits) == 0) return;
@@ -228,6 +234,7 @@ class SimStream {
   std::shared_ptr<SimGraphBody> capture_;
   std::uint64_t capture_id_ = 0;
   std::atomic<std::int64_t> executed_{0};
+  std::atomic<std::int64_t> queue_store_delay_ns_{0};
   std::thread thread_;  // last: starts after every member above exists
 };
 

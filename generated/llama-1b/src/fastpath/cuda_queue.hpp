@@ -23,8 +23,10 @@ namespace fastpath::hostdispatch {
 // One thread: claim s with a device atomic; while s is a full lap ahead of what the host consumed,
 // poll the host's count (rare: the cached limit spares every other claim the PCIe read); store
 // (s + 1, slot) with release at system scope; a waiting callback then polls its flag for s + 1.
-// The limit is read before the claim, so the two reads overlap: a stale limit is only lower, and
-// lower is safe. Counters wrap: every comparison is a signed difference.
+// The limit is read before the claim: a stale limit is only lower, and lower is safe. It is read
+// with acquire and written with release, so what the host had consumed when one kernel saw the
+// count happens before another kernel's entry overwrites it. Counters wrap: every comparison is a
+// signed difference.
 // The same kernel twice: for sm_70 on, and for sm_90 on with programmatic dependent launch, where
 // it may start while the kernel before it runs and waits (griddepcontrol.wait) only before it
 // touches memory, so its launch latency hides behind that kernel.
@@ -44,7 +46,7 @@ inline constexpr char kQueueKernelBody[] = R"PTX(
   ld.param.u32 %r1, [slot];
   ld.param.u32 %r2, [mask];
   // PREDECESSOR
-  ld.relaxed.gpu.global.u32 %r4, [%rd3+4];
+  ld.acquire.gpu.global.u32 %r4, [%rd3+4];
   atom.global.add.u32 %r3, [%rd3], 1;
   sub.u32 %r5, %r3, %r4;
   setp.lt.s32 %p1, %r5, 0;
@@ -56,7 +58,7 @@ FULL:
   sub.u32 %r5, %r3, %r7;
   setp.ge.s32 %p2, %r5, 0;
   @%p2 bra FULL;
-  st.relaxed.gpu.global.u32 [%rd3+4], %r7;
+  st.release.gpu.global.u32 [%rd3+4], %r7;
 CLAIMED:
   add.u32 %r8, %r3, 1;
   and.b32 %r9, %r3, %r2;
@@ -113,14 +115,12 @@ struct QueueKernel {
     cudaError_t e = cudaLibraryLoadData(&lib, ptx.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
     if (e != cudaSuccess) {
       *why_not = cuda_failure("cudaLibraryLoadData(queue kernel PTX)", e).error;
-      (void)cudaGetLastError();  // torch checks the last error after its launches: leave none
       return nullptr;
     }
     cudaKernel_t kernel = nullptr;
     e = cudaLibraryGetKernel(&kernel, lib, "fastpath_doorbell_queue");
     if (e != cudaSuccess) {
       *why_not = cuda_failure("cudaLibraryGetKernel", e).error;
-      (void)cudaGetLastError();
       return nullptr;
     }
     return reinterpret_cast<const void*>(kernel);
@@ -207,11 +207,16 @@ inline Capability self_test_queue(bool pdl) {
     cuda_free_queue(q);
     return {false, cuda_failure("queue ring self-test set-up", e).error};
   }
-  for (std::uint32_t i = 0; i < kRequests && st.ok(); ++i) st = enqueue_queue(s, q, 3U | kQueueWaits, flag_dev, pdl);
+  std::uint32_t launched = 0;
+  while (launched < kRequests) {
+    st = enqueue_queue(s, q, 3U | kQueueWaits, flag_dev, pdl);
+    if (!st.ok()) break;
+    ++launched;
+  }
   Capability cap;
-  std::uint32_t served = 0;
+  std::uint32_t served = 0;  // every launched request, even after a refused one: none is left polling
   const std::int64_t deadline = now_ns() + 2'000'000'000;
-  while (st.ok() && served < kRequests && now_ns() < deadline) {
+  while (served < launched && now_ns() < deadline) {
     const std::uint64_t entry = entries[served % kEntries].load(std::memory_order_acquire);
     if (static_cast<std::uint32_t>(entry) != served + 1) {
       cpu_relax();
@@ -226,7 +231,7 @@ inline Capability self_test_queue(bool pdl) {
     consumed->store(served, std::memory_order_release);
   }
   cudaError_t last = cudaErrorNotReady;
-  const bool finished = st.ok() && stream_finishes(s, 2.0, &last);
+  const bool finished = stream_finishes(s, 2.0, &last);
   if (!st.ok()) {
     cap.reason = "queue ring refused: " + st.error;
   } else if (cap.reason.empty() && served < kRequests) {
@@ -238,7 +243,7 @@ inline Capability self_test_queue(bool pdl) {
   } else if (cap.reason.empty()) {
     cap.available = true;
   }
-  if (finished || !st.ok()) {  // a stream still polling keeps its memory, deliberately
+  if (finished) {  // a stream still polling keeps its memory, deliberately
     (void)cudaStreamDestroy(s);
     cuda_free_queue(q);
   }
