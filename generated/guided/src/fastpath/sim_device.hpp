@@ -193,7 +193,7 @@ class SimStream {
     auto* words = reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::uintptr_t>(q.device_words));
     auto* consumed = static_cast<std::atomic<std::uint32_t>*>(q.consumed_host());
     auto* entries = static_cast<std::atomic<std::uint64_t>*>(q.host.host);
-    std::uint32_t limit = words[1].load(std::memory_order_acquire);
+    std::uint32_t limit = words[1].load(std::memory_order_relaxed);
     const std::uint32_t s = words[0].fetch_add(1);
     if (static_cast<std::int32_t>(s - limit) >= 0) {
       while (static_cast<std::int32_t>(s - (limit = consumed->load(std::memory_order_acquire) + q.entries)) >= 0) {
