@@ -48,6 +48,10 @@ inline constexpr char kQueueKernelBody[] = R"PTX(
   ld.param.u64 %rd4, [flag];
   ld.param.u32 %r1, [slot];
   ld.param.u32 %r2, [mask];
+  cvta.to.global.u64 %rd1, %rd1;
+  cvta.to.global.u64 %rd2, %rd2;
+  cvta.to.global.u64 %rd3, %rd3;
+  cvta.to.global.u64 %rd4, %rd4;
   // PREDECESSOR
   ld.relaxed.gpu.global.u32 %r4, [%rd3+4];
   atom.global.add.u32 %r3, [%rd3], 1;

@@ -37,6 +37,7 @@ inline constexpr char kRingKernelPtx[] = R"PTX(
   ld.param.u64 %rd1, [flag];
   ld.param.u32 %r1, [request];
   ld.param.u32 %r2, [served];
+  cvta.to.global.u64 %rd1, %rd1;
   st.release.sys.global.u32 [%rd1], %r1;
 WAIT:
   ld.acquire.sys.global.u32 %r3, [%rd1];
