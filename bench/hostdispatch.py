@@ -37,16 +37,29 @@ from common import environment, markdown_table, write_outputs
 from fastpath.runtime import _hostdispatch as ext
 from fastpath.runtime.hostfunc import HostDispatcher, HostDispatchWarning
 
-# variant -> (backend, mode, simulate_absent, ring): how to make the spin chain land on it.
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """How to make the spin chain land on a backend (and, for the doorbell, a ring)."""
+
+    backend: str
+    mode: str
+    simulate_absent: tuple[str, ...] = ()
+    ring: str = "auto"
+    programmatic_launch: bool = True
+    gpu_only: bool = False  # the simulated device rings with memops or its queue only
+
+
+NO_V2 = ("hostfunc_v2",)
 VARIANTS = {
-    "inline": ("inline", "inline", [], "auto"),
-    "blocking": ("blocking", "blocking", [], "auto"),
-    "hostfunc_v2": ("hostfunc_v2", "spin", [], "auto"),
-    "doorbell/memops": ("doorbell", "spin", ["hostfunc_v2"], "memops"),
-    "doorbell/batched": ("doorbell", "spin", ["hostfunc_v2"], "batched"),
-    "doorbell/kernel": ("doorbell", "spin", ["hostfunc_v2"], "kernel"),
-    "doorbell/queue": ("doorbell", "spin", ["hostfunc_v2"], "queue"),
-    "doorbell/queue, plain launch": ("doorbell", "spin", ["hostfunc_v2"], "queue"),
+    "inline": Variant("inline", "inline"),
+    "blocking": Variant("blocking", "blocking"),
+    "hostfunc_v2": Variant("hostfunc_v2", "spin"),
+    "doorbell/memops": Variant("doorbell", "spin", NO_V2, "memops"),
+    "doorbell/batched": Variant("doorbell", "spin", NO_V2, "batched", gpu_only=True),
+    "doorbell/kernel": Variant("doorbell", "spin", NO_V2, "kernel", gpu_only=True),
+    "doorbell/queue": Variant("doorbell", "spin", NO_V2, "queue"),
+    "doorbell/queue, plain launch": Variant("doorbell", "spin", NO_V2, "queue", False, gpu_only=True),
 }
 # Callback kinds: "posted" ones (wait=False) let the stream go on, measured where the ring posts.
 KINDS = ("cpp", "python")
@@ -81,17 +94,17 @@ class Rig:
     x: Any = field(default=None)
 
     def dispatcher(self, variant: str) -> HostDispatcher:
-        _, mode, absent, ring = VARIANTS[variant]
+        v = VARIANTS[variant]
         device = "cuda" if self.gpu else self.sim_device
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", HostDispatchWarning)
             return HostDispatcher(
-                mode,
+                v.mode,
                 device=device,
                 stream=None if self.gpu else self.sim_stream,
-                simulate_absent=absent,
-                ring=ring,
-                programmatic_launch="plain launch" not in variant,
+                simulate_absent=list(v.simulate_absent),
+                ring=v.ring,
+                programmatic_launch=v.programmatic_launch,
             )
 
     def work(self) -> None:
@@ -186,7 +199,8 @@ def time_graph(
 
 
 def measure(rig: Rig, variant: str, kind: str, args: argparse.Namespace, floor: Row) -> Row:
-    backend, mode, _, ring = VARIANTS[variant]
+    v = VARIANTS[variant]
+    backend, mode, ring = v.backend, v.mode, v.ring
     row = Row(variant, kind, mode)
     try:
         d = rig.dispatcher(variant)
@@ -297,8 +311,8 @@ def main() -> int:
     )
     rows = [floor]
     for variant in VARIANTS:
-        if not rig.gpu and variant in ("doorbell/batched", "doorbell/kernel", "doorbell/queue, plain launch"):
-            continue  # the simulated device rings with memops or its queue
+        if VARIANTS[variant].gpu_only and not rig.gpu:
+            continue
         for kind in KINDS + (POSTED_KINDS if variant.startswith("doorbell/queue") else ()):
             rows.append(measure(rig, variant, kind, args, floor))
     blocking = {r.callback: r.graph_added_us for r in rows if r.backend == "blocking"}

@@ -287,9 +287,7 @@ void define_module(py::module_& m, Policy policy) {
              if (!parse_ring(ring, &s.options.doorbell.ring)) {
                throw py::value_error("ring must be auto, queue, kernel, batched or memops, not '" + ring + "'");
              }
-             if (queue_entries < 8 || (queue_entries & (queue_entries - 1)) != 0) {
-               throw py::value_error("queue_entries must be a power of two of at least 8, not " + std::to_string(queue_entries));
-             }
+             if (Status st = check_queue_entries(queue_entries); !st.ok()) throw py::value_error(st.error);
              s.options.doorbell.queue_entries = queue_entries;
              s.options.doorbell.programmatic_launch = programmatic_launch;
              s.hold_gil_during_launch = hold_gil_during_launch;

@@ -169,7 +169,7 @@ class SimStream {
         word->store(op.value, std::memory_order_release);
         break;
       case SimOp::Kind::Wait:
-        wait_for(op);
+        wait_for(op.addr, op.value);
         break;
       case SimOp::Kind::HostFunc:
         op.fn(op.data);
@@ -206,17 +206,13 @@ class SimStream {
       std::this_thread::sleep_for(std::chrono::nanoseconds(delay));
     }
     entries[s & (q.entries - 1)].store(static_cast<std::uint64_t>(op.value) << 32 | (s + 1), std::memory_order_release);
-    if ((op.value & kQueueWaits) == 0) return;
-    SimOp wait;
-    wait.addr = op.addr;
-    wait.value = s + 1;
-    wait_for(wait);
+    if ((op.value & kQueueWaits) != 0) wait_for(op.addr, s + 1);
   }
 
-  void wait_for(const SimOp& op) {
-    auto* word = reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::uintptr_t>(op.addr));
+  void wait_for(std::uint64_t addr, std::uint32_t value) {
+    auto* word = reinterpret_cast<std::atomic<std::uint32_t>*>(static_cast<std::uintptr_t>(addr));
     std::uint32_t polls = 0;
-    while (word->load(std::memory_order_acquire) != op.value && !stop_.load(std::memory_order_relaxed)) {
+    while (word->load(std::memory_order_acquire) != value && !stop_.load(std::memory_order_relaxed)) {
       if (++polls < 1000) {
         cpu_relax();
       } else {
@@ -279,12 +275,11 @@ class SimDevice final : public Device {
   }
 
   Status alloc_queue(std::uint32_t entries, QueueMemory* out) override {
-    if (entries < 8 || (entries & (entries - 1)) != 0) {
-      return Status::failure("the queue ring needs a power of two of at least 8 entries, not " + std::to_string(entries));
-    }
+    Status st = check_queue_entries(entries);
+    if (!st.ok()) return st;
     QueueMemory q;
     q.entries = entries;
-    Status st = alloc_flags(QueueMemory::host_bytes(entries), &q.host);
+    st = alloc_flags(QueueMemory::host_bytes(entries), &q.host);
     if (!st.ok()) return st;
     auto* words = static_cast<std::uint32_t*>(std::aligned_alloc(64, 64));
     if (words == nullptr) {

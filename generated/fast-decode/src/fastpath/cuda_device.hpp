@@ -11,7 +11,6 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
-#include <cstring>
 #include <map>
 #include <utility>
 #include <memory>
@@ -108,18 +107,7 @@ class CudaDevice final : public Device {
   Status alloc_flags(std::size_t bytes, FlagMemory* out) override {
     RelaxedCaptureMode relaxed;
     CurrentDevice on(ordinal_);
-    void* host = nullptr;
-    cudaError_t e = cudaHostAlloc(&host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (e != cudaSuccess) return cuda_failure("cudaHostAlloc(mapped, portable)", e);
-    std::memset(host, 0, bytes);
-    void* dev = nullptr;
-    e = cudaHostGetDevicePointer(&dev, host, 0);
-    if (e != cudaSuccess) {
-      (void)cudaFreeHost(host);
-      return cuda_failure("cudaHostGetDevicePointer", e);
-    }
-    *out = {host, static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(dev)), bytes};
-    return Status::success();
+    return alloc_mapped(bytes, out);
   }
 
   void free_flags(const FlagMemory& mem) override {
@@ -146,20 +134,14 @@ class CudaDevice final : public Device {
     std::string passed_over;
     if (wanted != Ring::Auto) {
       const Capability cap = ring_capability(wanted);
-      if (cap.available) {
-        const char* how = wanted == Ring::Queue && queue_pdl() ? " ring, launched programmatically" : " ring";
-        return {wanted, std::string(name_of(wanted)) + how + ", as asked (self-test passed)"};
-      }
+      if (cap.available) return {wanted, ring_label(wanted) + ", as asked (self-test passed)"};
       passed_over = cap.reason + "; ";
     }
     // The order is the measured one: bench/hostdispatch.py times every ring side by side.
     for (Ring r : {Ring::Queue, Ring::Kernel, Ring::Batched, Ring::Memops}) {
       if (r == wanted) continue;
       const Capability cap = ring_capability(r);
-      if (cap.available) {
-        const char* how = r == Ring::Queue && queue_pdl() ? " ring, launched programmatically" : " ring";
-        return {r, passed_over + name_of(r) + how + " (self-test passed)"};
-      }
+      if (cap.available) return {r, passed_over + ring_label(r) + " (self-test passed)"};
       passed_over += cap.reason + "; ";
     }
     return {Ring::Memops, passed_over + "memops ring, untested"};
@@ -264,6 +246,10 @@ class CudaDevice final : public Device {
       it = cache.emplace(key, r == Ring::Queue ? self_test_queue(false) : self_test_ring(r)).first;
     }
     return it->second;
+  }
+
+  std::string ring_label(Ring r) {
+    return std::string(name_of(r)) + (r == Ring::Queue && queue_pdl() ? " ring, launched programmatically" : " ring");
   }
 
   // Whether the queue kernel launches with programmatic dependent launch here: sm_90 or newer,

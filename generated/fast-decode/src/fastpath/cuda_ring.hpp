@@ -47,36 +47,17 @@ WAIT:
 }
 )PTX";
 
-// Loaded once per process; a library is context-independent, so one serves every device.
+// Loaded once per process.
 struct RingKernel {
-  const void* fn = nullptr;  // a cudaKernel_t, which cudaLaunchKernel takes as its function
+  const void* fn = nullptr;
   std::string why_not;
 
   static const RingKernel& get() {
-    static const RingKernel k = load();
-    return k;
-  }
-
- private:
-  static RingKernel load() {
-    RingKernel k;
-#if CUDART_VERSION >= 12050
-    cudaLibrary_t lib = nullptr;
-    cudaError_t e = cudaLibraryLoadData(&lib, kRingKernelPtx, nullptr, nullptr, 0, nullptr, nullptr, 0);
-    if (e != cudaSuccess) {
-      k.why_not = cuda_failure("cudaLibraryLoadData(ring kernel PTX)", e).error;
-      return k;
-    }
-    cudaKernel_t kernel = nullptr;
-    e = cudaLibraryGetKernel(&kernel, lib, "fastpath_doorbell_ring");
-    if (e != cudaSuccess) {
-      k.why_not = cuda_failure("cudaLibraryGetKernel", e).error;
-      return k;
-    }
-    k.fn = reinterpret_cast<const void*>(kernel);  // the library stays loaded for the process
-#else
-    k.why_not = "the ring kernel needs a CUDA 12.5 or newer runtime to load";
-#endif
+    static const RingKernel k = [] {
+      RingKernel r;
+      r.fn = load_ptx_kernel(kRingKernelPtx, "fastpath_doorbell_ring", &r.why_not);
+      return r;
+    }();
     return k;
   }
 };
@@ -133,20 +114,19 @@ inline Status enqueue_ring(Ring how, cudaStream_t stream, std::uint64_t addr, st
 // on the host; a stream that never finishes keeps its flag, deliberately.
 inline Capability self_test_ring(Ring how) {
   Capability cap;
-  void* host = nullptr;
-  cudaError_t e = cudaHostAlloc(&host, kFlagStride, cudaHostAllocMapped | cudaHostAllocPortable);
-  if (e != cudaSuccess) return {false, cuda_failure("cudaHostAlloc(mapped)", e).error};
+  FlagMemory mem;
+  Status alloc = alloc_mapped(kFlagStride, &mem);
+  if (!alloc.ok()) return {false, "doorbell self-test set-up: " + alloc.error};
+  void* host = mem.host;
   auto* flag = new (host) std::atomic<std::uint32_t>(kFlagIdle);
-  void* dev = nullptr;
   cudaStream_t s = nullptr;
-  if ((e = cudaHostGetDevicePointer(&dev, host, 0)) != cudaSuccess ||
-      (e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)) != cudaSuccess) {
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); e != cudaSuccess) {
     cap.reason = cuda_failure("doorbell self-test set-up", e).error;
     (void)cudaFreeHost(host);
     return cap;
   }
   bool requested = false;
-  const auto addr = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(dev));
+  const std::uint64_t addr = mem.device;
   const Status st = enqueue_ring(how, s, addr, kFlagRequested, kFlagServed, &requested);
   bool seen = false;
   if (st.ok()) {

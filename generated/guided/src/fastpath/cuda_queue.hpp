@@ -10,7 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
 #include <new>
 #include <string>
 #include <thread>
@@ -105,60 +104,31 @@ struct QueueKernel {
  private:
   static QueueKernel load() {
     QueueKernel k;
-#if CUDART_VERSION >= 12050
-    std::string error;
-    k.fn = load_one(queue_kernel_ptx(false), &k.why_not);
-    if (k.fn != nullptr) k.pdl = load_one(queue_kernel_ptx(true), &error);
-#else
-    k.why_not = "the queue kernel needs a CUDA 12.5 or newer runtime to load";
-#endif
+    k.fn = load_ptx_kernel(queue_kernel_ptx(false).c_str(), "fastpath_doorbell_queue", &k.why_not);
+    std::string pdl_why_not;  // without it the plain kernel serves: programmatic launch is an extra
+    if (k.fn != nullptr) k.pdl = load_ptx_kernel(queue_kernel_ptx(true).c_str(), "fastpath_doorbell_queue", &pdl_why_not);
     return k;
   }
-
-#if CUDART_VERSION >= 12050
-  // The library stays loaded for the process.
-  static const void* load_one(const std::string& ptx, std::string* why_not) {
-    cudaLibrary_t lib = nullptr;
-    cudaError_t e = cudaLibraryLoadData(&lib, ptx.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-    if (e != cudaSuccess) {
-      *why_not = cuda_failure("cudaLibraryLoadData(queue kernel PTX)", e).error;
-      return nullptr;
-    }
-    cudaKernel_t kernel = nullptr;
-    e = cudaLibraryGetKernel(&kernel, lib, "fastpath_doorbell_queue");
-    if (e != cudaSuccess) {
-      *why_not = cuda_failure("cudaLibraryGetKernel", e).error;
-      return nullptr;
-    }
-    return reinterpret_cast<const void*>(kernel);
-  }
-#endif
 };
 
 // On the current device. Synchronous: call it outside any capture (a dispatcher's construction).
 inline Status cuda_alloc_queue(std::uint32_t entries, QueueMemory* out) {
-  if (entries < 8 || (entries & (entries - 1)) != 0) {
-    return Status::failure("the queue ring needs a power of two of at least 8 entries, not " + std::to_string(entries));
-  }
+  Status st = check_queue_entries(entries);
+  if (!st.ok()) return st;
   QueueMemory q;
   q.entries = entries;
-  const std::size_t bytes = QueueMemory::host_bytes(entries);
-  cudaError_t e = cudaHostAlloc(&q.host.host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
-  if (e != cudaSuccess) return cuda_failure("cudaHostAlloc(queue, mapped)", e);
-  std::memset(q.host.host, 0, bytes);
-  q.host.bytes = bytes;
-  void* dev = nullptr;
+  st = alloc_mapped(QueueMemory::host_bytes(entries), &q.host);
+  if (!st.ok()) return st;
   void* words = nullptr;
   const std::uint32_t init[2] = {0, entries};  // nothing claimed; a first lap is free
-  if ((e = cudaHostGetDevicePointer(&dev, q.host.host, 0)) != cudaSuccess ||
-      (e = cudaMalloc(&words, sizeof(init))) != cudaSuccess ||
+  cudaError_t e = cudaSuccess;
+  if ((e = cudaMalloc(&words, sizeof(init))) != cudaSuccess ||
       (e = cudaMemcpy(words, init, sizeof(init), cudaMemcpyHostToDevice)) != cudaSuccess) {
-    Status st = cuda_failure("queue ring set-up", e);
+    st = cuda_failure("queue ring set-up", e);
     if (words != nullptr) (void)cudaFree(words);
     (void)cudaFreeHost(q.host.host);
     return st;
   }
-  q.host.device = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(dev));
   q.device_words = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(words));
   *out = q;
   return Status::success();

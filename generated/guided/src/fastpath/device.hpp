@@ -101,6 +101,11 @@ struct QueueMemory {
   static std::size_t host_bytes(std::uint32_t entries) { return entries * 8ULL + 64; }
 };
 
+inline Status check_queue_entries(std::uint32_t entries) {
+  if (entries >= 8 && (entries & (entries - 1)) == 0) return Status::success();
+  return Status::failure("queue_entries must be a power of two of at least 8, not " + std::to_string(entries));
+}
+
 // Queue entry: the low word is the sequence number (claim + 1), the high word the slot; the
 // slot's top bit says the stream waits for it.
 inline constexpr std::uint32_t kQueueWaits = 0x80000000U;
