@@ -5,12 +5,9 @@ from __future__ import annotations
 from fastpath.schema.errors import ManifestError
 from fastpath.schema.fieldtypes import python_package, split_import_path
 from fastpath.schema.loader import LoadedManifest
-from fastpath.schema.names import DEFAULT_FMHA_ORDER
+from fastpath.vocab import DEFAULT_FMHA_ORDER, DISPATCH_CHAINS, LOOP_VS_GUIDED, default_graph_batch_sizes
 
 from .plan import Decision, HookPlan, HookRef, Plan
-
-SPIN_CHAIN = ("hostfunc_v2", "doorbell", "blocking")
-DISPATCH_CHAINS = {"spin": SPIN_CHAIN, "auto": SPIN_CHAIN, "blocking": ("blocking",)}
 
 
 def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
@@ -143,9 +140,7 @@ def _hook_decisions(loaded: LoadedManifest, hooks: HookPlan) -> list[Decision]:
         decisions.append(Decision(".".join(loop_key), "on", f"declared{_at(loaded, *loop_key)}{note}"))
     elif loaded.manifest.guided_decoding.backend != "none":
         # The schema refuses asking for both; record why the gate must stay shut.
-        reason = (
-            "off: guided decoding runs on a side stream, which the execution-stream loop would not wait for"
-        )
+        reason = f"off: {LOOP_VS_GUIDED}"
         decisions.append(Decision(".".join(loop_key), "off", reason))
     else:
         decisions.append(off(*loop_key))
@@ -184,12 +179,6 @@ def _stream_note(device: str) -> str:
 
 def _on_off_auto(value: bool | None) -> str:
     return "auto" if value is None else "on" if value else "off"
-
-
-def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
-    """Powers of two below max_batch_size, then max_batch_size itself: 12 -> (1, 2, 4, 8, 12)."""
-    sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
-    return (*sizes, max_batch_size)
 
 
 def _cuda_graphs(loaded: LoadedManifest) -> tuple[bool | None, tuple[int, ...] | None, str]:

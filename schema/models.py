@@ -23,7 +23,14 @@ from .fieldtypes import (
     PositiveInt,
     spec,
 )
-from .names import EXECUTOR_EVENTS, SCHEMA_VERSION
+from .names import (
+    DISPATCH_MODES,
+    EXECUTOR_EVENTS,
+    GUIDED_BACKENDS,
+    LOOP_VS_GUIDED,
+    ON_UNSUPPORTED,
+    SCHEMA_VERSION,
+)
 
 
 class Section(BaseModel):
@@ -162,13 +169,13 @@ class HooksSpec(Section):
 class HostDispatchSpec(Section):
     """How host callbacks are launched from CUDA streams. Without CUDA they run inline, in order."""
 
-    mode: Literal["blocking", "spin", "auto"] = spec(
+    mode: Literal[DISPATCH_MODES] = spec(
         "auto",
         status="prototype",
         doc="`blocking`: cudaLaunchHostFunc. `spin`: low latency, cudaLaunchHostFunc_v2 with spin-wait on "
         "CUDA 13.2+, else a doorbell in mapped memory, else blocking. `auto`: the same chain, silently.",
     )
-    on_unsupported: Literal["warn_once", "error"] = spec(
+    on_unsupported: Literal[ON_UNSUPPORTED] = spec(
         "warn_once",
         status="prototype",
         doc="What `spin` does when it must fall back to blocking: warn once per process, or raise.",
@@ -204,7 +211,7 @@ class FmhaSpec(Section):
 class GuidedDecodingSpec(Section):
     """Constrained decoding (JSON schema, grammar) by a guided-decoding backend."""
 
-    backend: Literal["none", "xgrammar", "llguidance"] = spec("none", doc="The backend, or `none`.")
+    backend: Literal[GUIDED_BACKENDS] = spec("none", doc="The backend, or `none`.")
 
 
 class Manifest(Section):
@@ -237,9 +244,8 @@ class Manifest(Section):
     def _hooks_fit_guided_decoding(self) -> Manifest:
         if self.hooks.loop_on_execution_stream and self.guided_decoding.backend != "none":
             raise FieldError(
-                f"cannot be combined with guided_decoding ({self.guided_decoding.backend}): the guided decoder "
-                "fills its token bitmask on a side stream, and the execution-stream loop skips the cross-stream "
-                "waits that order it; turn one of them off",
+                f"cannot be combined with guided_decoding ({self.guided_decoding.backend}): {LOOP_VS_GUIDED}; "
+                "turn one of them off",
                 ("hooks", "loop_on_execution_stream"),
             )
         return self

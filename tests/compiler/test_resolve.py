@@ -6,8 +6,9 @@ import pytest
 
 from fastpath.compiler.plan import LLM_KWARGS
 from fastpath.compiler.render import lock_json
-from fastpath.compiler.resolve import default_graph_batch_sizes, resolve
+from fastpath.compiler.resolve import resolve
 from fastpath.schema import DEFAULT_FMHA_ORDER, ManifestError, parse_manifest
+from fastpath.vocab import default_graph_batch_sizes
 
 HEAD = "schema_version: 1\nname: m\nmodel:\n  checkpoint: random:tiny-llama\n"
 

@@ -1,0 +1,80 @@
+"""fastpath.vocab: the names every layer shares, spelled once.
+
+Plain constants and pure functions, no imports from fastpath or any third-party package: the
+schema, the compiler, the runtime and the generated C++ all read their spellings from here.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# --- attention (FMHA) libraries -------------------------------------------------------------------
+
+# The order the runtime tries libraries in when a manifest leaves `fmha.enabled` out: fastest
+# first, the reference last so that something always supports a call.
+DEFAULT_FMHA_ORDER: tuple[str, ...] = (
+    "triton_decode",
+    "flashinfer",
+    "sdpa_flash",
+    "sdpa_cudnn",
+    "sdpa_efficient",
+    "sdpa_math",
+    "flex_attention",
+    "reference",
+)
+# Every FMHA library a manifest may name (the JSON Schema's enum order).
+FMHA_LIBRARIES: tuple[str, ...] = (
+    "reference",
+    "sdpa_flash",
+    "sdpa_efficient",
+    "sdpa_cudnn",
+    "sdpa_math",
+    "flex_attention",
+    "flashinfer",
+    "triton_decode",
+)
+
+# --- models ---------------------------------------------------------------------------------------
+
+RANDOM_PREFIX = "random:"
+# `random:<preset>` checkpoints: seeded random weights in a known shape, for tests and benchmarks.
+RANDOM_PRESETS: tuple[str, ...] = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "llama-1b")
+
+# --- hooks ----------------------------------------------------------------------------------------
+
+# Executor events a manifest may hook, in the order the executor reaches them.
+EXECUTOR_EVENTS: tuple[str, ...] = ("after_warmup", "before_overlap_loop", "at_shutdown")
+
+# Why loop_on_execution_stream and guided decoding exclude each other (schema, resolve, runtime).
+LOOP_VS_GUIDED = (
+    "the guided decoder fills its token bitmask on a side stream, and the execution-stream loop "
+    "skips the cross-stream waits that order it"
+)
+
+# --- host dispatch --------------------------------------------------------------------------------
+
+# mode -> the backends tried in order when CUDA is present (without CUDA every mode runs inline).
+# The schema's enum, the C++ spellings (cpp/include/fastpath/dispatch_names.hpp) and --explain's
+# chain all come from this table.
+DISPATCH_CHAINS: dict[str, tuple[str, ...]] = {
+    "blocking": ("blocking",),
+    "spin": ("hostfunc_v2", "doorbell", "blocking"),
+    "auto": ("hostfunc_v2", "doorbell", "blocking"),
+}
+DISPATCH_MODES: tuple[str, ...] = tuple(DISPATCH_CHAINS)
+# Every backend a mode can end on; `inline` is where every mode lands without CUDA.
+DISPATCH_BACKENDS: tuple[str, ...] = ("inline", "blocking", "hostfunc_v2", "doorbell")
+# What `spin` does when only blocking is left.
+ON_UNSUPPORTED: tuple[str, ...] = ("warn_once", "error")
+
+# --- guided decoding ------------------------------------------------------------------------------
+
+GUIDED_BACKENDS: tuple[str, ...] = ("none", "xgrammar", "llguidance")
+
+# --- CUDA graphs ----------------------------------------------------------------------------------
+
+
+def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two below max_batch_size, then max_batch_size itself: 12 -> (1, 2, 4, 8, 12)."""
+    sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
+    return (*sizes, max_batch_size)
