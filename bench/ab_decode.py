@@ -29,7 +29,7 @@ def main() -> None:
         print("bench/ab_decode.py needs a CUDA device")
         return
     from fastpath.runtime import LLM
-    from fastpath.runtime.readback import Readback
+    from fastpath.runtime.engine.readback import Readback
 
     rows, payload = [], []
     variants = {

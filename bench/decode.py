@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, wall, write_outputs
 
-from fastpath.runtime.presets import resolve_random
+from fastpath.runtime.model.presets import resolve_random
 
 MODEL = "random:llama-1b"
 PROMPT_LEN = 32
@@ -56,7 +56,7 @@ def engine_step_time(llm, batch: int, short: int, long: int, repeats: int) -> fl
 def hf_step_time(batch: int, short: int, long: int) -> float:
     import transformers
 
-    from fastpath.runtime.presets import resolve_random
+    from fastpath.runtime.model.presets import resolve_random
 
     cfg = transformers.LlamaConfig(
         **{k: v for k, v in resolve_random(MODEL).to_hf_dict().items() if k != "architectures"}

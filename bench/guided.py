@@ -38,7 +38,7 @@ ENDLESS_JSON = r'(\{"id": [0-9]{1,4}, "name": "[a-z]{1,8}", "ok": (true|false)\}
 def tokenizer_dir(path: Path | None, out: Path) -> Path:
     if path is not None:
         return path
-    from fastpath.runtime.tiny_checkpoint import synthetic_corpus, train_tokenizer
+    from fastpath.runtime.model.tiny_checkpoint import synthetic_corpus, train_tokenizer
 
     target = out / "bench-tokenizer-32k"
     if not (target / "tokenizer.json").is_file():

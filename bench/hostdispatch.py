@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
 
 from fastpath.runtime import _hostdispatch as ext
-from fastpath.runtime.hostfunc import HostDispatcher, HostDispatchWarning
+from fastpath.runtime.dispatch.dispatcher import HostDispatcher, HostDispatchWarning
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,16 +52,16 @@ def step_time(llm, batch: int, short=16, long=96, repeats=3) -> float:
 def prologue_latency(batch: int, replays: int = 1000) -> dict[str, float]:
     """µs per prologue, each variant replayed from its own graph."""
     from fastpath.runtime import RuntimeHooks
-    from fastpath.runtime.decode_inputs import (
+    from fastpath.runtime.engine.sampling_params import SamplingParams
+    from fastpath.runtime.engine.sequence import Sequence
+    from fastpath.runtime.engine.steps import stage
+    from fastpath.runtime.prologues import FusedDecodePrologue
+    from fastpath.runtime.runner.decode_inputs import (
         FIXED_COLUMNS,
         DecodeBuffers,
         DecodeInputs,
         native_prologue,
-        stage,
     )
-    from fastpath.runtime.prologues import FusedDecodePrologue
-    from fastpath.runtime.sampling_params import SamplingParams
-    from fastpath.runtime.sequence import Sequence
 
     fused = FusedDecodePrologue()
     llm = _llm(RuntimeHooks(decode_prologue=fused), batch=batch)

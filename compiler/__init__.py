@@ -4,9 +4,11 @@ resolve(load_manifest(path)) -> Plan        every default filled, every gate dec
 render(plan) -> {path: text}                deterministic
 write_package(files, folder)                atomic, write-if-different
 build_package(folder, package)              scikit-build-core, cached build folder
+native_llm(path)                            the manifest on the native engine (hooks read at run time)
 """
 
 from .build import BuildError, BuildResult, build_package
+from .native import native_llm, native_llm_from_text
 from .plan import Decision, HookPlan, HookRef, Plan
 from .render import RenderError, render
 from .resolve import resolve
@@ -25,6 +27,8 @@ __all__ = [
     "WriteResult",
     "build_package",
     "drift",
+    "native_llm",
+    "native_llm_from_text",
     "render",
     "resolve",
     "write_package",

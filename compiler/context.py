@@ -72,7 +72,7 @@ def _import_lines(plan_hooks, imports: tuple[HookImport, ...]):
     core = {("ExecutorCore", "ExecutorCore")}
     if plan_hooks.loop_on_execution_stream or plan_hooks.before_overlap_loop:
         core.add(("StepRecord", "StepRecord"))  # steps() is overridden
-    lines: dict[str, set[tuple[str, str]]] = {"fastpath.runtime.executor_core": core}
+    lines: dict[str, set[tuple[str, str]]] = {"fastpath.runtime.engine.executor": core}
     if imports:
         helpers = lines.setdefault("fastpath.runtime.hooks", set())
         helpers.add(("instantiate", "instantiate"))
@@ -129,7 +129,7 @@ def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
         },
         "__init__.py.j2": {
             **python,
-            "defaults": plan.llm_kwargs(),
+            "defaults": plan.package_defaults(),
             "manifest_sha256": plan.manifest_sha256,
             "module_name": MODULE_NAME,
         },

@@ -10,22 +10,10 @@ from .plan import Plan
 Availability = Callable[[Plan], dict[str, list[str]] | str]
 
 
-def runtime_availability(plan: Plan) -> dict[str, list[str]] | str:
-    """Ask fastpath's runtime (which imports torch) which libraries would load here."""
-    try:
-        import torch
-
-        from fastpath.runtime.attention.registry import availability_report
-    except Exception as exc:  # no torch, or a runtime that does not import: say so and carry on
-        return f"runtime not importable ({type(exc).__name__}: {exc})"
-    device = {} if plan.device == "auto" else {"device_type": plan.device}
-    try:
-        return availability_report(list(plan.fmha_order), dtype=getattr(torch, plan.dtype), **device)
-    except Exception as exc:
-        return f"availability unknown ({type(exc).__name__}: {exc})"
-
-
-def explain(plan: Plan, availability: Availability = runtime_availability) -> str:
+def explain(plan: Plan, availability: Availability | None = None) -> str:
+    """`availability`: which FMHA libraries load here; by default the runtime is asked (compiler/native.py)."""
+    if availability is None:
+        from .native import runtime_availability as availability
     decisions = {d.subject: d for d in plan.decisions}
     lines = [
         f"{plan.name}: {plan.manifest_path} (sha256 {plan.manifest_sha256[:16]})",

@@ -25,6 +25,8 @@ LLM_KWARGS = (
     "tensor_parallel_size",
     "seed",
 )
+# A generated package's extension fixes these at compile time, so its LLM never passes them.
+COMPILED_IN = ("dispatch_mode", "on_unsupported")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class HookPlan:
         return result
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data for `fastpath.runtime.hooks.hooks_from_plan`."""
+        """Plain data for `fastpath.runtime.hooks.hooks_from_lock`."""
         return {
             "loop_on_execution_stream": self.loop_on_execution_stream,
             "decode_prologue": self.decode_prologue.path if self.decode_prologue else None,
@@ -120,8 +122,12 @@ class Plan:
         """Keyword arguments of `fastpath.runtime.LLM(...)`, as plain values. Hooks travel separately."""
         return {key: getattr(self, key) for key in LLM_KWARGS}
 
+    def package_defaults(self) -> dict[str, Any]:
+        """A generated package's LLM defaults: llm_kwargs without what its extension compiles in."""
+        return {key: value for key, value in self.llm_kwargs().items() if key not in COMPILED_IN}
+
     def hooks_dict(self) -> dict[str, Any]:
-        """The hooks as plain data, for `fastpath.runtime.hooks.hooks_from_plan`."""
+        """The hooks as plain data, for `fastpath.runtime.hooks.hooks_from_lock`."""
         return self.hooks.as_dict()
 
     def to_json(self) -> dict[str, Any]:

@@ -61,9 +61,9 @@ def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
 
 def _tensor_parallel(loaded: LoadedManifest) -> Decision:
     """tp against the model's head counts, when the model's config is at hand; devices at run time."""
-    from fastpath.runtime.config import ConfigError, ModelConfig
-    from fastpath.runtime.parallel.sharding import tp_problems
-    from fastpath.runtime.presets import PRESETS, RANDOM_PREFIX
+    from fastpath.runtime.model.config import ConfigError, ModelConfig
+    from fastpath.runtime.model.presets import PRESETS, RANDOM_PREFIX
+    from fastpath.runtime.model.sharding import tp_problems
 
     m = loaded.manifest
     tp = m.runtime.tensor_parallel_size

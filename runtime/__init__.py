@@ -1,6 +1,9 @@
-"""fastpath.runtime: the native baseline engine.
+"""fastpath.runtime: the native baseline engine, grouped by concept (docs/architecture.md):
+engine/ (LLM, executor, scheduler), runner/ (one step on the device), model/, attention/,
+kernels/, guided/, parallel/ (tensor-parallel processes), dispatch/ (host dispatch), and the hook
+surface a manifest names (hooks, prologues, events).
 
-Heavy modules (torch) load on first use, so `import fastpath.runtime` stays cheap for the compiler.
+Heavy modules (torch) load on first use, so `import fastpath.runtime` stays cheap.
 """
 
 from __future__ import annotations
@@ -9,23 +12,25 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "LLM": ".llm",
-    "SamplingParams": ".sampling_params",
-    "RequestOutput": ".outputs",
-    "RequestError": ".outputs",
-    "StreamToken": ".outputs",
-    "ModelConfig": ".config",
+    "LLM": ".engine.llm",
+    "SamplingParams": ".engine.sampling_params",
+    "RequestOutput": ".engine.outputs",
+    "RequestError": ".engine.outputs",
+    "StreamToken": ".engine.outputs",
+    "ExecutorCore": ".engine.executor",
+    "NativeExecutor": ".engine.native_executor",
+    "ModelRunner": ".runner.runner",
+    "ModelConfig": ".model.config",
     "RuntimeHooks": ".hooks",
     "EventLists": ".hooks",
+    "HookError": ".hooks",
     "runtime_hooks_of": ".hooks",
-    "ExecutorCore": ".executor_core",
-    "NativeExecutor": ".native_executor",
     "WorkerLost": ".parallel.state",
-    "HostDispatcher": ".hostfunc",
-    "launch_hostfunc": ".hostfunc",
-    "set_dispatch": ".hostfunc",
-    "dispatch_info": ".hostfunc",
-    "check": ".hostfunc",
+    "HostDispatcher": ".dispatch.dispatcher",
+    "launch_hostfunc": ".dispatch.dispatcher",
+    "set_dispatch": ".dispatch.dispatcher",
+    "dispatch_info": ".dispatch.dispatcher",
+    "check": ".dispatch.dispatcher",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .executor_core import ExecutorCore
+    from .engine.executor import ExecutorCore
 
 log = logging.getLogger("fastpath.events")
 

@@ -10,9 +10,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from fastpath.vocab import EXECUTOR_EVENTS
+
 if TYPE_CHECKING:
-    from .decode_inputs import DecodeInputs
-    from .executor_core import ExecutorCore
+    from .engine.executor import ExecutorCore
+    from .runner.decode_inputs import DecodeInputs
 
 
 @runtime_checkable
@@ -144,8 +146,8 @@ def instantiate(obj: Any) -> Any:
     return obj() if isinstance(obj, type) else obj
 
 
-def hooks_from_plan(plan_hooks: Mapping[str, Any]) -> RuntimeHooks:
-    """RuntimeHooks from a manifest Plan's hooks section (import paths as 'module:attr' strings)."""
+def hooks_from_lock(plan_hooks: Mapping[str, Any]) -> RuntimeHooks:
+    """RuntimeHooks from a lock file's hooks section (import paths as 'module:attr' strings)."""
     prologue = plan_hooks.get("decode_prologue")
     events: Mapping[str, Sequence[str]] = plan_hooks.get("executor_events") or {}
     lists = {k: tuple(instantiate(import_path(p)) for p in events.get(k, ())) for k in _EVENT_KEYS}
@@ -156,4 +158,4 @@ def hooks_from_plan(plan_hooks: Mapping[str, Any]) -> RuntimeHooks:
     )
 
 
-_EVENT_KEYS = ("after_warmup", "before_overlap_loop", "at_shutdown")
+_EVENT_KEYS = EXECUTOR_EVENTS

@@ -12,10 +12,10 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN, DecodeInputs
+from .runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN, DecodeInputs
 
 if TYPE_CHECKING:
-    from .executor_core import ExecutorCore
+    from .engine.executor import ExecutorCore
 
 _kernel = None
 

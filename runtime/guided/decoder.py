@@ -52,7 +52,7 @@ class GuidedDecoder:
             raise ValueError(f"guided_backend: {config.guided_backend!r} is not supported (none, xgrammar)")
         if config.tensor_parallel_size > 1:
             raise ValueError("guided decoding with tensor_parallel_size > 1 is not supported yet")
-        from ..tokenizer import resolve_tokenizer
+        from ..model.tokenizer import resolve_tokenizer
 
         tokenizer = resolve_tokenizer(config.tokenizer, config.checkpoint, config.model.vocab_size)
         if tokenizer is None:

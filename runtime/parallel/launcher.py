@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ..engine_config import EngineConfig
-from .collectives import TPContext
+from ..model.collectives import TPContext
+from ..model.sharding import tp_problems
+from ..runner.config import EngineConfig
 from .messages import Channel
-from .sharding import tp_problems
 from .state import ParallelState
 from .watch import WorkerSet
 

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..sampler import SamplingTensors
-from ..steps import DecodeStep, PrefillStep
+from ..runner.sampler import SamplingTensors
+from ..runner.step_inputs import DecodeStep, PrefillStep
 
 HEADER = 8
 

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..kv_cache import CacheSizing
-from .collectives import TPContext
+from ..model.collectives import TPContext
+from ..runner.kv_cache import CacheSizing
 from .messages import Channel, Op
 
 if TYPE_CHECKING:

@@ -14,30 +14,30 @@ import torch.distributed as dist
 from .messages import Op
 
 if TYPE_CHECKING:
-    from ..executor_core import ExecutorCore
+    from ..runner.runner import ModelRunner
     from .launcher import WorkerSpec
+    from .messages import Channel
 
 log = logging.getLogger("fastpath.parallel")
 
 
-def serve(executor: ExecutorCore, until: Op = Op.STOP) -> None:
+def serve(runner: ModelRunner, channel: Channel, until: Op = Op.STOP) -> None:
     """Run rank 0's steps on this rank's shard until `until` arrives.
 
     Tokens are sampled from logits every rank has whole, so each rank samples the same tokens and
     keeps the last step's as the next decode step's inputs, exactly as rank 0 does.
     """
-    channel = executor.parallel.channel
     last = None
     while True:
         op, step = channel.recv()
         if op is until:
             return
         if op is Op.DECODE:
-            last, _ = executor.run_decode(step, last)
+            last, _ = runner.run_decode(step, last)
         elif op is Op.PREFILL:
-            last, _ = executor.run_prefill(step)
+            last, _ = runner.run_prefill(step)
         elif op is Op.PREFILL_LOGITS:
-            executor.run_prompt(step)
+            runner.run_prompt(step)
         elif op is Op.STOP:
             raise RuntimeError("rank 0 stopped the engine during start-up")
         else:
@@ -61,7 +61,7 @@ def worker_main(spec: WorkerSpec) -> None:
     try:
         executor = spec.executor_cls(spec.config, spec.hooks, parallel=state)
         executor.start()
-        serve(executor)
+        serve(executor.runner, state.channel)
     except BaseException as exc:
         state.broken = True  # the device may hold a collective that never finishes: do not wait on it
         state.post_error(exc)

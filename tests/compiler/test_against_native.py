@@ -7,8 +7,8 @@ import pytest
 import recording_hooks
 from compile_helpers import REPO
 
-from fastpath.compiler import build_package, render, resolve, write_package
-from fastpath.runtime import LLM, SamplingParams
+from fastpath.compiler import build_package, native_llm, native_llm_from_text, render, resolve, write_package
+from fastpath.runtime import SamplingParams
 from fastpath.schema import load_manifest, parse_manifest
 
 PROMPTS = [[5, 6, 7, 8], list(range(10, 60)), [3]]
@@ -56,7 +56,7 @@ def test_generated_package_gives_the_native_tokens(example, build_root):
     path = REPO / "examples" / f"{example}.yaml"
     plan = resolve(load_manifest(path), f"examples/{example}.yaml")
     pkg = _import_generated(plan, build_root)
-    with pkg.LLM() as generated, LLM.from_manifest(path) as native:
+    with pkg.LLM() as generated, native_llm(path) as native:
         assert type(generated.executor).__module__ == f"{plan.package}.executor"
         fixed = generated.executor.dispatcher.extension.FIXED_MODE
         assert fixed == plan.dispatch_mode
@@ -70,7 +70,7 @@ def test_generated_and_native_run_the_hooks_in_the_same_order(build_root):
     plan = resolve(parse_manifest(RECORDING, "recording.yaml"), "recording.yaml")
     pkg = _import_generated(plan, build_root)
     logs = {}
-    for name, make in (("native", lambda: LLM.from_manifest_text(RECORDING)), ("generated", pkg.LLM)):
+    for name, make in (("native", lambda: native_llm_from_text(RECORDING)), ("generated", pkg.LLM)):
         recording_hooks.LOG.clear()
         with make() as llm:
             tokens = [o.token_ids for o in llm.generate(PROMPTS, PARAMS)]

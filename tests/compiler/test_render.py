@@ -67,7 +67,10 @@ def test_init_exposes_the_plan_as_plain_data(all_hooks):
         for node in tree.body
         if isinstance(node, ast.Assign) and len(node.targets) == 1
     }
-    assert ast.literal_eval(constants["DEFAULTS"]) == plan.llm_kwargs()
+    assert ast.literal_eval(constants["DEFAULTS"]) == plan.package_defaults()
+    assert "dispatch_mode" not in plan.package_defaults(), (
+        "the extension fixes the mode; it is not passed again"
+    )
     assert "HOOKS" not in constants, "hooks are compiled into the executor, not passed at run time"
     assert ast.literal_eval(constants["MANIFEST_SHA256"]) == plan.manifest_sha256
     assert json.loads(files["all_hooks/manifest.lock.json"])["llm_kwargs"] == json.loads(

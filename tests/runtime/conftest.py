@@ -18,8 +18,8 @@ def hf_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_text_checkpoint(tmp_path_factory) -> Path:
-    from fastpath.runtime.presets import resolve_random
-    from fastpath.runtime.tiny_checkpoint import write_checkpoint
+    from fastpath.runtime.model.presets import resolve_random
+    from fastpath.runtime.model.tiny_checkpoint import write_checkpoint
 
     return write_checkpoint(
         tmp_path_factory.mktemp("text") / "tiny-llama", resolve_random("random:tiny-llama", 0)

@@ -41,7 +41,7 @@ def test_bad_request_is_named_and_others_run(llm, bad_prompt, bad_params, messag
 
 
 def test_a_text_prompt_without_a_tokenizer_fails_alone():
-    from fastpath.runtime.presets import resolve_random
+    from fastpath.runtime.model.presets import resolve_random
 
     # Past the synthetic tokenizer's size, a random model has no tokenizer at all.
     cfg = resolve_random("random:tiny-mistral").replace(vocab_size=5000)

@@ -2,9 +2,10 @@
 
 import torch
 
-from fastpath.runtime.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN, stage
-from fastpath.runtime.sampling_params import SamplingParams
-from fastpath.runtime.sequence import Sequence
+from fastpath.runtime.engine.sampling_params import SamplingParams
+from fastpath.runtime.engine.sequence import Sequence
+from fastpath.runtime.engine.steps import stage
+from fastpath.runtime.runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
 
 
 def _seq(i, blocks, pending=0, prompt_len=20):

@@ -91,7 +91,7 @@ def test_malformed_specs_raise_value_errors(spec, message):
 
 def test_grammars_compile_once_per_constraint_within_a_bound(tiny_text_checkpoint):
     from fastpath.runtime.guided.grammar_cache import GrammarCache
-    from fastpath.runtime.tokenizer import load_tokenizer
+    from fastpath.runtime.model.tokenizer import load_tokenizer
 
     cache = GrammarCache(load_tokenizer(tiny_text_checkpoint), 512, capacity=2)
     a, b, c = (parse_spec({"regex": r}) for r in ("[a-z]+", "[0-9]+", "x|y"))
@@ -147,7 +147,7 @@ def test_a_native_fill_on_a_worker_thread_matches_xgrammar_and_reports_refused_t
     import xgrammar as xgr
 
     from fastpath.runtime import _hostdispatch as ext
-    from fastpath.runtime.hostfunc import HostDispatcher, HostDispatchFallbackWarning
+    from fastpath.runtime.dispatch.dispatcher import HostDispatcher, HostDispatchFallbackWarning
 
     g = llm.executor.guided
     stream = ext.SimStream()
@@ -180,7 +180,7 @@ def test_a_native_fill_reports_a_step_without_a_plan_and_refuses_bad_buffers_and
     import torch
 
     from fastpath.runtime import _hostdispatch as ext
-    from fastpath.runtime.hostfunc import HostDispatcher
+    from fastpath.runtime.dispatch.dispatcher import HostDispatcher
 
     tokens, flags = torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.int32)
     fill = ext.GuidedFill(tokens, torch.zeros(4, 3, dtype=torch.int32), flags, 4, 3)

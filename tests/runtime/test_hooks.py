@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from fastpath.runtime import LLM, EventLists, RuntimeHooks, SamplingParams, runtime_hooks_of
-from fastpath.runtime.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
+from fastpath.runtime.engine.executor import StartupError
 from fastpath.runtime.events import health_check, retain_host_pages
-from fastpath.runtime.executor_core import StartupError
-from fastpath.runtime.hooks import ALL_OFF, hooks_from_plan
+from fastpath.runtime.hooks import ALL_OFF, hooks_from_lock
 from fastpath.runtime.prologues import FusedDecodePrologue
+from fastpath.runtime.runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
 
 # --- declarations -------------------------------------------------------------------------------
 
@@ -58,8 +58,8 @@ def test_hooks_are_immutable():
         hooks.loop_on_execution_stream = True
 
 
-def test_hooks_from_plan_imports_paths():
-    hooks = hooks_from_plan(
+def test_hooks_from_lock_imports_paths():
+    hooks = hooks_from_lock(
         {
             "loop_on_execution_stream": True,
             "decode_prologue": "fastpath.runtime.prologues:FusedDecodePrologue",
@@ -71,7 +71,7 @@ def test_hooks_from_plan_imports_paths():
     )
     assert isinstance(hooks.decode_prologue, FusedDecodePrologue)
     assert hooks.executor_events.after_warmup_fns == (retain_host_pages,)
-    assert hooks_from_plan({}) == ALL_OFF
+    assert hooks_from_lock({}) == ALL_OFF
 
 
 # --- call order and guards --------------------------------------------------------------------

@@ -14,7 +14,7 @@ from hostdispatch_exts import sim_params
 
 SCRIPT = """
 import importlib, json, sys
-from fastpath.runtime.hostfunc import HostDispatcher
+from fastpath.runtime.dispatch.dispatcher import HostDispatcher
 ext = importlib.import_module(sys.argv[1])
 mode, device, hold = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] == "1"
 stream = ext.SimStream(capacity=4)

@@ -17,8 +17,8 @@ import pytest
 import torch
 from hostdispatch_exts import extension_names, load, mode_params
 
-from fastpath.runtime import hostfunc
-from fastpath.runtime.hostfunc import HostDispatcher, HostDispatchFallbackWarning
+from fastpath.runtime.dispatch import dispatcher as hostfunc
+from fastpath.runtime.dispatch.dispatcher import HostDispatcher, HostDispatchFallbackWarning
 
 pytestmark = pytest.mark.gpu
 
@@ -265,7 +265,7 @@ def test_hostfunc_v2_is_detected_by_version_and_a_fall_back_warns_once(name):
 
 GIL_SCRIPT = """
 import sys, torch
-from fastpath.runtime.hostfunc import HostDispatcher
+from fastpath.runtime.dispatch.dispatcher import HostDispatcher
 d = HostDispatcher(sys.argv[1], extension=sys.argv[2], device="cuda")
 torch.cuda._sleep(500_000_000)
 seen = []

@@ -10,8 +10,8 @@ import traceback
 import pytest
 from hostdispatch_exts import load, mode_params
 
-from fastpath.runtime import hostfunc
-from fastpath.runtime.hostfunc import HostDispatcher
+from fastpath.runtime.dispatch import dispatcher as hostfunc
+from fastpath.runtime.dispatch.dispatcher import HostDispatcher
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +128,7 @@ def test_importing_hostfunc_loads_no_cuda_driver_and_no_torch():
     code = (
         "import sys, fastpath.runtime\n"
         "torch_before = 'torch' in sys.modules\n"
-        "import fastpath.runtime.hostfunc\n"
+        "import fastpath.runtime.dispatch.dispatcher\n"
         "assert ('torch' in sys.modules) == torch_before, 'hostfunc imported torch'\n"
         "assert 'libcuda.so' not in open('/proc/self/maps').read(), 'driver loaded at import'\n"
     )

@@ -9,8 +9,8 @@ import warnings
 import pytest
 from hostdispatch_exts import extension_names, load
 
-from fastpath.runtime import hostfunc
-from fastpath.runtime.hostfunc import (
+from fastpath.runtime.dispatch import dispatcher as hostfunc
+from fastpath.runtime.dispatch.dispatcher import (
     HostDispatcher,
     HostDispatchFallbackWarning,
     HostDispatchUnsupportedError,

@@ -18,7 +18,11 @@ from typing import Any
 import pytest
 from hostdispatch_exts import extension_names, load, sim_params
 
-from fastpath.runtime.hostfunc import HostDispatcher, HostDispatchFallbackWarning, HostDispatchWarning
+from fastpath.runtime.dispatch.dispatcher import (
+    HostDispatcher,
+    HostDispatchFallbackWarning,
+    HostDispatchWarning,
+)
 
 
 @dataclass

@@ -3,7 +3,7 @@
 import torch
 
 from fastpath.runtime import LLM, SamplingParams
-from fastpath.runtime.sampler import SamplingTensors, sample, uniform_noise
+from fastpath.runtime.runner.sampler import SamplingTensors, sample, uniform_noise
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], list(range(20, 50))]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fastpath.runtime import LLM, SamplingParams
-from fastpath.runtime.presets import PRESETS
+from fastpath.runtime.model.presets import PRESETS
 
 PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
 GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)

@@ -7,12 +7,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-import fastpath.runtime.weights as weights
-from fastpath.runtime.config import ModelConfig
-from fastpath.runtime.parallel.collectives import TPContext
-from fastpath.runtime.parallel.sharding import Span, partition, tp_problems
-from fastpath.runtime.presets import PRESETS
-from fastpath.runtime.weights import build_model
+import fastpath.runtime.model.weights as weights
+from fastpath.runtime.model.collectives import TPContext
+from fastpath.runtime.model.config import ModelConfig
+from fastpath.runtime.model.presets import PRESETS
+from fastpath.runtime.model.sharding import Span, partition, tp_problems
+from fastpath.runtime.model.weights import build_model
 
 CPU = torch.device("cpu")
 

@@ -7,8 +7,8 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from fastpath.runtime import LLM, SamplingParams
-from fastpath.runtime.config import ConfigError, ModelConfig
-from fastpath.runtime.weights import WeightError
+from fastpath.runtime.model.config import ConfigError, ModelConfig
+from fastpath.runtime.model.weights import WeightError
 
 PROMPT = [[5, 9, 13, 2, 77]]
 P = SamplingParams(max_tokens=10, ignore_eos=True)

@@ -11,9 +11,9 @@ import torch
 from fastpath.runtime.attention.metadata import AttentionMetadata
 from fastpath.runtime.attention.reference import ReferenceAttention
 from fastpath.runtime.attention.triton_decode import TritonDecodeAttention
-from fastpath.runtime.decode_inputs import FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
 from fastpath.runtime.kernels.torch_ops import TorchOps
 from fastpath.runtime.kernels.triton_ops import TritonOps
+from fastpath.runtime.runner.decode_inputs import FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run me with TRITON_INTERPRET=1"
 DT = torch.float16

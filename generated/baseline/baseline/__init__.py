@@ -29,8 +29,6 @@ DEFAULTS = {
     "graph_batch_sizes": (1, 2, 4, 8, 16),
     "fmha_prepend": (),
     "fmha_enabled": None,
-    "dispatch_mode": "auto",
-    "on_unsupported": "warn_once",
     "guided_backend": "none",
     "tensor_parallel_size": 1,
     "seed": 0,

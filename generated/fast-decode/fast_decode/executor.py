@@ -8,8 +8,8 @@ only those the manifest changes, and everything else is ExecutorCore's hook-free
 
 from collections.abc import Iterator
 
+from fastpath.runtime.engine.executor import ExecutorCore, StepRecord
 from fastpath.runtime.events import health_check, retain_host_pages
-from fastpath.runtime.executor_core import ExecutorCore, StepRecord
 from fastpath.runtime.hooks import call_hook, instantiate
 from fastpath.runtime.prologues import FusedDecodePrologue
 

@@ -29,8 +29,6 @@ DEFAULTS = {
     "graph_batch_sizes": (1, 2, 4),
     "fmha_prepend": ("flex_attention",),
     "fmha_enabled": None,
-    "dispatch_mode": "auto",
-    "on_unsupported": "warn_once",
     "guided_backend": "xgrammar",
     "tensor_parallel_size": 1,
     "seed": 0,

@@ -6,7 +6,7 @@ directly, and a hook the manifest leaves off has no branch and no name: the meth
 only those the manifest changes, and everything else is ExecutorCore's hook-free step loop.
 """
 
-from fastpath.runtime.executor_core import ExecutorCore
+from fastpath.runtime.engine.executor import ExecutorCore
 
 
 class Executor(ExecutorCore):

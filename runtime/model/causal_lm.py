@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention.manager import FmhaManager
-from .attention.metadata import AttentionMetadata
+from ..attention.manager import FmhaManager
+from ..attention.metadata import AttentionMetadata
+from ..kernels import TorchOps
+from .collectives import SINGLE, TPContext
 from .config import ModelConfig
-from .kernels import TorchOps
 from .layers import RMSNorm, RotaryEmbedding
-from .parallel.collectives import SINGLE, TPContext
-from .parallel.sharding import Partition, local_config, partition
+from .sharding import Partition, local_config, partition
 
 
 class Attention(nn.Module):

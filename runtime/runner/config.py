@@ -7,10 +7,11 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
+from fastpath.vocab import default_graph_batch_sizes
+
+from ..model.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DEFAULT_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,8 +30,8 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] = ()
     fmha_enabled: tuple[str, ...] | None = None
     fmha_prepend: tuple[str, ...] = ()
-    dispatch_mode: str = "auto"
-    on_unsupported: str = "warn_once"
+    dispatch_mode: str | None = None  # None: the extension's fixed mode, else auto
+    on_unsupported: str | None = None  # None: the extension's fixed policy, else warn_once
     guided_backend: str = "none"
     seed: int = 0
     tensor_parallel_size: int = 1
@@ -66,7 +67,9 @@ def resolve_graph_sizes(
         if enabled and device.type != "cuda":
             raise ValueError("cuda_graphs: CUDA graphs were requested on a CPU device")
         return ()
-    chosen = sorted({int(b) for b in (sizes or DEFAULT_GRAPH_BATCH_SIZES) if int(b) <= max_batch_size})
+    chosen = sorted(
+        {int(b) for b in (sizes or default_graph_batch_sizes(max_batch_size)) if int(b) <= max_batch_size}
+    )
     if not chosen or chosen[-1] < max_batch_size:
         chosen.append(max_batch_size)
     return tuple(chosen)

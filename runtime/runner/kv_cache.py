@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
+from ..model.config import ModelConfig
 
 log = logging.getLogger("fastpath.kv_cache")
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .checkpoint_map import param_slices
 from .config import ModelConfig
-from .parallel.sharding import param_slices, partition
+from .sharding import partition
 from .weights import build_model
 
 _CORPUS = [

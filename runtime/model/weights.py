@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from ..progress import progress
+from .causal_lm import CausalLM
+from .checkpoint_map import param_slices
+from .collectives import SINGLE, TPContext
 from .config import ModelConfig
-from .model import CausalLM
-from .parallel.collectives import SINGLE, TPContext
-from .parallel.sharding import param_slices
-from .progress import progress
 
 
 class WeightError(ValueError):
@@ -115,7 +115,7 @@ def build_model(
     tp: TPContext = SINGLE,
 ):
     """The model (this rank's shard of it) on `device` in `dtype`, weights loaded or seeded; never materialised twice."""
-    from .kernels import select_ops
+    from ..kernels import select_ops
     from .layers import RotaryEmbedding
 
     with torch.device("meta"):

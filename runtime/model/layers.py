@@ -7,8 +7,8 @@ import math
 import torch
 from torch import nn
 
+from ..kernels.torch_ops import rms_norm
 from .config import ModelConfig
-from .kernels.torch_ops import rms_norm
 
 
 class RMSNorm(nn.Module):

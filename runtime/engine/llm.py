@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .config import ModelConfig
-from .engine_config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
-from .hooks import RuntimeHooks, runtime_hooks_of
+from ..hooks import RuntimeHooks, runtime_hooks_of
+from ..model.config import ModelConfig
+from ..model.presets import RANDOM_PREFIX, resolve_random
+from ..model.tokenizer import generation_eos_ids, resolve_tokenizer
+from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
 from .native_executor import NativeExecutor
 from .outputs import RequestError, RequestOutput, StreamToken
-from .presets import RANDOM_PREFIX, resolve_random
 from .sampling_params import SamplingParams
 from .sequence import Sequence as Seq
-from .tokenizer import generation_eos_ids, resolve_tokenizer
 
 Prompt = str | Sequence[int]
 
@@ -46,8 +46,8 @@ class LLM:
         fmha_enabled: Sequence[str] | None = None,
         fmha_prepend: Sequence[str] = (),
         hooks: RuntimeHooks | None = None,
-        dispatch_mode: str = "auto",
-        on_unsupported: str = "warn_once",
+        dispatch_mode: str | None = None,  # None: the extension's fixed mode, else auto
+        on_unsupported: str | None = None,  # None: the extension's fixed policy, else warn_once
         guided_backend: str = "none",
         seed: int = 0,
         tensor_parallel_size: int = 1,
@@ -99,7 +99,7 @@ class LLM:
         self._next_seq_id = 0
         self.parallel = None
         if tensor_parallel_size > 1:
-            from .parallel.launcher import start_group
+            from ..parallel.launcher import start_group
 
             self.parallel, self.config = start_group(self.config, hooks, executor_cls, tp_timeout_s)
         if self.parallel is None:
@@ -119,10 +119,10 @@ class LLM:
             self._finalizer()
             raise
         if not self.is_driver:
-            from .parallel.worker import serve
+            from ..parallel.worker import serve
 
             try:
-                serve(self.executor)
+                serve(self.executor.runner, self.parallel.channel)
             finally:
                 self._finalizer()
 
@@ -146,27 +146,16 @@ class LLM:
             raise lost from exc
 
     @classmethod
-    def from_manifest(cls, path: str | Path, **overrides: Any) -> LLM:
-        """Run a manifest on the native engine, hooks read at run time: the generated package's twin."""
-        from fastpath.compiler.resolve import resolve
-        from fastpath.schema.loader import load_manifest
+    def from_lock(cls, lock: Mapping[str, Any], **overrides: Any) -> LLM:
+        """The engine a resolved manifest describes: `lock` is a manifest.lock.json's content.
 
-        return cls._from_plan(resolve(load_manifest(Path(path))), overrides)
+        Hooks are imported from their paths at run time (a generated package compiles them in
+        instead); keyword arguments override the lock's engine arguments.
+        """
+        from ..hooks import hooks_from_lock
 
-    @classmethod
-    def from_manifest_text(cls, text: str, **overrides: Any) -> LLM:
-        """from_manifest for a manifest held in a string."""
-        from fastpath.compiler.resolve import resolve
-        from fastpath.schema.loader import parse_manifest
-
-        return cls._from_plan(resolve(parse_manifest(text, "<manifest>")), overrides)
-
-    @classmethod
-    def _from_plan(cls, plan, overrides: dict[str, Any]) -> LLM:
-        from .hooks import hooks_from_plan
-
-        kwargs = {**plan.llm_kwargs(), **overrides}
-        kwargs.setdefault("hooks", hooks_from_plan(plan.hooks_dict()))
+        kwargs = {**lock["llm_kwargs"], **overrides}
+        kwargs.setdefault("hooks", hooks_from_lock(lock.get("hooks", {})))
         return cls(**kwargs)
 
     # --- requests ---------------------------------------------------------------------------------
@@ -205,8 +194,8 @@ class LLM:
 
     def _guided_state(self, guided: Any):
         """(matcher state, None) or (None, the reason the constraint is refused)."""
-        from .guided.grammar_cache import GrammarError
-        from .guided.spec import parse_spec
+        from ..guided.grammar_cache import GrammarError
+        from ..guided.spec import parse_spec
 
         if self.executor.guided is None:
             return None, "guided decoding is off in this engine: pass guided_backend='xgrammar'"

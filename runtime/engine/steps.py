@@ -1,9 +1,7 @@
-"""A step's inputs as host data, and a launched step's results.
+"""From a scheduled batch to a step payload, and a launched step's results.
 
-The scheduler's batch becomes a `DecodeStep` or `PrefillStep` on the host: everything the forward
-needs, and nothing about sequences. One rank runs it as is; under tensor parallelism rank 0
-broadcasts it and every rank runs the same step on its shard. Rank 0 alone tracks the launched step
-(`InflightStep`) and what completing it did (`StepRecord`).
+The scheduler's batch becomes a `DecodeStep` or `PrefillStep` (runner/step_inputs.py) on the host.
+Rank 0 alone tracks the launched step (`InflightStep`) and what completing it did (`StepRecord`).
 """
 
 from __future__ import annotations
@@ -12,7 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .sampler import SamplingTensors
+from ..runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
+from ..runner.sampler import SamplingTensors
+from ..runner.step_inputs import PrefillStep
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -36,29 +36,6 @@ class StepRecord:
     phase: str
     finished: list[Sequence] = field(default_factory=list)
     new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class DecodeStep:
-    num_seqs: int  # live rows; rows past this are graph padding
-    packed: torch.Tensor  # [rows, FIXED_COLUMNS + W] int64 (decode_inputs.py's layout)
-    sampling: SamplingTensors | None  # [rows] on the host; None: every row is greedy
-    uses_prev: bool  # rows whose SRC_ROW is set take their token from the previous step's tokens
-    guided: bool = False  # apply the guided decoder's bitmask (one rank only)
-
-
-@dataclass(slots=True)
-class PrefillStep:
-    """int64 host tensors: T tokens of S sequences, R of which sample."""
-
-    ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    slots: torch.Tensor  # [T] cache slot of each token
-    tables: torch.Tensor  # [S, W] block tables, zero-padded
-    ends: torch.Tensor  # [S] tokens in the cache after this step
-    query_lens: torch.Tensor  # [S]
-    logits_rows: torch.Tensor  # [R] the token whose logits each sampling sequence samples from
-    sampling: SamplingTensors | None  # [R]; None: greedy
 
 
 def sampling_tensors(seqs: list[Sequence], rows: int) -> SamplingTensors:
@@ -100,3 +77,47 @@ def prefill_step(batch: ScheduledBatch, block_size: int) -> tuple[PrefillStep, l
         sampling=None if greedy else sampling_tensors(sampled, len(sampled)),
     )
     return step, sampled
+
+
+def stage(
+    packed: torch.Tensor,
+    seqs,
+    src_rows: dict[int, int],
+    block_size: int,
+    owners: list[tuple[int, int, int]] | None = None,
+) -> None:
+    """Fill the packed host buffer for `seqs`; rows past them become padding that writes the null slot.
+
+    `owners[r]` remembers whose block table row r holds (sequence id, table epoch, blocks written), so a buffer
+    staged again for the same batch rewrites only the tables that grew: at batch 64 the table
+    copies were most of the host's staging time.
+    """
+    arr = packed.numpy()
+    n, width = len(seqs), packed.shape[1] - FIXED_COLUMNS
+    arr[n:, :FIXED_COLUMNS] = (0, -1, 0, 0, 1)
+    pos = [seq.num_tokens - 1 for seq in seqs]
+    src = [src_rows.get(seq.seq_id, -1) if seq.num_pending else -1 for seq in seqs]
+    fixed = arr[:n, :FIXED_COLUMNS]
+    fixed[:, TOKEN] = [-1 if s >= 0 else seq.token_at(p) for seq, p, s in zip(seqs, pos, src, strict=True)]
+    fixed[:, SRC_ROW] = src
+    fixed[:, POSITION] = pos
+    fixed[:, SLOT] = [
+        seq.block_table[p // block_size] * block_size + p % block_size
+        for seq, p in zip(seqs, pos, strict=True)
+    ]
+    fixed[:, CONTEXT_LEN] = [p + 1 for p in pos]
+    for r, seq in enumerate(seqs):
+        table = seq.block_table
+        k = min(len(table), width)
+        owner = (seq.seq_id, seq.table_epoch, k)
+        if owners is not None and owners[r] == owner:
+            continue
+        # Entries past the live blocks are never read unmasked, so stale ones need no clearing.
+        arr[r, FIXED_COLUMNS : FIXED_COLUMNS + k] = table[:k]
+        if owners is not None:
+            owners[r] = owner
+    padding = (-1, 0, 0)
+    if owners is None or any(owner != padding for owner in owners[n:]):
+        arr[n:, FIXED_COLUMNS:] = 0
+        if owners is not None:
+            owners[n:] = [padding] * (len(owners) - n)

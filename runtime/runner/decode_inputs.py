@@ -1,5 +1,7 @@
 """A decode step's inputs: staged on the host in one packed pinned buffer, then placed on the device.
 
+The engine stages the buffer (engine/steps.py `stage`); a prologue places it.
+
 The packing is shared by both prologues: the native one copies and slices it (several launches);
 `FusedDecodePrologue` unpacks it, gathers the previous step's tokens and embeds them in one kernel.
 """
@@ -46,50 +48,6 @@ class DecodeInputs:
     packed: torch.Tensor  # [rows, FIXED_COLUMNS + W] int64, pinned on CUDA
     buffers: DecodeBuffers
     prev_tokens: torch.Tensor | None  # [R] int64 on the device, rows named by SRC_ROW
-
-
-def stage(
-    packed: torch.Tensor,
-    seqs,
-    src_rows: dict[int, int],
-    block_size: int,
-    owners: list[tuple[int, int, int]] | None = None,
-) -> None:
-    """Fill the packed host buffer for `seqs`; rows past them become padding that writes the null slot.
-
-    `owners[r]` remembers whose block table row r holds (sequence id, table epoch, blocks written), so a buffer
-    staged again for the same batch rewrites only the tables that grew: at batch 64 the table
-    copies were most of the host's staging time.
-    """
-    arr = packed.numpy()
-    n, width = len(seqs), packed.shape[1] - FIXED_COLUMNS
-    arr[n:, :FIXED_COLUMNS] = (0, -1, 0, 0, 1)
-    pos = [seq.num_tokens - 1 for seq in seqs]
-    src = [src_rows.get(seq.seq_id, -1) if seq.num_pending else -1 for seq in seqs]
-    fixed = arr[:n, :FIXED_COLUMNS]
-    fixed[:, TOKEN] = [-1 if s >= 0 else seq.token_at(p) for seq, p, s in zip(seqs, pos, src, strict=True)]
-    fixed[:, SRC_ROW] = src
-    fixed[:, POSITION] = pos
-    fixed[:, SLOT] = [
-        seq.block_table[p // block_size] * block_size + p % block_size
-        for seq, p in zip(seqs, pos, strict=True)
-    ]
-    fixed[:, CONTEXT_LEN] = [p + 1 for p in pos]
-    for r, seq in enumerate(seqs):
-        table = seq.block_table
-        k = min(len(table), width)
-        owner = (seq.seq_id, seq.table_epoch, k)
-        if owners is not None and owners[r] == owner:
-            continue
-        # Entries past the live blocks are never read unmasked, so stale ones need no clearing.
-        arr[r, FIXED_COLUMNS : FIXED_COLUMNS + k] = table[:k]
-        if owners is not None:
-            owners[r] = owner
-    padding = (-1, 0, 0)
-    if owners is None or any(owner != padding for owner in owners[n:]):
-        arr[n:, FIXED_COLUMNS:] = 0
-        if owners is not None:
-            owners[n:] = [padding] * (len(owners) - n)
 
 
 def native_prologue(inputs: DecodeInputs, embed) -> None:

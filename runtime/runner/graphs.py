@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..progress import progress
 from .decode_inputs import DecodeBuffers
-from .progress import progress
 from .sampler import SamplingTensors
 
 if TYPE_CHECKING:
-    from .executor_core import ExecutorCore
+    from .runner import ModelRunner
 
 log = logging.getLogger("fastpath.graphs")
 
@@ -29,7 +29,7 @@ class DecodeGraph:
 
 
 class DecodeGraphs:
-    def __init__(self, core: ExecutorCore, batch_sizes: tuple[int, ...]) -> None:
+    def __init__(self, core: ModelRunner, batch_sizes: tuple[int, ...]) -> None:
         self.core = core
         self.sizes = tuple(sorted(batch_sizes))
         hidden = core.model.cfg.hidden_size if core.decode_from_embeds else None

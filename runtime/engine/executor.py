@@ -1,11 +1,12 @@
-"""ExecutorCore: owns the model, cache, scheduler, sampler, attention manager and streams.
+"""ExecutorCore: the hook-free step loop. It stages each scheduled batch as a payload for its
+`ModelRunner`, launches it, and completes it when its tokens reach the host.
 
-It provides the step primitives (stage, prologue, forward, sample, complete). The step loop that
-strings them together lives in NativeExecutor, or in a generated Executor specialised by a manifest.
+The loop overlaps: step n+1 is launched before step n is read back, whenever the batch is steady.
+NativeExecutor reads hooks at run time; a generated Executor overrides the same methods with a
+manifest's hooks compiled in.
 
 Under tensor parallelism (`parallel`, see parallel/) rank 0 runs the scheduler and the loop; each
-step's host inputs become a DecodeStep or PrefillStep that rank 0 broadcasts before running it, and
-the workers run the same `run_decode` / `run_prefill` on their shard. With one rank nothing is sent.
+payload is broadcast before it runs, and the workers' runners run the same payloads on their shard.
 """
 
 from __future__ import annotations
@@ -17,35 +18,32 @@ from collections.abc import Iterator
 
 import torch
 
-from .attention.manager import FmhaManager
-from .attention.metadata import AttentionConfig
-from .engine_config import EngineConfig
-from .graphs import DecodeGraphs
-from .guided.decoder import GuidedDecoder
-from .hooks import ALL_OFF, RuntimeHooks
-from .kv_cache import BlockAllocator, KVCache, size_cache
-from .parallel.collectives import SINGLE
-from .parallel.messages import Op
-from .parallel.sharding import local_config
-from .parallel.state import ParallelState, RankFailed, check_group
+from ..hooks import ALL_OFF, RuntimeHooks
+from ..parallel.messages import Op
+from ..parallel.state import ParallelState, RankFailed, check_group
+from ..runner.config import EngineConfig
+from ..runner.decode_inputs import FIXED_COLUMNS, DecodeInputs
+from ..runner.kv_cache import BlockAllocator
+from ..runner.runner import ModelRunner
+from ..runner.step_inputs import DecodeStep
 from .readback import Readback
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
-from .step_runner import StepRunner
-from .steps import InflightStep, StepRecord
-from .weights import build_model
+from .steps import InflightStep, StepRecord, prefill_step, sampling_tensors, stage
 
 log = logging.getLogger("fastpath.executor")
 
 __all__ = ["ExecutorCore", "InflightStep", "StartupError", "StepRecord"]
+
+NATIVE_EXTENSION = "fastpath.runtime._hostdispatch"
 
 
 class StartupError(RuntimeError):
     """Start-up (warmup, graph capture, after_warmup hooks) failed; the engine is not usable."""
 
 
-class ExecutorCore(StepRunner):
+class ExecutorCore:
     def __init__(
         self, config: EngineConfig, hooks: RuntimeHooks = ALL_OFF, parallel: ParallelState | None = None
     ) -> None:
@@ -53,86 +51,67 @@ class ExecutorCore(StepRunner):
         self.config = config
         self.hooks = hooks
         self.parallel = parallel
-        self.device = config.device
-        self.dtype = config.dtype
-        cfg = config.model
-        self.model = build_model(
-            cfg,
-            config.checkpoint,
-            config.dtype,
-            config.device,
-            config.max_seq_len,
-            config.fused_kernels,
-            tp=parallel.tp if parallel is not None else SINGLE,
+        self.dispatcher = self._make_dispatcher(config)
+        self.runner = ModelRunner(
+            config,
+            self.dispatcher,
+            parallel=parallel,
+            prologue=self.decode_prologue,
+            decode_from_embeds=self.starts_from_embeddings(),
         )
-        local = local_config(cfg, self.model.part)  # this rank's heads: the KV cache and attention see these
-        sizing = size_cache(
-            local,
-            config.dtype,
-            config.device,
-            config.max_batch_size,
-            config.max_seq_len,
-            config.block_size,
-            num_blocks=config.kv_cache_blocks,
-        )
-        if parallel is not None:
-            sizing = parallel.agree_on_cache(sizing)
-        self.kv = KVCache(local, sizing, config.dtype, config.device)
-        self.block_size = sizing.block_size
-        self.table_width = -(-config.max_seq_len // self.block_size)
-        self.allocator = BlockAllocator(sizing.num_blocks)
+        self.allocator = BlockAllocator(self.runner.sizing.num_blocks)
         self.scheduler = Scheduler(
-            self.allocator, self.block_size, config.max_batch_size, config.max_num_batched_tokens
+            self.allocator, self.runner.block_size, config.max_batch_size, config.max_num_batched_tokens
         )
-        attn_cfg = AttentionConfig(
-            config.device.type,
-            config.dtype,
-            local.num_heads,
-            local.num_kv_heads,
-            local.head_dim,
-            local.sliding_window,
-        )
-        self.fmha = FmhaManager(attn_cfg, config.fmha_enabled, config.fmha_prepend)
-        self.is_cuda = config.device.type == "cuda"
-        self.execution_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
-        self.dispatcher = self._make_dispatcher()
         self.readback = Readback(self.dispatcher, config.device, parallel)
-        self.guided = GuidedDecoder.for_engine(config, self.dispatcher.extension)
-        # The bitmask work overlaps the forward on its own stream (why the execution-stream loop is gated off).
-        self.guided_stream = (
-            torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None
-        )
-        self.decode_from_embeds = self.starts_from_embeddings()
-        self.graphs: DecodeGraphs | None = None
         self.in_warmup_guard = False
         self._staging_flip = 0
         self._staging: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int, int]]]] = {}
         self._closed = False
         self._loop_started = False
-        for line in self.fmha.explain():
-            log.info("fmha %s", line)
+
+    # What hooks read (FusedDecodePrologue, health_check): the runner's, by the executor's names.
+    @property
+    def model(self):
+        return self.runner.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.runner.is_cuda
+
+    @property
+    def guided(self):
+        return self.runner.guided
+
+    @property
+    def graphs(self):
+        return self.runner.graphs
 
     def dispatch_extension(self) -> str:
         """The host-dispatch extension: the native binding, whose mode is chosen at run time.
 
         A generated executor returns its own package's extension, with the mode fixed at compile time.
         """
-        return "fastpath.runtime._hostdispatch"
+        return NATIVE_EXTENSION
 
-    def _make_dispatcher(self):
-        from .hostfunc import HostDispatcher
+    def _make_dispatcher(self, config: EngineConfig):
+        from ..dispatch.dispatcher import HostDispatcher
 
         ext = importlib.import_module(self.dispatch_extension())
-        mode, on_unsupported = self.config.dispatch_mode, self.config.on_unsupported
+        mode, policy = config.dispatch_mode, config.on_unsupported
         if ext.FIXED_MODE is not None:
-            if mode not in (ext.FIXED_MODE, "auto"):
+            if mode not in (None, "auto", ext.FIXED_MODE):
                 raise ValueError(
                     f"dispatch_mode={mode!r}, but {ext.__name__} is compiled for {ext.FIXED_MODE!r}"
                 )
-            mode = on_unsupported = None
-        dispatcher = HostDispatcher(
-            mode, on_unsupported, extension=ext, device="cuda" if self.is_cuda else "cpu"
-        )
+            mode = policy = None  # the extension's own
+        else:
+            mode, policy = mode or "auto", policy or "warn_once"
+        dispatcher = HostDispatcher(mode, policy, extension=ext, device=config.device.type)
         log.info("host dispatch: %s backend (%s)", dispatcher.backend, dispatcher.reason)
         return dispatcher
 
@@ -167,51 +146,32 @@ class ExecutorCore(StepRunner):
     def warmup(self) -> None:
         """Run every step kind once eagerly (kernel selection, lazy inits), then capture decode graphs."""
         if self.parallel is not None and not self.parallel.is_driver:
-            from .parallel.worker import serve
+            from ..parallel.worker import serve
 
-            serve(self, until=Op.WARMUP_DONE)  # rank 0's warmup steps
+            serve(self.runner, self.parallel.channel, until=Op.WARMUP_DONE)  # rank 0's warmup steps
         else:
             probe = Sequence(
-                -1, [1] * min(8, self.config.max_seq_len - 1), _WARMUP_PARAMS, 0, frozenset(), 1 << 30
+                -1, [1] * min(8, self.config.max_seq_len - 1), _PROBE_PARAMS, 0, frozenset(), 1 << 30
             )
             self.scheduler.add(probe)
-            prefill = self.scheduler.schedule()
-            self.complete(self.launch(prefill, None))
+            self.complete(self.launch(self.scheduler.schedule(), None))
             self.complete(self.launch(self.scheduler.schedule(), None))
             self.scheduler.finish(probe)
             if self.parallel is not None:
                 self.parallel.send(Op.WARMUP_DONE)
-        if self.is_cuda and self.config.cuda_graphs:
-            self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
-            self.graphs.capture_all()
-        if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+        self.runner.capture_graphs()
 
-    # --- stream order -----------------------------------------------------------------------------
+    # --- the decode prologue seam -----------------------------------------------------------------
+
+    def decode_prologue(self, inputs: DecodeInputs) -> None:
+        """The seam a decode_prologue hook replaces; the native executor reads its hook here."""
+        self.native_decode_prologue(inputs)
+
+    def native_decode_prologue(self, inputs: DecodeInputs) -> None:
+        self.runner.native_prologue(inputs)
 
     def execution_stream_scope(self) -> contextlib.AbstractContextManager:
-        """Makes the execution stream current; a no-op without CUDA."""
-        if self.execution_stream is None:
-            return contextlib.nullcontext()
-        return torch.cuda.stream(self.execution_stream)
-
-    @contextlib.contextmanager
-    def forward_order(self) -> Iterator[None]:
-        """Runs the forward on the execution stream, ordered after and before the loop's stream.
-
-        When the loop already runs on the execution stream, the cross-stream waits are skipped.
-        """
-        if self.execution_stream is None:
-            yield
-            return
-        loop_stream = torch.cuda.current_stream(self.device)
-        if loop_stream == self.execution_stream:
-            yield
-            return
-        self.execution_stream.wait_stream(loop_stream)
-        with torch.cuda.stream(self.execution_stream):
-            yield
-        loop_stream.wait_stream(self.execution_stream)
+        return self.runner.execution_stream_scope()
 
     # --- one step ---------------------------------------------------------------------------------
 
@@ -223,6 +183,38 @@ class ExecutorCore(StepRunner):
         for seq in sampled:
             seq.num_pending += 1
         return self._read_back(batch, sampled, tokens, logprobs)
+
+    def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
+        seqs, runner = batch.seqs, self.runner
+        rows = runner.graph_rows(len(seqs))
+        if rows is not None:
+            width = runner.table_width
+        else:
+            rows = len(seqs)
+            width = max(-(-s.num_tokens // runner.block_size) for s in seqs)
+        packed, owners = self._staging_buffer(rows, FIXED_COLUMNS + width)
+        stage(packed, seqs, prev.rows if prev is not None else {}, runner.block_size, owners)
+        for seq in seqs:
+            seq.num_computed = seq.num_tokens
+        guided = runner.guided is not None and any(s.guided is not None for s in seqs)
+        greedy = all(s.params.greedy for s in seqs)
+        step = DecodeStep(
+            len(seqs), packed, None if greedy else sampling_tensors(seqs, rows), prev is not None, guided
+        )
+        if guided:
+            runner.guided.enqueue(list(seqs), rows)
+        if self.parallel is not None:
+            self.parallel.send(Op.DECODE, step)
+        tokens, logprobs = runner.run_decode(step, prev.tokens if prev is not None else None)
+        return tokens, logprobs, seqs
+
+    def launch_prefill(self, batch: ScheduledBatch):
+        step, sampled = prefill_step(batch, self.runner.block_size)
+        if self.parallel is not None:
+            self.parallel.send(Op.PREFILL, step)
+        guided = self.runner.guided is not None and any(s.guided is not None for s in sampled)
+        tokens, logprobs = self.runner.run_prefill(step, sampled if guided else None)
+        return tokens, logprobs, sampled
 
     def _read_back(self, batch, sampled, tokens, logprobs) -> InflightStep:
         n = len(sampled)
@@ -250,6 +242,31 @@ class ExecutorCore(StepRunner):
                 self.scheduler.finish(seq)
                 record.finished.append(seq)
         return record
+
+    def _staging_buffer(self, rows: int, cols: int) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """A pinned staging buffer and the record of whose block tables its rows hold."""
+        # Two per shape: step n+1 is staged while step n's copy from the other may still be pending.
+        self._staging_flip ^= 1
+        key = (rows, cols, self._staging_flip)
+        entry = self._staging.get(key)
+        if entry is None:
+            entry = (torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.is_cuda), [(-1, 0, 0)] * rows)
+            self._staging[key] = entry
+        return entry
+
+    @torch.no_grad()
+    def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
+        """Next-token logits after `prompt_ids` (fp32, on the host), outside the scheduler: for oracles and tests."""
+        seq = Sequence(-2, list(prompt_ids), _PROBE_PARAMS, 0, frozenset(), 1 << 30)
+        seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.runner.block_size))
+        try:
+            batch = ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True])
+            step, _ = prefill_step(batch, self.runner.block_size)
+            if self.parallel is not None:
+                self.parallel.send(Op.PREFILL_LOGITS, step)
+            return self.runner.run_prompt(step)[0].float().cpu()
+        finally:
+            self.allocator.free(seq.block_table)
 
     # --- the loop ---------------------------------------------------------------------------------
 
@@ -299,7 +316,7 @@ class ExecutorCore(StepRunner):
         if self._closed:
             return
         self._closed = True
-        self.graphs = None
+        self.runner.graphs = None
         if self.parallel is not None:
             self.parallel.stop_workers()
             if self.parallel.broken:
@@ -314,4 +331,4 @@ class ExecutorCore(StepRunner):
         self.release()
 
 
-_WARMUP_PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)
+_PROBE_PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)

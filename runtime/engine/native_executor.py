@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from .decode_inputs import DecodeInputs
-from .executor_core import ExecutorCore, StepRecord
-from .hooks import fire
+from ..hooks import fire
+from ..runner.decode_inputs import DecodeInputs
+from .executor import ExecutorCore, StepRecord
 
 log = logging.getLogger("fastpath.executor")
 
@@ -24,7 +24,7 @@ class NativeExecutor(ExecutorCore):
         """Whether loop_on_execution_stream is armed, and why."""
         if not self.hooks.loop_on_execution_stream:
             return False, "hook off"
-        if self.execution_stream is None:
+        if self.runner.execution_stream is None:
             return False, "no CUDA stream on this device: the scope is a no-op"
         if self.config.guided_backend != "none":
             return False, "guided decoding runs its grammar work on a side stream"

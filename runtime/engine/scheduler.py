@@ -6,7 +6,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from .kv_cache import BlockAllocator
+from ..runner.kv_cache import BlockAllocator
 from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.scheduler")

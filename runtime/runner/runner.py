@@ -1,0 +1,273 @@
+"""ModelRunner: one step on the device, for decode and for prefill, from its payload alone.
+
+It owns what a step uses: the model (this rank's shard), the KV cache, the attention libraries,
+the decode graphs, the guided decoder and the streams. The executor stages payloads and hands them
+to `run_decode` / `run_prefill`; tensor-parallel workers run the payloads rank 0 broadcasts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ..attention.manager import FmhaManager
+from ..attention.metadata import AttentionConfig, AttentionMetadata
+from ..guided.decoder import GuidedDecoder
+from ..model.collectives import SINGLE
+from ..model.sharding import local_config
+from ..model.weights import build_model
+from .config import EngineConfig
+from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
+from .graphs import DecodeGraphs
+from .kv_cache import CacheSizing, KVCache, size_cache
+from .sampler import sample
+from .step_inputs import DecodeStep, PrefillStep
+
+log = logging.getLogger("fastpath.runner")
+
+Prologue = Callable[[DecodeInputs], None]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        dispatcher: Any,
+        *,
+        parallel: Any = None,
+        prologue: Prologue | None = None,
+        decode_from_embeds: bool = False,
+    ) -> None:
+        """`parallel`: this rank's ParallelState (its `tp` context, and `agree_on_cache`), or None.
+
+        `prologue` fills a decode step's device buffers (the executor's seam for a decode_prologue
+        hook); `decode_from_embeds` says the prologue also does the embedding lookup.
+        """
+        self.config = config
+        self.device, self.dtype = config.device, config.dtype
+        self.is_cuda = config.device.type == "cuda"
+        self.dispatcher = dispatcher
+        self.prologue = prologue or self.native_prologue
+        self.decode_from_embeds = decode_from_embeds
+        self.model = build_model(
+            config.model,
+            config.checkpoint,
+            config.dtype,
+            config.device,
+            config.max_seq_len,
+            config.fused_kernels,
+            tp=parallel.tp if parallel is not None else SINGLE,
+        )
+        local = local_config(
+            config.model, self.model.part
+        )  # this rank's heads: the cache and attention see these
+        self.sizing = self._size_cache(local, parallel)
+        self.kv = KVCache(local, self.sizing, config.dtype, config.device)
+        self.block_size = self.sizing.block_size
+        self.table_width = -(-config.max_seq_len // self.block_size)
+        attn = AttentionConfig(
+            config.device.type,
+            config.dtype,
+            local.num_heads,
+            local.num_kv_heads,
+            local.head_dim,
+            local.sliding_window,
+        )
+        self.fmha = FmhaManager(attn, config.fmha_enabled, config.fmha_prepend)
+        self.execution_stream = torch.cuda.Stream(config.device) if self.is_cuda else None
+        self.guided = GuidedDecoder.for_engine(config, dispatcher.extension)
+        # The bitmask work overlaps the forward on its own stream (why the execution-stream loop is gated off).
+        self.guided_stream = (
+            torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None
+        )
+        self.graphs: DecodeGraphs | None = None
+        for line in self.fmha.explain():
+            log.info("fmha %s", line)
+
+    def _size_cache(self, local, parallel) -> CacheSizing:
+        c = self.config
+        sizing = size_cache(
+            local,
+            c.dtype,
+            c.device,
+            c.max_batch_size,
+            c.max_seq_len,
+            c.block_size,
+            num_blocks=c.kv_cache_blocks,
+        )
+        return parallel.agree_on_cache(sizing) if parallel is not None else sizing
+
+    def capture_graphs(self) -> None:
+        """Capture the decode graphs for the configured batch sizes (CUDA only)."""
+        if self.is_cuda and self.config.cuda_graphs:
+            self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
+            self.graphs.capture_all()
+        if self.is_cuda:
+            torch.cuda.synchronize(self.device)
+
+    def graph_rows(self, num_seqs: int) -> int | None:
+        """The rows of the graph that runs `num_seqs` sequences; None when no graph does."""
+        return self.graphs.bucket(num_seqs) if self.graphs is not None else None
+
+    # --- stream order -----------------------------------------------------------------------------
+
+    def execution_stream_scope(self) -> contextlib.AbstractContextManager:
+        """Makes the execution stream current; a no-op without CUDA."""
+        if self.execution_stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.execution_stream)
+
+    @contextlib.contextmanager
+    def forward_order(self) -> Iterator[None]:
+        """Runs the forward on the execution stream, ordered after and before the loop's stream.
+
+        When the loop already runs on the execution stream, the cross-stream waits are skipped.
+        """
+        if self.execution_stream is None:
+            yield
+            return
+        loop_stream = torch.cuda.current_stream(self.device)
+        if loop_stream == self.execution_stream:
+            yield
+            return
+        self.execution_stream.wait_stream(loop_stream)
+        with torch.cuda.stream(self.execution_stream):
+            yield
+        loop_stream.wait_stream(self.execution_stream)
+
+    # --- decode -----------------------------------------------------------------------------------
+
+    def run_decode(self, step: DecodeStep, prev_tokens: torch.Tensor | None):
+        """One decode step from its payload: prologue, then a graph replay or an eager forward."""
+        rows, cols = step.packed.shape
+        graphed = self.graphs is not None and rows in self.graphs.buffers
+        if graphed:
+            buffers = self.graphs.buffers[rows]
+        else:
+            hidden = self.model.cfg.hidden_size if self.decode_from_embeds else None
+            buffers = DecodeBuffers.allocate(rows, cols - FIXED_COLUMNS, hidden, self.dtype, self.device)
+        prev = prev_tokens if step.uses_prev else None
+        self.prologue(DecodeInputs(step.num_seqs, step.packed, buffers, prev))
+        kind = ("guided_" if step.guided else "") + ("greedy" if step.sampling is None else "general")
+        sampling = step.sampling.to(self.device) if step.sampling is not None else None
+        with self.forward_order():
+            if graphed and (rows, kind) in self.graphs.graphs:
+                if sampling is not None:
+                    self.graphs.sampling[rows].copy_(sampling)
+                tokens, logprobs = self.graphs.replay(rows, kind)
+            else:
+                lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
+                tokens, logprobs = self.decode_forward(
+                    buffers, sampling, capturing=False, lens=lens, guided=step.guided
+                )
+        return tokens[: step.num_seqs], logprobs[: step.num_seqs]
+
+    def native_prologue(self, inputs: DecodeInputs) -> None:
+        # Buffers that take embeddings take this rank's share of them; decode_forward sums the shares.
+        native_prologue(inputs, self.model.embed_local)
+
+    def decode_forward(
+        self,
+        buffers: DecodeBuffers,
+        sampling,
+        capturing: bool,
+        lens: list[int] | None = None,
+        guided: bool = False,
+    ):
+        """The pure decode step: inputs in static buffers -> sampled tokens and their logprobs.
+
+        With `guided`, the grammar work runs beside the forward on a side stream: copy the fed tokens
+        to the host, a host callback fills the bitmask, copy it back; the logits wait for it.
+        """
+        meta = AttentionMetadata(
+            "decode",
+            buffers.slot_mapping,
+            buffers.block_tables,
+            buffers.context_lens,
+            context_lens_host=lens or [],
+            block_size=self.block_size,
+            sliding_window=self.model.cfg.sliding_window,
+            capturing=capturing,
+        )
+        joined = self._guided_mask_async(buffers.input_ids) if guided else None
+        if buffers.embeds is not None:
+            hidden = self.model.reduce_embeds(buffers.embeds)
+        else:
+            hidden = self.model.embed(buffers.input_ids)
+        logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
+        if joined is not None:
+            joined()
+            logits = self.guided.apply(logits, self.guided.device_mask, self.guided.device_rows)
+        return sample(logits, sampling, True, self.model.ops.greedy)
+
+    def _guided_mask_async(self, fed_tokens: torch.Tensor):
+        """Start the bitmask work for this step; returns the join to call before the logits are masked."""
+        g = self.guided
+        if self.guided_stream is None:
+            g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens)
+            g.launch_fill(self.dispatcher)
+            g.device_mask.copy_(g.host_mask)
+            g.device_rows.copy_(g.host_rows)
+            return lambda: None
+        main = torch.cuda.current_stream(self.device)
+        self.guided_stream.wait_stream(main)
+        with torch.cuda.stream(self.guided_stream):
+            g.host_tokens[: fed_tokens.shape[0]].copy_(fed_tokens, non_blocking=True)
+            g.launch_fill(self.dispatcher)
+            g.device_mask.copy_(g.host_mask, non_blocking=True)
+            g.device_rows.copy_(g.host_rows, non_blocking=True)
+        return lambda: main.wait_stream(self.guided_stream)
+
+    # --- prefill ----------------------------------------------------------------------------------
+
+    def run_prefill(self, step: PrefillStep, guided: list | None = None):
+        """One prefill step from its payload -> the tokens of the sequences that sample.
+
+        `guided`: the sampling sequences, when some are guided; their bitmask is filled on the host
+        (every token they have is known there) and applied before sampling.
+        """
+        sampling = step.sampling.to(self.device) if step.sampling is not None else None
+        with self.forward_order():
+            logits = self.prefill_forward(step)
+            if not step.logits_rows.numel():
+                empty = torch.empty(0, dtype=torch.int64, device=self.device)
+                return empty, empty.float()
+            if guided is not None:
+                self.guided.fill_on_host(guided)
+                n, g = len(guided), self.guided
+                mask = g.host_mask[:n].to(self.device, non_blocking=True)
+                rows = g.host_rows[:n].to(self.device, non_blocking=True)
+                logits = g.apply(logits, mask, rows)
+            return sample(logits, sampling, True, self.model.ops.greedy)
+
+    def prefill_forward(self, step: PrefillStep) -> torch.Tensor:
+        """The model over a prefill step's tokens; logits of its `logits_rows`."""
+        dev, nb = self.device, True
+        meta = AttentionMetadata(
+            "prefill",
+            step.slots.to(dev, non_blocking=nb),
+            step.tables.to(dev, torch.int32, non_blocking=nb),
+            step.ends.to(dev, torch.int32, non_blocking=nb),
+            query_lens=step.query_lens.tolist(),
+            context_lens_host=step.ends.tolist(),
+            block_size=self.block_size,
+            sliding_window=self.model.cfg.sliding_window,
+        )
+        hidden = self.model.embed(step.ids.to(dev, non_blocking=nb))
+        return self.model(
+            hidden,
+            step.positions.to(dev, non_blocking=nb),
+            self.kv,
+            meta,
+            self.fmha,
+            step.logits_rows.to(dev, non_blocking=nb),
+        )
+
+    def run_prompt(self, step: PrefillStep) -> torch.Tensor:
+        """A prefill whose logits the caller wants: nothing is sampled."""
+        with self.forward_order():
+            return self.prefill_forward(step)
