@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from fastpath.vocab import DEFAULT_FMHA_ORDER
+
 from .flashinfer_lib import FlashInferAttention
 from .flex import FlexAttention
 from .library import FmhaLibrary
@@ -25,8 +27,7 @@ LIBRARIES: dict[str, Callable[[], FmhaLibrary]] = {
     "reference": ReferenceAttention,
 }
 
-# Fastest first; the reference last, so something always supports a call.
-DEFAULT_ORDER: tuple[str, ...] = tuple(LIBRARIES)
+DEFAULT_ORDER: tuple[str, ...] = DEFAULT_FMHA_ORDER
 
 
 def create(name: str) -> FmhaLibrary:

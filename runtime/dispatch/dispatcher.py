@@ -41,9 +41,11 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from fastpath.vocab import DISPATCH_MODES
+
 NATIVE_EXTENSION = "fastpath.runtime._hostdispatch"
 SIMULATE_ABSENT_ENV = "FASTPATH_HOSTDISPATCH_SIMULATE_ABSENT"  # e.g. "hostfunc_v2,memops" (tests)
-MODES = ("inline", "blocking", "spin", "auto")
+MODES = ("inline", *DISPATCH_MODES)
 
 
 class HostDispatchWarning(RuntimeWarning):

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..dispatch.dispatcher import NATIVE_EXTENSION, HostDispatcher
 from ..hooks import ALL_OFF, RuntimeHooks
 from ..parallel.messages import Op
 from ..parallel.state import ParallelState, RankFailed, check_group
@@ -35,8 +36,6 @@ from .steps import InflightStep, StepRecord, prefill_step, sampling_tensors, sta
 log = logging.getLogger("fastpath.executor")
 
 __all__ = ["ExecutorCore", "InflightStep", "StartupError", "StepRecord"]
-
-NATIVE_EXTENSION = "fastpath.runtime._hostdispatch"
 
 
 class StartupError(RuntimeError):
@@ -99,8 +98,6 @@ class ExecutorCore:
         return NATIVE_EXTENSION
 
     def _make_dispatcher(self, config: EngineConfig):
-        from ..dispatch.dispatcher import HostDispatcher
-
         ext = importlib.import_module(self.dispatch_extension())
         mode, policy = config.dispatch_mode, config.on_unsupported
         if ext.FIXED_MODE is not None:

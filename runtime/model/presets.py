@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fastpath.vocab import RANDOM_PREFIX
+
 from .config import ModelConfig, RopeScaling
 
 _TINY = dict(
@@ -48,8 +50,6 @@ PRESETS: dict[str, ModelConfig] = {
         name="llama-1b",
     ),
 }
-
-RANDOM_PREFIX = "random:"
 
 
 def resolve_random(spec: str, seed: int = 0) -> ModelConfig:
