@@ -26,6 +26,7 @@ from ..runner.config import EngineConfig
 from ..runner.decode_inputs import FIXED_COLUMNS, DecodeInputs
 from ..runner.kv_cache import BlockAllocator
 from ..runner.runner import ModelRunner
+from ..runner.sampler import Sampled
 from ..runner.step_inputs import DecodeStep
 from .readback import Readback
 from .sampling_params import SamplingParams
@@ -174,12 +175,12 @@ class ExecutorCore:
 
     def launch(self, batch: ScheduledBatch, prev: InflightStep | None) -> InflightStep:
         if batch.phase == "decode":
-            tokens, logprobs, sampled = self.launch_decode(batch, prev)
+            out, sampled = self.launch_decode(batch, prev)
         else:
-            tokens, logprobs, sampled = self.launch_prefill(batch)
+            out, sampled = self.launch_prefill(batch)
         for seq in sampled:
             seq.num_pending += 1
-        return self._read_back(batch, sampled, tokens, logprobs)
+        return self._read_back(batch, sampled, out)
 
     def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
         seqs, runner = batch.seqs, self.runner
@@ -202,26 +203,29 @@ class ExecutorCore:
             runner.guided.enqueue(list(seqs), rows)
         if self.parallel is not None:
             self.parallel.send(Op.DECODE, step)
-        tokens, logprobs = runner.run_decode(step, prev.tokens if prev is not None else None)
-        return tokens, logprobs, seqs
+        return runner.run_decode(step, prev.tokens if prev is not None else None), seqs
 
     def launch_prefill(self, batch: ScheduledBatch):
         step, sampled = prefill_step(batch, self.runner.block_size)
         if self.parallel is not None:
             self.parallel.send(Op.PREFILL, step)
         guided = self.runner.guided is not None and any(s.guided is not None for s in sampled)
-        tokens, logprobs = self.runner.run_prefill(step, sampled if guided else None)
-        return tokens, logprobs, sampled
+        return self.runner.run_prefill(step, sampled if guided else None), sampled
 
-    def _read_back(self, batch, sampled, tokens, logprobs) -> InflightStep:
-        n = len(sampled)
-        host_tokens = torch.empty(n, dtype=torch.int64, pin_memory=self.is_cuda)
-        host_logprobs = torch.empty(n, dtype=torch.float32, pin_memory=self.is_cuda)
-        host_tokens.copy_(tokens, non_blocking=True)
-        host_logprobs.copy_(logprobs, non_blocking=True)
+    def _read_back(self, batch: ScheduledBatch, sampled: list[Sequence], out: Sampled) -> InflightStep:
+        host = Sampled(
+            *(
+                None if t is None else self._to_host(t)
+                for t in (out.tokens, out.logprobs, out.top_ids, out.top_logprobs)
+            )
+        )
         ticket, event = self.readback.mark()
         rows = {s.seq_id: i for i, s in enumerate(sampled)}
-        return InflightStep(batch, sampled, tokens, rows, host_tokens, host_logprobs, ticket, event)
+        return InflightStep(batch, sampled, out.tokens, rows, host, ticket, event)
+
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.is_cuda)
+        return host.copy_(t, non_blocking=True)
 
     def complete(self, step: InflightStep) -> StepRecord:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
@@ -229,11 +233,11 @@ class ExecutorCore:
         self.dispatcher.check()  # a host callback's exception surfaces here, with its traceback
         record = StepRecord(step.batch.phase)
         for seq, token, logprob in zip(
-            step.sampled, step.host_tokens.tolist(), step.host_logprobs.tolist(), strict=True
+            step.sampled, step.host.tokens.tolist(), step.host.logprobs.tolist(), strict=True
         ):
             if seq.finished:
                 continue  # it stopped one step earlier; this is the overlap loop's extra token
-            seq.accept(token, logprob if seq.params.logprobs else None)
+            seq.accept(token, logprob if seq.params.logprobs is not None else None)
             record.new_tokens.append((seq, token))
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)

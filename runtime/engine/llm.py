@@ -173,7 +173,7 @@ class LLM:
         outputs, seqs, errors = [], [], []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             ids, problem = self._encode(prompt)
-            problems = ([problem] if problem else []) + p.problems()
+            problems = [problem] if problem else []
             guided = None
             if not problems and p.guided is not None:
                 guided, guided_problem = self._guided_state(p.guided)
@@ -231,7 +231,7 @@ class LLM:
         out.token_ids = list(seq.output_ids)
         out.finish_reason = seq.finish_reason
         out.text = self._detokenize(out.token_ids)
-        if seq.params.logprobs:
+        if seq.params.logprobs is not None:
             out.logprobs = list(seq.logprobs)
 
     def generate(

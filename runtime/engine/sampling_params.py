@@ -1,4 +1,9 @@
-"""Per-request generation settings, validated up front so a bad request fails alone."""
+"""Per-request generation settings with vLLM's names and meanings, validated at construction.
+
+A bad value raises ValueError naming the field and what it accepts, so a bad request fails alone,
+before it reaches the engine. Limits that depend on the model (vocabulary, sequence length, how many
+stop ids fit a step) are checked again at admission (engine/admission.py).
+"""
 
 from __future__ import annotations
 
@@ -6,42 +11,206 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_INT64 = (1 << 63) - 1
+MAX_TOKEN_ID = (1 << 31) - 1
+MAX_LOGPROBS = 20  # top-k logprobs a request may ask for (vLLM's default max_logprobs)
+MAX_N = 256
 
-@dataclass(frozen=True, slots=True)
+GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuidedDecodingParams:
+    """One structured-output constraint, as vLLM spells it: exactly one field is set."""
+
+    json: dict[str, Any] | str | None = None  # a JSON schema (a dict, or its JSON text)
+    json_object: bool | None = None  # any JSON object
+    regex: str | None = None
+    choice: list[str] | None = None  # one of these strings
+    grammar: str | None = None  # EBNF (GBNF) grammar
+
+    def __post_init__(self) -> None:
+        given = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                f"GuidedDecodingParams: set exactly one of {', '.join(GUIDED_KINDS)}; got {given or 'none'}"
+            )
+        if self.choice is not None:
+            if not self.choice or not all(isinstance(c, str) for c in self.choice):
+                raise ValueError("GuidedDecodingParams.choice must be a non-empty list of strings")
+            object.__setattr__(self, "choice", list(self.choice))
+
+    def as_spec(self) -> dict[str, Any]:
+        """The runtime's constraint dict (guided/spec.py)."""
+        if self.json is not None:
+            return {"json_schema": self.json}
+        if self.json_object:
+            return {"json_object": True}
+        if self.regex is not None:
+            return {"regex": self.regex}
+        if self.choice is not None:
+            return {"choice": list(self.choice)}
+        return {"grammar": self.grammar}
+
+
+def _check(ok: bool, name: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"SamplingParams.{name} must be {allowed}, got {value!r:.80}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _token_ids(name: str, value: Any) -> tuple[int, ...]:
+    ids = tuple(value) if isinstance(value, (list, tuple)) else None
+    _check(ids is not None, name, "a list of token ids", value)
+    for t in ids:
+        _check(_is_int(t) and 0 <= t <= MAX_TOKEN_ID, name, f"token ids in [0, {MAX_TOKEN_ID}]", value)
+    return ids
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: off
+    """How one request generates. Keyword-only; every field is checked when the object is made.
+
+    - `n`: completions per prompt; completion i of a seeded request uses seed + i.
+    - `temperature`: 0 is greedy. `top_p` in (0, 1], `top_k` (0 or -1: off), `min_p` in [0, 1].
+    - `seed`: per-request randomness in [0, 2**63); None derives one from the engine seed.
+    - `max_tokens` (None: until the sequence limit), `min_tokens` (EOS and stop ids are banned
+      until this many tokens exist).
+    - `stop`: strings matched on the detokenized text; the text ends before the match unless
+      `include_stop_str_in_output`. `stop_token_ids`; `ignore_eos`.
+    - `presence_penalty`, `frequency_penalty` in [-2, 2] (on generated tokens, OpenAI's
+      definitions); `repetition_penalty` > 0 (on prompt and generated tokens, HF's definition).
+    - `logprobs`: top-k logprobs per generated token, the chosen one always included (0: the chosen
+      only; True is 0); `prompt_logprobs`: the same for each prompt token.
+    - `skip_special_tokens`, `spaces_between_special_tokens`, `detokenize`: how text is made.
+    - `guided_decoding` (alias `structured_outputs`): a GuidedDecodingParams or its dict; `guided`:
+      the runtime's own spelling ({'json_schema': ...}, {'regex': ...}, ...).
+    """
+
+    n: int = 1
+    temperature: float = 0.0
     top_p: float = 1.0
-    seed: int | None = None  # None: derived from the engine seed and the request's index
-    stop_token_ids: tuple[int, ...] = ()
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    logprobs: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    detokenize: bool = True
+    guided_decoding: GuidedDecodingParams | dict[str, Any] | None = field(default=None, compare=False)
+    structured_outputs: GuidedDecodingParams | dict[str, Any] | None = field(default=None, compare=False)
     guided: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._check_sampling()
+        self._check_lengths()
+        self._check_penalties()
+        self._check_logprobs()
+        self._check_guided()
+        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "detokenize",
+                     "spaces_between_special_tokens"):  # fmt: skip
+            _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
 
-    def problems(self) -> list[str]:
-        out = []
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            out.append(f"max_tokens must be a positive int, got {self.max_tokens!r}")
-        if not (
-            isinstance(self.temperature, (int, float))
-            and math.isfinite(self.temperature)
-            and self.temperature >= 0
-        ):
-            out.append(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            out.append(f"top_k must be an int >= 0, got {self.top_k!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            out.append(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
-            out.append(f"seed must be an int >= 0, got {self.seed!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            out.append(f"stop_token_ids must be ints >= 0, got {self.stop_token_ids!r}")
-        return out
+    def _check_sampling(self) -> None:
+        _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"an int in [1, {MAX_N}]", self.n)
+        _check(_is_num(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0",
+               self.temperature)  # fmt: skip
+        _check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(_is_int(self.top_k) and -1 <= self.top_k <= MAX_TOKEN_ID, "top_k",
+               f"an int in [-1, {MAX_TOKEN_ID}] (0 or -1: off)", self.top_k)  # fmt: skip
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "a number in [0, 1]", self.min_p)
+        if self.seed is not None:
+            _check(_is_int(self.seed) and 0 <= self.seed <= MAX_INT64, "seed", f"None or an int in [0, {MAX_INT64}]",
+                   self.seed)  # fmt: skip
+
+    def _check_lengths(self) -> None:
+        if self.max_tokens is not None:
+            _check(_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKEN_ID, "max_tokens",
+                   f"None or an int in [1, {MAX_TOKEN_ID}]", self.max_tokens)  # fmt: skip
+        _check(
+            _is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "an int >= 0", self.min_tokens
+        )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"SamplingParams.min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
+            )
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        if stop is not None:
+            ok = isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop)
+            _check(ok, "stop", "a non-empty string or a list of them", self.stop)
+        object.__setattr__(self, "stop", tuple(stop or ()))
+        object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
+
+    def _check_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            _check(_is_num(v) and -2 <= v <= 2, name, "a number in [-2, 2]", v)
+        v = self.repetition_penalty
+        _check(_is_num(v) and 0 < v <= 100, "repetition_penalty", "a number in (0, 100]", v)
+
+    def _check_logprobs(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is True:
+                v = 0  # the chosen token only: what `logprobs=True` meant before top-k existed
+            elif v is False:
+                v = None
+            if v is not None:
+                _check(
+                    _is_int(v) and 0 <= v <= MAX_LOGPROBS, name, f"None or an int in [0, {MAX_LOGPROBS}]", v
+                )
+            object.__setattr__(self, name, v)
+
+    def _check_guided(self) -> None:
+        given = [(n, getattr(self, n)) for n in ("guided_decoding", "structured_outputs", "guided")]
+        given = [(n, v) for n, v in given if v is not None]
+        if len(given) > 1:
+            raise ValueError(
+                f"SamplingParams: {' and '.join(n for n, _ in given)} both set a constraint; set one"
+            )
+        if not given:
+            return
+        name, value = given[0]
+        if name == "guided":
+            _check(isinstance(value, dict), name, "a dict such as {'json_schema': {...}}", value)
+            return
+        if isinstance(value, dict):
+            try:
+                value = GuidedDecodingParams(**value)
+            except TypeError as exc:
+                raise ValueError(f"SamplingParams.{name}: {exc}") from None
+        _check(isinstance(value, GuidedDecodingParams), name, "a GuidedDecodingParams or its dict", value)
+        object.__setattr__(self, "guided", value.as_spec())
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    def with_seed(self, seed: int) -> SamplingParams:
+        """A copy for one of `n` completions."""
+        from dataclasses import replace
+
+        return replace(self, n=1, seed=seed, guided_decoding=None, structured_outputs=None)

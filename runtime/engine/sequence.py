@@ -36,6 +36,10 @@ class Sequence:
     guided: Any = None  # the guided-decoding matcher, when the request has a constraint
 
     @property
+    def max_new_tokens(self) -> int:
+        return self.params.max_tokens if self.params.max_tokens is not None else self.max_seq_len
+
+    @property
     def num_known(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
 
@@ -56,7 +60,7 @@ class Sequence:
         return self.prompt_ids[i] if i < n else self.output_ids[i - n]
 
     def can_generate_more(self) -> bool:
-        return self.num_generated < self.params.max_tokens and self.num_tokens < self.max_seq_len
+        return self.num_generated < self.max_new_tokens and self.num_tokens < self.max_seq_len
 
     def accept(self, token: int, logprob: float | None) -> None:
         """Record one read-back token and decide whether the request is done."""
@@ -66,5 +70,5 @@ class Sequence:
             self.logprobs.append(logprob)
         if token in self.params.stop_token_ids or (token in self.eos_ids and not self.params.ignore_eos):
             self.finish_reason = "stop"
-        elif len(self.output_ids) >= self.params.max_tokens or self.num_known >= self.max_seq_len:
+        elif len(self.output_ids) >= self.max_new_tokens or self.num_known >= self.max_seq_len:
             self.finish_reason = "length"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
-from ..runner.sampler import SamplingTensors
+from ..runner.sampler import Sampled, SamplingTensors
 from ..runner.step_inputs import PrefillStep
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -25,8 +25,7 @@ class InflightStep:
     sampled: list[Sequence]  # in row order of `tokens`
     tokens: torch.Tensor  # device
     rows: dict[int, int]  # seq_id -> row in `tokens`, for the next step's inputs
-    host_tokens: torch.Tensor
-    host_logprobs: torch.Tensor
+    host: Sampled  # the same rows in pinned host memory, valid once the read-back completes
     ticket: int  # read-back sequence number (readback.py)
     event: torch.cuda.Event | None = None  # under tensor parallelism, or with read-back by event
 

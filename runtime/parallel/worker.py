@@ -33,9 +33,9 @@ def serve(runner: ModelRunner, channel: Channel, until: Op = Op.STOP) -> None:
         if op is until:
             return
         if op is Op.DECODE:
-            last, _ = runner.run_decode(step, last)
+            last = runner.run_decode(step, last).tokens
         elif op is Op.PREFILL:
-            last, _ = runner.run_prefill(step)
+            last = runner.run_prefill(step).tokens
         elif op is Op.PREFILL_LOGITS:
             runner.run_prompt(step)
         elif op is Op.STOP:

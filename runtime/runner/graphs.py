@@ -10,7 +10,7 @@ import torch
 
 from ..progress import progress
 from .decode_inputs import DecodeBuffers
-from .sampler import SamplingTensors
+from .sampler import Sampled, SamplingTensors
 
 if TYPE_CHECKING:
     from .runner import ModelRunner
@@ -24,8 +24,7 @@ GUIDED_KINDS = ("guided_greedy", "guided_general")  # the same two, with the gra
 @dataclass(slots=True)
 class DecodeGraph:
     graph: torch.cuda.CUDAGraph
-    tokens: torch.Tensor
-    logprobs: torch.Tensor
+    out: Sampled
 
 
 class DecodeGraphs:
@@ -67,11 +66,11 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # The dispatcher counts the graph's host callbacks, so each replay can announce them.
         with core.dispatcher.graph(graph, pool=self._pool):
-            tokens, logprobs = core.decode_forward(bufs, sampling, capturing=True, guided=guided)
+            out = core.decode_forward(bufs, sampling, capturing=True, guided=guided)
         self._pool = graph.pool()
-        self.graphs[(rows, kind)] = DecodeGraph(graph, tokens, logprobs)
+        self.graphs[(rows, kind)] = DecodeGraph(graph, out)
 
-    def replay(self, rows: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, rows: int, kind: str) -> Sampled:
         g = self.graphs[(rows, kind)]
         self.core.dispatcher.replay(g.graph)
-        return g.tokens, g.logprobs
+        return g.out

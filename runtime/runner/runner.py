@@ -24,7 +24,7 @@ from .config import EngineConfig
 from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
 from .graphs import DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
-from .sampler import sample
+from .sampler import Sampled, sample
 from .step_inputs import DecodeStep, PrefillStep
 
 log = logging.getLogger("fastpath.runner")
@@ -141,7 +141,7 @@ class ModelRunner:
 
     # --- decode -----------------------------------------------------------------------------------
 
-    def run_decode(self, step: DecodeStep, prev_tokens: torch.Tensor | None):
+    def run_decode(self, step: DecodeStep, prev_tokens: torch.Tensor | None) -> Sampled:
         """One decode step from its payload: prologue, then a graph replay or an eager forward."""
         rows, cols = step.packed.shape
         graphed = self.graphs is not None and rows in self.graphs.buffers
@@ -158,13 +158,13 @@ class ModelRunner:
             if graphed and (rows, kind) in self.graphs.graphs:
                 if sampling is not None:
                     self.graphs.sampling[rows].copy_(sampling)
-                tokens, logprobs = self.graphs.replay(rows, kind)
+                sampled = self.graphs.replay(rows, kind)
             else:
                 lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
-                tokens, logprobs = self.decode_forward(
+                sampled = self.decode_forward(
                     buffers, sampling, capturing=False, lens=lens, guided=step.guided
                 )
-        return tokens[: step.num_seqs], logprobs[: step.num_seqs]
+        return sampled.head(step.num_seqs)
 
     def native_prologue(self, inputs: DecodeInputs) -> None:
         # Buffers that take embeddings take this rank's share of them; decode_forward sums the shares.
@@ -178,7 +178,7 @@ class ModelRunner:
         lens: list[int] | None = None,
         guided: bool = False,
     ):
-        """The pure decode step: inputs in static buffers -> sampled tokens and their logprobs.
+        """The pure decode step: inputs in static buffers -> the sampled rows.
 
         With `guided`, the grammar work runs beside the forward on a side stream: copy the fed tokens
         to the host, a host callback fills the bitmask, copy it back; the logits wait for it.
@@ -202,7 +202,7 @@ class ModelRunner:
         if joined is not None:
             joined()
             logits = self.guided.apply(logits, self.guided.device_mask, self.guided.device_rows)
-        return sample(logits, sampling, True, self.model.ops.greedy)
+        return sample(logits, sampling, self.model.ops.greedy)
 
     def _guided_mask_async(self, fed_tokens: torch.Tensor):
         """Start the bitmask work for this step; returns the join to call before the logits are masked."""
@@ -224,7 +224,7 @@ class ModelRunner:
 
     # --- prefill ----------------------------------------------------------------------------------
 
-    def run_prefill(self, step: PrefillStep, guided: list | None = None):
+    def run_prefill(self, step: PrefillStep, guided: list | None = None) -> Sampled:
         """One prefill step from its payload -> the tokens of the sequences that sample.
 
         `guided`: the sampling sequences, when some are guided; their bitmask is filled on the host
@@ -235,14 +235,14 @@ class ModelRunner:
             logits = self.prefill_forward(step)
             if not step.logits_rows.numel():
                 empty = torch.empty(0, dtype=torch.int64, device=self.device)
-                return empty, empty.float()
+                return Sampled(empty, empty.float())
             if guided is not None:
                 self.guided.fill_on_host(guided)
                 n, g = len(guided), self.guided
                 mask = g.host_mask[:n].to(self.device, non_blocking=True)
                 rows = g.host_rows[:n].to(self.device, non_blocking=True)
                 logits = g.apply(logits, mask, rows)
-            return sample(logits, sampling, True, self.model.ops.greedy)
+            return sample(logits, sampling, self.model.ops.greedy)
 
     def prefill_forward(self, step: PrefillStep) -> torch.Tensor:
         """The model over a prefill step's tokens; logits of its `logits_rows`."""

@@ -65,26 +65,38 @@ class SamplingTensors:
         )
 
 
-def sample(
-    logits: torch.Tensor, params: SamplingTensors | None, want_logprobs: bool, greedy=None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logits [B, V] -> (tokens [B] int64, logprobs of those tokens [B] or None). params None: all greedy.
+@dataclass(slots=True)
+class Sampled:
+    """What a step samples, per row: the token, its logprob under the model's own distribution
+    (log-softmax of the raw logits), and the top-k of that distribution when a row asked for them."""
+
+    tokens: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32
+    top_ids: torch.Tensor | None = None  # [B, K] int64
+    top_logprobs: torch.Tensor | None = None  # [B, K] float32
+
+    def head(self, n: int) -> Sampled:
+        """The first n rows (the live ones; the rest are graph padding)."""
+        top_ids = None if self.top_ids is None else self.top_ids[:n]
+        top_logprobs = None if self.top_logprobs is None else self.top_logprobs[:n]
+        return Sampled(self.tokens[:n], self.logprobs[:n], top_ids, top_logprobs)
+
+
+def sample(logits: torch.Tensor, params: SamplingTensors | None, greedy=None) -> Sampled:
+    """logits [B, V] -> the sampled rows. params None: all greedy.
 
     `greedy(logits) -> (tokens, logprobs)` is the all-greedy fast path (a fused kernel on CUDA).
     """
     if params is None and greedy is not None:
-        tokens, logprobs = greedy(logits)
-        return tokens, logprobs if want_logprobs else None
+        return Sampled(*greedy(logits))
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
     if params is None:
         tokens = greedy
     else:
         tokens = torch.where(params.temperature > 0, _sample_random(logits, params), greedy)
-    logprobs = None
-    if want_logprobs:
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    return tokens, logprobs
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+    return Sampled(tokens, logprobs)
 
 
 def _sample_random(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:

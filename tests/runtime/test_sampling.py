@@ -62,7 +62,7 @@ def test_sampler_follows_the_distribution_with_top_k():
     params = SamplingTensors(
         torch.ones(n), torch.full((n,), 3), torch.ones(n), torch.arange(n), torch.zeros(n, dtype=torch.int64)
     )
-    tokens, _ = sample(logits, params, False)
+    tokens = sample(logits, params).tokens
     freq = torch.bincount(tokens, minlength=4).float() / n
     expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0, float("-inf")]), 0)
     assert torch.allclose(freq, expected, atol=0.01)
