@@ -256,16 +256,22 @@ class ExecutorCore:
         return entry
 
     @torch.no_grad()
-    def prompt_logits(self, prompt_ids: list[int]) -> torch.Tensor:
-        """Next-token logits after `prompt_ids` (fp32, on the host), outside the scheduler: for oracles and tests."""
+    def prompt_logits(self, prompt_ids: list[int], every_position: bool = False) -> torch.Tensor:
+        """Next-token logits after `prompt_ids` (fp32, on the host), outside the scheduler: for oracles and tests.
+
+        `every_position`: the logits after each prefix of the prompt instead, [P, V] on the device.
+        """
         seq = Sequence(-2, list(prompt_ids), _PROBE_PARAMS, 0, frozenset(), 1 << 30)
         seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.runner.block_size))
         try:
             batch = ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True])
             step, _ = prefill_step(batch, self.runner.block_size)
+            if every_position:
+                step.logits_rows = torch.arange(len(prompt_ids), dtype=torch.int64)
             if self.parallel is not None:
                 self.parallel.send(Op.PREFILL_LOGITS, step)
-            return self.runner.run_prompt(step)[0].float().cpu()
+            logits = self.runner.run_prompt(step)
+            return logits.float() if every_position else logits[0].float().cpu()
         finally:
             self.allocator.free(seq.block_table)
 

@@ -1,118 +1,95 @@
-"""The user-facing engine: `LLM(model=...)`, `generate`, `stream`.
+"""The user-facing engine, shaped like vLLM's: `LLM(model)`, `generate`, `chat`, `stream`, `submit`.
 
-With `tensor_parallel_size` (or `tp`) above one, the model is sharded across that many ranks (see
-parallel/). The caller is rank 0: it runs the scheduler and gets every result. The other ranks are
-worker processes it spawns, or, under torchrun, the other processes, whose `LLM(...)` serves rank 0's
+One LLM serves any number of threads and asyncio tasks: every request joins the same continuous
+batch (engine/core.py), and each caller gets exactly its own outputs.
+
+With `tensor_parallel_size` above one, the model is sharded across that many ranks (see parallel/).
+The caller is rank 0: it runs the scheduler and gets every result. The other ranks are worker
+processes it spawns, or, under torchrun, the other processes, whose `LLM(...)` serves rank 0's
 steps until rank 0 closes its engine and then returns an engine that produces nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import itertools
+import logging
+import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+from fastpath.vocab import RANDOM_PREFIX
 
 from ..hooks import RuntimeHooks, runtime_hooks_of
 from ..model.config import ModelConfig
-from ..model.presets import RANDOM_PREFIX, resolve_random
+from ..model.presets import resolve_random
 from ..model.tokenizer import generation_eos_ids, resolve_tokenizer
-from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
+from .admission import (
+    GuidedAdmission,
+    Limits,
+    Prompt,
+    check_request,
+    completion_seeds,
+    encode,
+    is_single_prompt,
+    make_sequences,
+)
+from .core import EngineCore, EngineStats
 from .native_executor import NativeExecutor
-from .outputs import RequestError, RequestOutput, StreamToken
+from .options import engine_config, parse_options
+from .outputs import EngineClosedError, RequestError, RequestOutput
+from .prompt_logprobs import prompt_logprobs
+from .request import RequestHandle
 from .sampling_params import SamplingParams
-from .sequence import Sequence as Seq
+from .waiting import wait_all
 
-Prompt = str | Sequence[int]
+log = logging.getLogger("fastpath.llm")
+
+Params = SamplingParams | Sequence[SamplingParams] | None
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str | Path | ModelConfig,
-        *,
-        device: str = "auto",
-        dtype: str | None = None,
-        max_batch_size: int = 16,
-        max_seq_len: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        kv_cache_blocks: int | None = None,
-        cuda_graphs: bool | None = None,
-        graph_batch_sizes: Sequence[int] | None = None,
-        fused_kernels: bool | None = None,
-        fmha_enabled: Sequence[str] | None = None,
-        fmha_prepend: Sequence[str] = (),
-        hooks: RuntimeHooks | None = None,
-        dispatch_mode: str | None = None,  # None: the extension's fixed mode, else auto
-        on_unsupported: str | None = None,  # None: the extension's fixed policy, else warn_once
-        guided_backend: str = "none",
-        seed: int = 0,
-        tensor_parallel_size: int = 1,
-        tp: int | None = None,  # alias of tensor_parallel_size
-        tp_timeout_s: float = 300.0,  # bounds a rank's start-up and each device collective
-        tokenizer: str | Path | None = None,
-        executor_cls: type[NativeExecutor] = NativeExecutor,
-    ) -> None:
-        cfg, checkpoint = _resolve_model(model, seed)
-        dev = resolve_device(device)
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        max_seq_len = max_seq_len or min(4096, cfg.max_position_embeddings)
-        if max_seq_len < 2:
-            raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
-        if tp is not None:
-            if tensor_parallel_size not in (1, tp):
-                raise ValueError(f"tp={tp} and tensor_parallel_size={tensor_parallel_size} disagree")
-            tensor_parallel_size = tp
-        if tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
-        self.config = EngineConfig(
-            model=cfg,
-            checkpoint=checkpoint,
-            tokenizer=Path(tokenizer) if tokenizer is not None else None,
-            device=dev,
-            dtype=resolve_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32")),
-            max_batch_size=max_batch_size,
-            max_seq_len=max_seq_len,
-            max_num_batched_tokens=max_num_batched_tokens or max(2048, max_seq_len),
-            kv_cache_blocks=kv_cache_blocks,
-            cuda_graphs=cuda_graphs is not False and dev.type == "cuda",
-            graph_batch_sizes=resolve_graph_sizes(cuda_graphs, graph_batch_sizes, dev, max_batch_size),
-            fused_kernels=fused_kernels,
-            fmha_enabled=tuple(fmha_enabled) if fmha_enabled is not None else None,
-            fmha_prepend=tuple(fmha_prepend),
-            dispatch_mode=dispatch_mode,
-            on_unsupported=on_unsupported,
-            guided_backend=guided_backend,
-            seed=seed,
-            tensor_parallel_size=tensor_parallel_size,
+    """An engine for one model. Keywords (engine/options.py): tokenizer, dtype, device, seed,
+    max_seq_len (max_model_len), max_batch_size (max_num_seqs), max_num_batched_tokens,
+    kv_cache_blocks, gpu_memory_utilization, cuda_graphs, enforce_eager, graph_batch_sizes,
+    fused_kernels, fmha_enabled, fmha_prepend, hooks, dispatch_mode, on_unsupported, guided_backend
+    ("auto": xgrammar when installed), tensor_parallel_size (tp), tp_timeout_s, executor_cls."""
+
+    def __init__(self, model: str | Path | ModelConfig, **kwargs: Any) -> None:
+        o = parse_options(kwargs)
+        cfg, checkpoint = _resolve_model(model, o.seed)
+        config = engine_config(cfg, checkpoint, o)
+        self.tokenizer = resolve_tokenizer(config.tokenizer, checkpoint, cfg.vocab_size)
+        backend, self._guided_hint = _resolve_guided(
+            o.guided_backend, self.tokenizer, config.tensor_parallel_size
         )
-        if hooks is None:
-            hooks = runtime_hooks_of(model)
-        self.tokenizer = resolve_tokenizer(self.config.tokenizer, checkpoint, cfg.vocab_size)
+        self.config = dataclasses.replace(config, guided_backend=backend)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}
-        self._next_seq_id = 0
+        hooks = o.hooks if o.hooks is not None else runtime_hooks_of(model)
+        self._start(hooks, o.executor_cls or NativeExecutor, o.tp_timeout_s)
+
+    def _start(self, hooks: RuntimeHooks, executor_cls: type, tp_timeout_s: float) -> None:
         self.parallel = None
-        if tensor_parallel_size > 1:
+        self.core: EngineCore | None = None
+        if self.config.tensor_parallel_size > 1:
             from ..parallel.launcher import start_group
 
             self.parallel, self.config = start_group(self.config, hooks, executor_cls, tp_timeout_s)
-        if self.parallel is None:
-            self.executor = executor_cls(self.config, hooks)
-        else:
-            try:
-                with self._peer_errors():
-                    self.executor = executor_cls(self.config, hooks, parallel=self.parallel)
-            except BaseException:
+        try:
+            with self._peer_errors():
+                self.executor = executor_cls(self.config, hooks, parallel=self.parallel)
+        except BaseException:
+            if self.parallel is not None:
                 self.parallel.broken = True
                 self.parallel.close()
-                raise
-        self._finalizer = weakref.finalize(self, _close_engine, self.executor, self.parallel)
+            raise
+        self._finalizer = weakref.finalize(self, _close_engine, None, self.executor, self.parallel)
         try:
             self.executor.start()
         except BaseException:
@@ -125,6 +102,32 @@ class LLM:
                 serve(self.executor.runner, self.parallel.channel)
             finally:
                 self._finalizer()
+            return
+        self.core = EngineCore(self.executor, self._peer_errors)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_engine, self.core, self.executor, self.parallel)
+        runner = self.executor.runner
+        self._limits = Limits(
+            self.config.model.vocab_size,
+            self.config.max_seq_len,
+            (self.executor.allocator.num_blocks - 1) * runner.block_size,
+        )
+        self._guided = GuidedAdmission(runner.guided, self._guided_hint)
+        self._ids = itertools.count()
+        self._requests = itertools.count()
+
+    @classmethod
+    def from_lock(cls, lock: Mapping[str, Any], **overrides: Any) -> LLM:
+        """The engine a resolved manifest describes: `lock` is a manifest.lock.json's content.
+
+        Hooks are imported from their paths at run time (a generated package compiles them in
+        instead); keyword arguments override the lock's engine arguments.
+        """
+        from ..hooks import hooks_from_lock
+
+        kwargs = {**lock["llm_kwargs"], **overrides}
+        kwargs.setdefault("hooks", hooks_from_lock(lock.get("hooks", {})))
+        return cls(**kwargs)
 
     @property
     def is_driver(self) -> bool:
@@ -145,149 +148,202 @@ class LLM:
                 raise
             raise lost from exc
 
-    @classmethod
-    def from_lock(cls, lock: Mapping[str, Any], **overrides: Any) -> LLM:
-        """The engine a resolved manifest describes: `lock` is a manifest.lock.json's content.
-
-        Hooks are imported from their paths at run time (a generated package compiles them in
-        instead); keyword arguments override the lock's engine arguments.
-        """
-        from ..hooks import hooks_from_lock
-
-        kwargs = {**lock["llm_kwargs"], **overrides}
-        kwargs.setdefault("hooks", hooks_from_lock(lock.get("hooks", {})))
-        return cls(**kwargs)
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
 
     # --- requests ---------------------------------------------------------------------------------
 
-    def _admit(self, prompts, sampling) -> tuple[list[RequestOutput], list[Seq], list[str]]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params = (
-            list(sampling)
-            if isinstance(sampling, (list, tuple))
-            else [sampling or SamplingParams()] * len(prompts)
-        )
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        outputs, seqs, errors = [], [], []
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-            ids, problem = self._encode(prompt)
-            problems = [problem] if problem else []
-            guided = None
-            if not problems and p.guided is not None:
-                guided, guided_problem = self._guided_state(p.guided)
-                problems += [guided_problem] if guided_problem else []
-            out = RequestOutput(i, ids or [])
-            outputs.append(out)
-            if problems:
-                out.error, out.finish_reason = "; ".join(problems), "error"
-                errors.append(f"request {i}: {out.error}")
-                continue
-            seq_id = self._next_seq_id
-            self._next_seq_id += 1
-            seed = p.seed if p.seed is not None else (self.config.seed * 1_000_003 + seq_id) & 0x7FFFFFFF
-            seqs.append(
-                Seq(seq_id, ids, p, seed, self.eos_ids, self.config.max_seq_len, index=i, guided=guided)
-            )
-        return outputs, seqs, errors
+    def submit(
+        self,
+        prompt: Prompt,
+        sampling_params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+        stream: bool = True,
+        wake: threading.Event | None = None,
+    ) -> RequestHandle:
+        """Admit one request into the running batch and return its handle; ValueError if it is invalid.
 
-    def _guided_state(self, guided: Any):
-        """(matcher state, None) or (None, the reason the constraint is refused)."""
-        from ..guided.grammar_cache import GrammarError
-        from ..guided.spec import parse_spec
-
-        if self.executor.guided is None:
-            return None, "guided decoding is off in this engine: pass guided_backend='xgrammar'"
-        try:
-            return self.executor.guided.state_for(parse_spec(guided)), None
-        except (ValueError, GrammarError) as exc:
-            return None, str(exc)
-
-    def _encode(self, prompt: Prompt) -> tuple[list[int] | None, str | None]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                return None, "a text prompt needs a tokenizer, and this model has none: pass token ids"
-            ids = list(self.tokenizer(prompt)["input_ids"])
-        else:
+        From any thread; pass `loop` to iterate the handle with `async for` on that event loop.
+        `stream=False` reports only the finish (cheaper for the engine's loop).
+        """
+        if self.core is None:
+            raise RuntimeError("requests go to rank 0, which gets the results")
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        admitted = encode(prompt, self.tokenizer, self._limits)
+        check_request(admitted.prompt_ids, params, self._limits)
+        guided = [None] * params.n
+        if params.guided is not None:
             try:
-                ids = [int(t) for t in prompt]
-            except (TypeError, ValueError):
-                return None, f"prompt must be a string or a list of token ids, got {type(prompt).__name__}"
-        vocab, limit = self.config.model.vocab_size, self.config.max_seq_len
-        if not ids:
-            return ids, "empty prompt"
-        if len(ids) >= limit:
-            return ids, f"prompt of {len(ids)} tokens leaves no room to generate: max_seq_len is {limit}"
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            return ids, f"token id {bad[0]} is out of range [0, {vocab})"
-        return ids, None
-
-    def _detokenize(self, ids: list[int]) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _finish(self, out: RequestOutput, seq: Seq) -> None:
-        out.token_ids = list(seq.output_ids)
-        out.finish_reason = seq.finish_reason
-        out.text = self._detokenize(out.token_ids)
-        if seq.params.logprobs is not None:
-            out.logprobs = list(seq.logprobs)
+                guided = [self._guided.state(params.guided) for _ in range(params.n)]
+            except ValueError:
+                raise
+            except Exception as exc:  # a constraint a backend chokes on fails its request alone
+                raise ValueError(f"guided: {type(exc).__name__}: {exc}") from exc
+        rid = request_id if request_id is not None else str(next(self._requests))
+        handle = RequestHandle(
+            rid,
+            admitted.prompt,
+            admitted.prompt_ids,
+            params,
+            self.tokenizer,
+            self.core.abort,
+            loop=loop,
+            wake=wake,
+        )
+        if params.prompt_logprobs is not None:
+            handle.prompt_logprobs = self.core.call(
+                lambda: prompt_logprobs(
+                    self.executor, admitted.prompt_ids, params.prompt_logprobs, self.tokenizer
+                )
+            )
+        seq_ids = [next(self._ids) for _ in range(params.n)]
+        derived = (self.config.seed * 1_000_003 + seq_ids[0]) & 0x7FFFFFFF
+        seqs = make_sequences(
+            seq_ids, admitted, params, completion_seeds(params, derived), self._limits, guided, self.eos_ids
+        )
+        for seq in seqs:
+            handle.attach(seq)
+            seq.streams = stream or bool(params.stop)
+        self.core.submit(handle)
+        return handle
 
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: Params = None,
         *,
+        use_tqdm: bool = True,
         errors: str = "raise",
     ) -> list[RequestOutput]:
-        """One output per prompt. Invalid requests fail alone: the rest still run (see RequestError.outputs)."""
-        if not self.is_driver:
+        """One output per prompt, in order. An invalid request fails alone: the rest still run, and a
+        RequestError at the end carries every output (errors="return" hands them back instead)."""
+        if self.core is None:
             return []
-        outputs, seqs, problems = self._admit(prompts, sampling)
-        for seq in seqs:
-            self.executor.scheduler.add(seq)
-        with self._peer_errors():
-            for _ in self.executor.steps():
-                pass
-        for seq in seqs:
-            self._finish(outputs[seq.index], seq)
+        prompts = [prompts] if is_single_prompt(prompts) else list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompts))
+        outputs, handles, problems, wake = self._submit_all(prompts, params, stream=False)
+        wait_all(list(handles.values()), wake, use_tqdm and len(handles) > 1)
+        self._raise_if_failed(handles.values())
+        for i, h in handles.items():
+            outputs[i] = h.result()
         if problems and errors == "raise":
             raise RequestError("invalid requests: " + " | ".join(problems), outputs)
         return outputs
 
-    def stream(
-        self,
-        prompts: Prompt | Sequence[Prompt],
-        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-    ) -> Iterator[StreamToken]:
-        """Tokens as they are read back from each step. Invalid requests raise before anything runs."""
-        if not self.is_driver:
-            return
-        outputs, seqs, problems = self._admit(prompts, sampling)
-        if problems:
-            raise RequestError("invalid requests: " + " | ".join(problems), outputs)
-        for seq in seqs:
-            self.executor.scheduler.add(seq)
-        try:
-            with self._peer_errors():
-                for record in self.executor.steps():
-                    for seq, token in record.new_tokens:
-                        yield StreamToken(seq.index, token, seq.finish_reason)
-        finally:
-            for seq in seqs:
-                if not seq.finished:
-                    self.executor.scheduler.abort(seq)
+    def _submit_all(self, prompts: list, params: list[SamplingParams], stream: bool):
+        wake = threading.Event()
+        outputs: list[RequestOutput | None] = [None] * len(prompts)
+        handles: dict[int, RequestHandle] = {}
+        problems = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            try:
+                handles[i] = self.submit(prompt, p, stream=stream, wake=wake)
+            except (ValueError, TypeError) as exc:
+                outputs[i] = _failed(str(next(self._requests)), prompt, str(exc))
+                problems.append(f"request {i}: {exc}")
+        return outputs, handles, problems, wake
 
-    def prompt_logits(self, prompt: Prompt) -> torch.Tensor:
+    def _raise_if_failed(self, handles) -> None:
+        """Only the engine's end fails an admitted request: raise what ended it."""
+        failed = next((h.error for h in handles if h.error is not None), None)
+        if failed is not None:
+            raise self.core.failure or EngineClosedError(failed)
+
+    def stream(
+        self, prompts: Prompt | Sequence[Prompt], sampling_params: Params = None
+    ) -> Iterator[RequestOutput]:
+        """Incremental outputs as steps complete: each holds the new token ids and the new text of one
+        request. Invalid requests raise before anything runs; closing the iterator aborts the rest."""
+        if self.core is None:
+            return
+        prompts = [prompts] if is_single_prompt(prompts) else list(prompts)
+        params = _params_per_prompt(sampling_params, len(prompts))
+        outputs, handles, problems, wake = self._submit_all(prompts, params, stream=True)
+        if problems:
+            for h in handles.values():
+                h.abort()
+            raise RequestError("invalid requests: " + " | ".join(problems), [o for o in outputs if o])
+        try:
+            pending = dict(handles)
+            while pending:
+                for i, h in list(pending.items()):
+                    yield from h.deltas()
+                    self._raise_if_failed([h])
+                    if h.finished:
+                        del pending[i]
+                if pending:
+                    wake.wait()
+                    wake.clear()
+        finally:
+            for h in handles.values():
+                h.abort()
+            with contextlib.suppress(RuntimeError):
+                self.core.call(lambda: None)  # the aborts are done when the stream is closed
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: Params = None,
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations, each rendered by the tokenizer's chat template (or
+        `chat_template`) straight to token ids, so the template's BOS is the only one."""
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompts = [
+            self.render_chat(
+                c, chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs
+            )
+            for c in conversations
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A conversation as a prompt dict {'prompt': text, 'prompt_token_ids': ids}."""
+        tok = self.tokenizer
+        if tok is None:
+            raise ValueError("chat needs a tokenizer, and this model has none")
+        if chat_template is None and getattr(tok, "chat_template", None) is None:
+            raise ValueError("this tokenizer has no chat template: pass chat_template=")
+        kwargs = dict(
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **(chat_template_kwargs or {}),
+        )
+        text = tok.apply_chat_template(list(messages), tokenize=False, **kwargs)
+        ids = tok.apply_chat_template(list(messages), tokenize=True, **kwargs)
+        if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        return {"prompt": text, "prompt_token_ids": list(ids)}
+
+    def stats(self) -> EngineStats:
+        """Requests running and waiting, KV-cache blocks, token counts: for metrics."""
+        if self.core is None:
+            raise RuntimeError("stats are kept on rank 0")
+        return self.core.stats()
+
+    def prompt_logits(self, prompt: Prompt):
         """Next-token logits after one prompt (fp32, CPU). A diagnostic for comparing against an oracle."""
-        if not self.is_driver:
+        if self.core is None:
             raise RuntimeError("prompt_logits runs on rank 0, which gets the results")
-        ids, problem = self._encode(prompt)
-        if problem:
-            raise ValueError(problem)
-        with self._peer_errors():
-            return self.executor.prompt_logits(ids)
+        ids = encode(prompt, self.tokenizer, self._limits).prompt_ids
+        return self.core.call(lambda: self.executor.prompt_logits(ids))
 
     def close(self) -> None:
         self._finalizer()
@@ -299,12 +355,52 @@ class LLM:
         self.close()
 
 
-def _close_engine(executor: NativeExecutor, parallel) -> None:
+def _close_engine(core: EngineCore | None, executor, parallel) -> None:
     try:
+        if core is not None and not core.close():
+            log.warning("the engine's loop did not stop within its bound; shutting down beside it")
         executor.shutdown()
     finally:
         if parallel is not None:
             parallel.close()
+
+
+def _params_per_prompt(params: Params, n: int) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * n
+    params = list(params)
+    if len(params) != n:
+        raise ValueError(f"{n} prompts but {len(params)} SamplingParams")
+    return params
+
+
+def _failed(request_id: str, prompt: Any, error: str) -> RequestOutput:
+    from .outputs import CompletionOutput
+
+    text = prompt if isinstance(prompt, str) else None
+    return RequestOutput(
+        request_id, text, [], None, [CompletionOutput(0, "", [], finish_reason="error")], True, error
+    )
+
+
+def _resolve_guided(name: str, tokenizer: Any, tp: int) -> tuple[str, str]:
+    """(the backend to build, the hint a guided request gets when it is 'none')."""
+    install = "install a backend: pip install 'fastpath-llm[guided]'"
+    if name != "auto":
+        return (
+            name,
+            f"this engine was built with guided_backend={name!r}; {install} and pass guided_backend='auto'",
+        )
+    import importlib.util
+
+    if tokenizer is None:
+        return "none", "this model has no tokenizer, which guided decoding needs"
+    if tp > 1:
+        return "none", "guided decoding with tensor_parallel_size > 1 is not supported yet"
+    if importlib.util.find_spec("xgrammar") is not None:
+        log.info("guided decoding: xgrammar")
+        return "xgrammar", ""
+    return "none", f"no guided-decoding backend is installed; {install}"
 
 
 def _resolve_model(model: Any, seed: int) -> tuple[ModelConfig, Path | None]:

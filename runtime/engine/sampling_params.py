@@ -124,28 +124,49 @@ class SamplingParams:
         self._check_penalties()
         self._check_logprobs()
         self._check_guided()
-        for name in ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "detokenize",
-                     "spaces_between_special_tokens"):  # fmt: skip
+        for name in (
+            "include_stop_str_in_output",
+            "ignore_eos",
+            "skip_special_tokens",
+            "detokenize",
+            "spaces_between_special_tokens",
+        ):
             _check(isinstance(getattr(self, name), bool), name, "a bool", getattr(self, name))
 
     def _check_sampling(self) -> None:
         _check(_is_int(self.n) and 1 <= self.n <= MAX_N, "n", f"an int in [1, {MAX_N}]", self.n)
-        _check(_is_num(self.temperature) and self.temperature >= 0, "temperature", "a finite number >= 0",
-               self.temperature)  # fmt: skip
+        _check(
+            _is_num(self.temperature) and self.temperature >= 0,
+            "temperature",
+            "a finite number >= 0",
+            self.temperature,
+        )
         _check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
-        _check(_is_int(self.top_k) and -1 <= self.top_k <= MAX_TOKEN_ID, "top_k",
-               f"an int in [-1, {MAX_TOKEN_ID}] (0 or -1: off)", self.top_k)  # fmt: skip
+        _check(
+            _is_int(self.top_k) and -1 <= self.top_k <= MAX_TOKEN_ID,
+            "top_k",
+            f"an int in [-1, {MAX_TOKEN_ID}] (0 or -1: off)",
+            self.top_k,
+        )
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "a number in [0, 1]", self.min_p)
         if self.seed is not None:
-            _check(_is_int(self.seed) and 0 <= self.seed <= MAX_INT64, "seed", f"None or an int in [0, {MAX_INT64}]",
-                   self.seed)  # fmt: skip
+            _check(
+                _is_int(self.seed) and 0 <= self.seed <= MAX_INT64,
+                "seed",
+                f"None or an int in [0, {MAX_INT64}]",
+                self.seed,
+            )
 
     def _check_lengths(self) -> None:
         if self.max_tokens is not None:
-            _check(_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKEN_ID, "max_tokens",
-                   f"None or an int in [1, {MAX_TOKEN_ID}]", self.max_tokens)  # fmt: skip
+            _check(
+                _is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKEN_ID,
+                "max_tokens",
+                f"None or an int in [1, {MAX_TOKEN_ID}]",
+                self.max_tokens,
+            )
         _check(
             _is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "an int >= 0", self.min_tokens
         )

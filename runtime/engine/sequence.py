@@ -23,17 +23,22 @@ class Sequence:
     seed: int
     eos_ids: frozenset[int]
     max_seq_len: int
-    index: int = 0  # the request's position in its generate() call
+    index: int = 0  # which of its request's n completions this is
     output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # of each chosen token, when the request asks
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)  # when it asks for top-k
     block_table: list[int] = field(default_factory=list)
     table_epoch: int = 0  # bumped when the table is released: cached copies of it are stale
     num_computed: int = 0  # tokens whose KV is in the cache (or being written by a launched step)
     num_pending: int = 0  # sampled on the device, not yet read back (the overlap loop's lag)
     status: Status = Status.WAITING
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # the stop token id (or, set by its request, stop string)
     error: str | None = None
     guided: Any = None  # the guided-decoding matcher, when the request has a constraint
+    sink: Any = None  # what hears of its tokens (engine/request.py); None for internal probes
+    streams: bool = False  # report every step's tokens, not only the finish
+    penalty_slot: int = 0  # its row in the sampler's penalty tables (0: none)
 
     @property
     def max_new_tokens(self) -> int:
@@ -62,13 +67,21 @@ class Sequence:
     def can_generate_more(self) -> bool:
         return self.num_generated < self.max_new_tokens and self.num_tokens < self.max_seq_len
 
-    def accept(self, token: int, logprob: float | None) -> None:
+    def accept(self, token: int, logprob: float, top: tuple[list[int], list[float]] | None = None) -> None:
         """Record one read-back token and decide whether the request is done."""
         self.num_pending -= 1
         self.output_ids.append(token)
-        if logprob is not None:
+        p = self.params
+        if p.logprobs is not None:
             self.logprobs.append(logprob)
-        if token in self.params.stop_token_ids or (token in self.eos_ids and not self.params.ignore_eos):
-            self.finish_reason = "stop"
-        elif len(self.output_ids) >= self.max_new_tokens or self.num_known >= self.max_seq_len:
+            if p.logprobs and top is not None:
+                self.top_logprobs.append((top[0][: p.logprobs], top[1][: p.logprobs]))
+        if len(self.output_ids) > p.min_tokens or p.min_tokens == 0:
+            if token in p.stop_token_ids:
+                self.finish_reason, self.stop_reason = "stop", token
+                return
+            if token in self.eos_ids and not p.ignore_eos:
+                self.finish_reason = "stop"
+                return
+        if len(self.output_ids) >= self.max_new_tokens or self.num_known >= self.max_seq_len:
             self.finish_reason = "length"

@@ -55,7 +55,16 @@ def train_tokenizer(vocab_size: int, corpus: list[str] | None = None):
         show_progress=False,
     )
     tok.train_from_iterator(corpus or _CORPUS * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    out.chat_template = CHAT_TEMPLATE
+    return out
+
+
+# A ChatML-style template that starts with BOS, so a chat prompt encoded twice would show a double BOS.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 def write_checkpoint(path: Path, cfg: ModelConfig, with_tokenizer: bool = True) -> Path:

@@ -19,6 +19,7 @@ from .messages import Channel, Op
 if TYPE_CHECKING:
     from .watch import WorkerSet
 
+EXIT_GRACE_S = 15.0  # how long a rank that posted its error gets to exit, so the report can say how it ended
 log = logging.getLogger("fastpath.parallel")
 
 
@@ -110,6 +111,10 @@ class ParallelState:
             return exc
         deaths = self.workers.deaths(grace_s=2.0) if self.workers is not None else {}
         errors = {r: e for r in range(1, self.world) if (e := self.posted_error(r)) is not None}
+        if errors and not deaths and self.workers is not None:
+            deaths = self.workers.deaths(
+                grace_s=EXIT_GRACE_S
+            )  # a rank that posted an error is on its way out
         culprits = sorted(set(deaths) | set(errors))
         if not culprits:
             return exc

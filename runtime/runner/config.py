@@ -25,6 +25,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     kv_cache_blocks: int | None = None  # None: sized from the batch and sequence limits (and free memory)
+    memory_fraction: float = 0.85  # of free device memory the cache may take (vLLM's gpu_memory_utilization)
     cuda_graphs: bool = False
     fused_kernels: bool | None = None  # None: Triton kernels on CUDA, torch ops elsewhere
     graph_batch_sizes: tuple[int, ...] = ()

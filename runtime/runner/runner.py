@@ -97,6 +97,7 @@ class ModelRunner:
             c.max_batch_size,
             c.max_seq_len,
             c.block_size,
+            c.memory_fraction,
             num_blocks=c.kv_cache_blocks,
         )
         return parallel.agree_on_cache(sizing) if parallel is not None else sizing

@@ -60,8 +60,8 @@ def test_generated_package_gives_the_native_tokens(example, build_root):
         assert type(generated.executor).__module__ == f"{plan.package}.executor"
         fixed = generated.executor.dispatcher.extension.FIXED_MODE
         assert fixed == plan.dispatch_mode
-        expected = [o.token_ids for o in native.generate(PROMPTS, PARAMS)]
-        assert [o.token_ids for o in generated.generate(PROMPTS, PARAMS)] == expected
+        expected = [o.outputs[0].token_ids for o in native.generate(PROMPTS, PARAMS)]
+        assert [o.outputs[0].token_ids for o in generated.generate(PROMPTS, PARAMS)] == expected
 
 
 @pytest.mark.slow
@@ -73,7 +73,7 @@ def test_generated_and_native_run_the_hooks_in_the_same_order(build_root):
     for name, make in (("native", lambda: native_llm_from_text(RECORDING)), ("generated", pkg.LLM)):
         recording_hooks.LOG.clear()
         with make() as llm:
-            tokens = [o.token_ids for o in llm.generate(PROMPTS, PARAMS)]
+            tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
             llm.generate(PROMPTS[:1], PARAMS[:1])
         logs[name] = (list(recording_hooks.LOG), tokens)
     assert logs["generated"] == logs["native"]

@@ -106,7 +106,7 @@ def test_engine_tokens_do_not_depend_on_the_library(order):
         prompts, p
     )
     other = LLM("random:tiny-mistral", device="cpu", max_seq_len=64, fmha_enabled=order).generate(prompts, p)
-    assert [o.token_ids for o in other] == [o.token_ids for o in base]
+    assert [o.outputs[0].token_ids for o in other] == [o.outputs[0].token_ids for o in base]
 
 
 def test_a_refused_call_falls_through_to_the_next_library():

@@ -23,17 +23,19 @@ def llm():
 )
 def test_bad_request_is_named_and_others_run(llm, bad_prompt, bad_params, message):
     p = SamplingParams(max_tokens=8, ignore_eos=True)
-    expected = [o.token_ids for o in llm.generate(GOOD, p)]
+    expected = [o.outputs[0].token_ids for o in llm.generate(GOOD, p)]
     with pytest.raises(ValueError, match="request 1: ") as info:
         llm.generate([GOOD[0], bad_prompt, GOOD[1]], [p, bad_params, p])
     assert message in str(info.value)
     assert isinstance(info.value, RequestError)
     outs = info.value.outputs
-    assert [outs[0].token_ids, outs[2].token_ids] == expected
-    assert outs[1].finish_reason == "error" and message in outs[1].error
+    assert [outs[0].outputs[0].token_ids, outs[2].outputs[0].token_ids] == expected
+    assert outs[1].outputs[0].finish_reason == "error" and message in outs[1].error
     # errors="return" hands back the same outputs instead of raising.
     returned = llm.generate([GOOD[0], bad_prompt, GOOD[1]], [p, bad_params, p], errors="return")
-    assert [returned[0].token_ids, returned[2].token_ids] == expected and returned[1].error
+    assert [returned[0].outputs[0].token_ids, returned[2].outputs[0].token_ids] == expected and returned[
+        1
+    ].error
 
 
 def test_a_text_prompt_without_a_tokenizer_fails_alone():
@@ -45,7 +47,7 @@ def test_a_text_prompt_without_a_tokenizer_fails_alone():
     assert llm.tokenizer is None
     with pytest.raises(RequestError, match="request 0: a text prompt needs a tokenizer") as info:
         llm.generate(["text", GOOD[0]], SamplingParams(max_tokens=3))
-    assert len(info.value.outputs[1].token_ids) == 3
+    assert len(info.value.outputs[1].outputs[0].token_ids) == 3
 
 
 def test_engine_arguments_are_checked():

@@ -27,11 +27,11 @@ def test_200_requests_batched_equal_solo(hf_checkpoints):
     solo = LLM(str(path), device="cpu", dtype="float32", max_batch_size=1, max_seq_len=160)
     near_ties = 0
     for prompt, p, out in zip(prompts, params, outs, strict=True):
-        alone = solo.generate([prompt], p)[0].token_ids
-        assert len(out.token_ids) == p.max_tokens
-        if out.token_ids == alone:
+        alone = solo.generate([prompt], p)[0].outputs[0].token_ids
+        assert len(out.outputs[0].token_ids) == p.max_tokens
+        if out.outputs[0].token_ids == alone:
             continue
-        k = next(i for i, (a, b) in enumerate(zip(out.token_ids, alone, strict=True)) if a != b)
+        k = next(i for i, (a, b) in enumerate(zip(out.outputs[0].token_ids, alone, strict=True)) if a != b)
         margin = hf_margins(path, prompt, alone)[k]
         assert margin < NEAR_TIE, f"diverged at step {k} with top-2 margin {margin:.2e}"
         near_ties += 1

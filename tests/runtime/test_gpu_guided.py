@@ -35,7 +35,9 @@ def by_mode():
                     SamplingParams(max_tokens=200, temperature=1.0, seed=s, guided={"json_schema": schema})
                     for s in range(4)
                 ]
-                results[name] = [(o.text, o.finish_reason) for o in llm.generate(PROMPTS, params)]
+                results[name] = [
+                    (o.outputs[0].text, o.outputs[0].finish_reason) for o in llm.generate(PROMPTS, params)
+                ]
             outs[mode] = (backend, results)
     return outs
 
@@ -59,9 +61,9 @@ def test_greedy_guided_requests_replay_the_greedy_guided_graphs():
         for schema in SCHEMAS.values():
             # Greedy on random weights may repeat a digit for ever: only finished outputs can be checked.
             for o in llm.generate(PROMPTS, SamplingParams(max_tokens=200, guided={"json_schema": schema})):
-                assert o.finish_reason in ("stop", "length"), o.finish_reason
-                if o.finish_reason == "stop":
-                    jsonschema.validate(json.loads(o.text), schema)
+                assert o.outputs[0].finish_reason in ("stop", "length"), o.outputs[0].finish_reason
+                if o.outputs[0].finish_reason == "stop":
+                    jsonschema.validate(json.loads(o.outputs[0].text), schema)
                     finished += 1
         assert finished >= len(SCHEMAS), f"only {finished} greedy guided outputs finished"
         assert set(replayed) == {"guided_greedy"}, set(replayed)
@@ -79,11 +81,11 @@ def test_free_requests_are_undisturbed_under_graphs():
             SamplingParams(max_tokens=30, ignore_eos=True),
             SamplingParams(max_tokens=25, temperature=0.9, seed=5),
         ]
-        alone = [o.token_ids for o in llm.generate(PROMPTS[:2], free)]
+        alone = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], free)]
         guided = SamplingParams(
             max_tokens=60, temperature=1.0, seed=1, guided={"json_schema": SCHEMAS["enum"]}
         )
         mixed = llm.generate(
             [PROMPTS[2], PROMPTS[0], PROMPTS[3], PROMPTS[1]], [guided, free[0], guided, free[1]]
         )
-        assert [mixed[1].token_ids, mixed[3].token_ids] == alone
+        assert [mixed[1].outputs[0].token_ids, mixed[3].outputs[0].token_ids] == alone

@@ -21,7 +21,9 @@ def test_fp32_tokens_equal_hf_on_cuda(hf_checkpoints, arch):
     llm = LLM(str(path), device="cuda", dtype="float32", max_seq_len=256, max_batch_size=4)
     outs = llm.generate(PROMPTS, GREEDY)
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        assert out.token_ids == hf_greedy(path, prompt, 32, device="cuda"), f"{arch}, prompt of {len(prompt)}"
+        assert out.outputs[0].token_ids == hf_greedy(path, prompt, 32, device="cuda"), (
+            f"{arch}, prompt of {len(prompt)}"
+        )
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
@@ -39,7 +41,9 @@ def test_bf16_close_to_hf_then_equal_until_a_near_tie(hf_checkpoints, arch):
         rounding = float((hf16 - hf32).norm() / hf32.norm())
         assert float((ours - hf16).norm() / hf16.norm()) <= 2 * rounding + 1e-6
         ref = hf_greedy(path, prompt, 32, torch.bfloat16, "cuda")
-        k = next((i for i, (a, b) in enumerate(zip(out.token_ids, ref, strict=True)) if a != b), None)
+        k = next(
+            (i for i, (a, b) in enumerate(zip(out.outputs[0].token_ids, ref, strict=True)) if a != b), None
+        )
         if k is not None:
             tie = 4 * float((hf16 - hf32).abs().max())
             margin = hf_margins(path, prompt, ref, torch.bfloat16, "cuda")[k]
@@ -52,7 +56,7 @@ def _tokens(**kw):
     llm = LLM("random:tiny-llama", device="cuda", dtype="bfloat16", max_seq_len=256, max_batch_size=8, **kw)
     prompts = [list(range(3, 3 + n)) for n in (1, 17, 5, 64, 9, 33)]
     params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=t, seed=2) for t in (0, 0.9) * 3]
-    out = [o.token_ids for o in llm.generate(prompts, params)]
+    out = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     return out, llm
 
 
@@ -169,7 +173,7 @@ def test_one_billion_parameter_llama_runs_with_graphs():
     out = llm.generate(
         [list(range(100, 140)), [128000, 9906]], SamplingParams(max_tokens=20, ignore_eos=True)
     )
-    assert all(len(o.token_ids) == 20 for o in out)
+    assert all(len(o.outputs[0].token_ids) == 20 for o in out)
     assert llm.executor.graphs is not None
     logits = llm.prompt_logits([128000, 9906, 1917])
     assert torch.isfinite(logits).all() and logits.std() > 0

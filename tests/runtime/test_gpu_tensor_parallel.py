@@ -24,7 +24,7 @@ def _tokens(path, **kw):
             assert llm.parallel.world == kw["tp"]
             if kw.get("cuda_graphs") is not False:
                 assert llm.executor.graphs is not None and llm.executor.graphs.graphs, "decode is graphed"
-        return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+        return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama-tied-mqa", "qwen2", "qwen3", "mistral"])
@@ -50,10 +50,10 @@ def test_tp2_sampling_and_logits_match_tp1():
     prompts = [list(range(3, 3 + n)) for n in (1, 17, 5, 40)]
     params = [SamplingParams(max_tokens=16, ignore_eos=True, temperature=t, seed=4) for t in (0, 0.8) * 2]
     with LLM("random:tiny-qwen3", **cfg) as one:
-        want = [o.token_ids for o in one.generate(prompts, params)]
+        want = [o.outputs[0].token_ids for o in one.generate(prompts, params)]
         want_logits = one.prompt_logits(prompts[1])
     with LLM("random:tiny-qwen3", tp=2, **cfg) as two:
-        assert [o.token_ids for o in two.generate(prompts, params)] == want
+        assert [o.outputs[0].token_ids for o in two.generate(prompts, params)] == want
         assert torch.allclose(two.prompt_logits(prompts[1]), want_logits, atol=1e-4)
 
 

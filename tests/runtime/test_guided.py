@@ -29,10 +29,10 @@ def _guided(spec, seed, max_tokens=200):
 def test_every_finished_output_parses_and_validates(llm, name):
     schema = SCHEMAS[name]
     outs = llm.generate(PROMPTS * 2, [_guided({"json_schema": schema}, seed) for seed in range(8)])
-    finished = [o for o in outs if o.finish_reason == "stop"]
-    assert len(finished) >= 6, f"only {len(finished)} of 8 finished: {[o.text for o in outs]}"
+    finished = [o for o in outs if o.outputs[0].finish_reason == "stop"]
+    assert len(finished) >= 6, f"only {len(finished)} of 8 finished: {[o.outputs[0].text for o in outs]}"
     for o in finished:
-        jsonschema.validate(json.loads(o.text), schema)
+        jsonschema.validate(json.loads(o.outputs[0].text), schema)
 
 
 def test_json_object_regex_and_grammar(llm):
@@ -44,11 +44,11 @@ def test_json_object_regex_and_grammar(llm):
             _guided({"grammar": 'root ::= "yes" | "no" | "maybe " [0-9]'}, 3),
         ],
     )
-    assert all(o.finish_reason == "stop" for o in outs[1:])
-    if outs[0].finish_reason == "stop":
-        assert isinstance(json.loads(outs[0].text), dict)
-    assert re.fullmatch(r"[a-z]{3,6}@[a-z]{2,5}\.(com|org)", outs[1].text)
-    assert re.fullmatch(r"yes|no|maybe [0-9]", outs[2].text)
+    assert all(o.outputs[0].finish_reason == "stop" for o in outs[1:])
+    if outs[0].outputs[0].finish_reason == "stop":
+        assert isinstance(json.loads(outs[0].outputs[0].text), dict)
+    assert re.fullmatch(r"[a-z]{3,6}@[a-z]{2,5}\.(com|org)", outs[1].outputs[0].text)
+    assert re.fullmatch(r"yes|no|maybe [0-9]", outs[2].outputs[0].text)
 
 
 def test_free_requests_are_undisturbed_by_guided_ones(llm):
@@ -56,20 +56,20 @@ def test_free_requests_are_undisturbed_by_guided_ones(llm):
         SamplingParams(max_tokens=30, ignore_eos=True),
         SamplingParams(max_tokens=25, temperature=0.9, seed=5),
     ]
-    alone = [o.token_ids for o in llm.generate(PROMPTS[:2], free)]
+    alone = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], free)]
     mixed = llm.generate(
         [PROMPTS[2], PROMPTS[0], PROMPTS[3], PROMPTS[1]],
         [_guided({"json_schema": SCHEMAS["enum"]}, 1), free[0], _guided({"regex": "[0-9]+"}, 2), free[1]],
     )
-    assert [mixed[1].token_ids, mixed[3].token_ids] == alone
+    assert [mixed[1].outputs[0].token_ids, mixed[3].outputs[0].token_ids] == alone
 
 
 def test_a_bad_grammar_fails_its_request_alone(llm):
     p = SamplingParams(max_tokens=10, ignore_eos=True)
-    expected = llm.generate([PROMPTS[0]], p)[0].token_ids
+    expected = llm.generate([PROMPTS[0]], p)[0].outputs[0].token_ids
     with pytest.raises(RequestError, match=r"request 1: guided regex does not compile: .*Unclosed") as info:
         llm.generate([PROMPTS[0], PROMPTS[1]], [p, _guided({"regex": "([a-z"}, 1)])
-    assert info.value.outputs[0].token_ids == expected
+    assert info.value.outputs[0].outputs[0].token_ids == expected
 
 
 @pytest.mark.parametrize(
@@ -104,10 +104,13 @@ def test_grammars_compile_once_per_constraint_within_a_bound(tiny_text_checkpoin
     assert cache.compilations == 4
 
 
-def test_guided_requests_need_the_backend_on(tiny_text_checkpoint):
+def test_guided_decoding_is_on_by_default_and_off_when_asked(tiny_text_checkpoint):
     plain = LLM(str(tiny_text_checkpoint), device="cpu", max_seq_len=64)
-    with pytest.raises(RequestError, match="guided decoding is off in this engine"):
-        plain.generate(["x"], _guided({"json_object": True}, 1))
+    out = plain.generate(["x"], _guided({"regex": "[0-9]{3}"}, 1))[0].outputs[0]
+    assert out.finish_reason == "stop" and re.fullmatch("[0-9]{3}", out.text)
+    off = LLM(str(tiny_text_checkpoint), device="cpu", max_seq_len=64, guided_backend="none")
+    with pytest.raises(RequestError, match=r"guided decoding is off in this engine: .*pip install"):
+        off.generate(["x"], _guided({"json_object": True}, 1))
 
 
 def test_matcher_calls_hold_the_gil_without_touching_xgrammars_own_wrappers(llm):
@@ -137,7 +140,7 @@ def test_the_python_fill_gives_the_same_tokens_as_the_native_fill(tiny_text_chec
     params = [_guided({"json_schema": schema}, seed) for seed, schema in enumerate(SCHEMAS.values())]
     prompts = (PROMPTS * 2)[: len(params)]
     native_outs, python_outs = llm.generate(prompts, params), python.generate(prompts, params)
-    assert [o.token_ids for o in native_outs] == [o.token_ids for o in python_outs]
+    assert [o.outputs[0].token_ids for o in native_outs] == [o.outputs[0].token_ids for o in python_outs]
     python.close()
 
 

@@ -16,8 +16,10 @@ def test_fp32_greedy_tokens_equal_hf(hf_checkpoints, arch):
     llm = LLM(str(path), device="cpu", dtype="float32", max_seq_len=256, max_batch_size=4)
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=40, ignore_eos=True))
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        assert out.token_ids == hf_greedy(path, prompt, 40), f"{arch}: prompt of {len(prompt)} tokens"
-        assert out.finish_reason == "length"
+        assert out.outputs[0].token_ids == hf_greedy(path, prompt, 40), (
+            f"{arch}: prompt of {len(prompt)} tokens"
+        )
+        assert out.outputs[0].finish_reason == "length"
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -40,8 +42,8 @@ def test_half_precision_matches_hf_until_a_near_tie(hf_checkpoints, arch, dtype)
         # Relative error of bf16/fp16 logits against HF's own run in the same dtype.
         rel = float((mine - first).norm() / first.norm())
         assert rel < 5e-3, f"first-step logits differ from HF: relative error {rel:.2e}"
-        assert ours.token_ids[0] == int(first.argmax()) or _tied(first)
-        k = first_divergence(ours.token_ids, ref)
+        assert ours.outputs[0].token_ids[0] == int(first.argmax()) or _tied(first)
+        k = first_divergence(ours.outputs[0].token_ids, ref)
         if k is not None:
             margin = hf_margins(path, prompt, ref, dtype=dtype)[k]
             assert margin < 0.05 * max(1.0, float(first.abs().max())), (

@@ -210,7 +210,7 @@ PARAMS = [
 
 @pytest.fixture(scope="module")
 def all_off_tokens():
-    return [o.token_ids for o in _llm(ALL_OFF, max_batch_size=2).generate(PROMPTS, PARAMS)]
+    return [o.outputs[0].token_ids for o in _llm(ALL_OFF, max_batch_size=2).generate(PROMPTS, PARAMS)]
 
 
 @pytest.mark.parametrize(
@@ -226,6 +226,6 @@ def test_every_hook_combination_gives_the_all_off_tokens(all_off_tokens, loop, p
     }[prologue]
     ev = EventLists((retain_host_pages,), (), (health_check,)) if events else None
     llm = _llm(RuntimeHooks(loop, pro, ev), max_batch_size=2)
-    assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS)] == all_off_tokens
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)] == all_off_tokens
     if prologue in ("host", "declining"):
         assert pro.calls > 10, "the hook ran for the decode steps"

@@ -1,5 +1,6 @@
 """Sampling: seeded and reproducible whatever the batch, top-k/top-p honoured, logprobs exact."""
 
+import pytest
 import torch
 
 from fastpath.runtime import LLM, SamplingParams
@@ -15,20 +16,20 @@ def _llm(**kw):
 def test_seeded_sampling_reproduces_and_ignores_batch_composition():
     llm = _llm()
     p = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, seed=7, ignore_eos=True)
-    alone = llm.generate([PROMPTS[0]], p)[0].token_ids
-    again = llm.generate([PROMPTS[0]], p)[0].token_ids
-    batched = llm.generate([PROMPTS[2], PROMPTS[0], PROMPTS[1]], p)[1].token_ids
+    alone = llm.generate([PROMPTS[0]], p)[0].outputs[0].token_ids
+    again = llm.generate([PROMPTS[0]], p)[0].outputs[0].token_ids
+    batched = llm.generate([PROMPTS[2], PROMPTS[0], PROMPTS[1]], p)[1].outputs[0].token_ids
     assert alone == again == batched
     other_seed = llm.generate(
         [PROMPTS[0]], SamplingParams(max_tokens=16, temperature=1.0, seed=8, ignore_eos=True)
     )
-    assert other_seed[0].token_ids != alone
+    assert other_seed[0].outputs[0].token_ids != alone
 
 
 def test_unseeded_requests_differ_but_the_engine_seed_reproduces():
     p = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)
-    a = [o.token_ids for o in _llm(seed=1).generate([PROMPTS[0]] * 2, p)]
-    b = [o.token_ids for o in _llm(seed=1).generate([PROMPTS[0]] * 2, p)]
+    a = [o.outputs[0].token_ids for o in _llm(seed=1).generate([PROMPTS[0]] * 2, p)]
+    b = [o.outputs[0].token_ids for o in _llm(seed=1).generate([PROMPTS[0]] * 2, p)]
     assert a == b and a[0] != a[1]
 
 
@@ -41,19 +42,27 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
     p0 = llm.generate(
         PROMPTS, SamplingParams(max_tokens=10, temperature=2.0, top_p=1e-6, seed=3, ignore_eos=True)
     )
-    assert [o.token_ids for o in greedy] == [o.token_ids for o in k1] == [o.token_ids for o in p0]
+    assert (
+        [o.outputs[0].token_ids for o in greedy]
+        == [o.outputs[0].token_ids for o in k1]
+        == [o.outputs[0].token_ids for o in p0]
+    )
 
 
 def test_logprobs_are_those_of_the_chosen_tokens():
     llm = _llm()
-    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=6, logprobs=True, ignore_eos=True))[0]
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=6, logprobs=0, ignore_eos=True))[0].outputs[0]
     assert len(out.logprobs) == 6
     ids = list(PROMPTS[0])
-    for token, lp in zip(out.token_ids, out.logprobs, strict=True):
+    for token, position in zip(out.token_ids, out.logprobs, strict=True):
         expected = torch.log_softmax(llm.prompt_logits(ids), -1)[token]
-        assert abs(float(expected) - lp) < 1e-4
+        assert list(position) == [token], "logprobs=0 gives the chosen token alone"
+        assert abs(float(expected) - position[token].logprob) < 1e-4
         ids.append(token)
-    assert llm.generate([PROMPTS[0]], SamplingParams(max_tokens=3))[0].logprobs is None
+    assert out.cumulative_logprob == pytest.approx(
+        sum(p[t].logprob for t, p in zip(out.token_ids, out.logprobs, strict=True))
+    )
+    assert llm.generate([PROMPTS[0]], SamplingParams(max_tokens=3))[0].outputs[0].logprobs is None
 
 
 def test_sampler_follows_the_distribution_with_top_k():

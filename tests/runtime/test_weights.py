@@ -31,8 +31,8 @@ def test_sharded_checkpoint_loads_the_same(hf_checkpoints, tmp_path):
         save_file({n: tensors[n] for n in part}, str(dst / file))
         weight_map |= dict.fromkeys(part, file)
     (dst / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    a = LLM(str(src), device="cpu", max_seq_len=64).generate(PROMPT, P)[0].token_ids
-    b = LLM(str(dst), device="cpu", max_seq_len=64).generate(PROMPT, P)[0].token_ids
+    a = LLM(str(src), device="cpu", max_seq_len=64).generate(PROMPT, P)[0].outputs[0].token_ids
+    b = LLM(str(dst), device="cpu", max_seq_len=64).generate(PROMPT, P)[0].outputs[0].token_ids
     assert a == b
 
 

@@ -22,7 +22,7 @@ if __name__ == "__main__":
     if dist.get_rank() == 0:
         with open(sys.argv[1] + ".rank1") as f:
             rank1 = json.load(f)
-        tokens = [o.token_ids for o in outputs]
+        tokens = [o.outputs[0].token_ids for o in outputs]
         with open(sys.argv[1], "w") as f:
             json.dump(
                 {"prompts": PROMPTS, "max_tokens": MAX_TOKENS, "tokens": tokens, "rank1_outputs": rank1}, f

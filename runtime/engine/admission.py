@@ -1,0 +1,140 @@
+"""The engine's door: a prompt and its SamplingParams become sequences, or the reason they cannot.
+
+Everything a request carries is checked here, against what the model and the kernels accept, so
+that nothing a single request holds can fail a step: token ids are ints in the vocabulary, the
+request fits the sequence limit and the KV cache, its guided constraint compiles. A request that
+fails any check gets its own error and never reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+from .sampling_params import MAX_INT64, SamplingParams
+from .sequence import Sequence
+
+Prompt = str | Seq[int] | Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    vocab_size: int
+    max_seq_len: int
+    cache_tokens: int  # the most tokens one sequence can hold in the KV cache
+
+
+@dataclass(slots=True)
+class Admitted:
+    prompt: str | None
+    prompt_ids: list[int]
+
+
+def is_single_prompt(prompts: Any) -> bool:
+    """A lone prompt (text, token ids, or a prompt dict) rather than a list of them."""
+    if isinstance(prompts, (str, Mapping)):
+        return True
+    return isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], numbers.Integral)
+
+
+def encode(prompt: Prompt, tokenizer: Any, limits: Limits) -> Admitted:
+    """The prompt's text (if any) and token ids; ValueError says what is wrong with it."""
+    if isinstance(prompt, Mapping):
+        keys = set(prompt) - {"multi_modal_data", "mm_processor_kwargs"}
+        if keys == {"prompt_token_ids"} or keys == {"prompt_token_ids", "prompt"}:
+            return Admitted(prompt.get("prompt"), check_ids(prompt["prompt_token_ids"], limits))
+        if keys == {"prompt"}:
+            prompt = prompt["prompt"]
+        else:
+            raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(keys)}")
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer, and this model has none: pass token ids")
+        return Admitted(prompt, check_ids(list(tokenizer(prompt)["input_ids"]), limits))
+    return Admitted(None, check_ids(prompt, limits))
+
+
+def check_ids(ids: Any, limits: Limits) -> list[int]:
+    if not isinstance(ids, (list, tuple)):
+        raise ValueError(
+            f"prompt must be a string, a list of token ids or a prompt dict, got {type(ids).__name__}"
+        )
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise ValueError(f"token ids must be ints, got {t!r} ({type(t).__name__})")
+    out = [int(t) for t in ids]
+    if not out:
+        raise ValueError("empty prompt")
+    if len(out) >= limits.max_seq_len:
+        raise ValueError(
+            f"prompt of {len(out)} tokens leaves no room to generate: max_seq_len is {limits.max_seq_len}"
+        )
+    bad = next((t for t in out if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is out of range [0, {limits.vocab_size})")
+    return out
+
+
+def check_request(ids: list[int], params: SamplingParams, limits: Limits) -> None:
+    """What SamplingParams cannot know alone: limits of this model and this cache."""
+    bad = next((t for t in params.stop_token_ids if t >= limits.vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"stop_token_ids: {bad} is out of range [0, {limits.vocab_size})")
+    longest = min(limits.max_seq_len, len(ids) + (params.max_tokens or limits.max_seq_len))
+    if longest > limits.cache_tokens:
+        raise ValueError(
+            f"the request needs up to {longest} tokens of KV cache, and the cache holds {limits.cache_tokens} "
+            "for one sequence: lower max_tokens, or give the engine more cache (kv_cache_blocks)"
+        )
+
+
+def completion_seeds(params: SamplingParams, derived: int) -> list[int]:
+    """The seed of each of n completions: the request's seed + i (mod 2**63), else engine-derived ones."""
+    base = params.seed if params.seed is not None else derived
+    return [(base + i) % (MAX_INT64 + 1) for i in range(params.n)]
+
+
+class GuidedAdmission:
+    """Compiles a request's constraint into its matcher state; one at a time (the grammar cache is shared)."""
+
+    def __init__(self, decoder: Any, backend_hint: str) -> None:
+        self.decoder = decoder
+        self.hint = backend_hint
+        self._lock = threading.Lock()
+
+    def state(self, guided: Any) -> Any:
+        from ..guided.spec import parse_spec
+
+        if self.decoder is None:
+            raise ValueError(f"guided decoding is off in this engine: {self.hint}")
+        spec = parse_spec(guided)
+        with self._lock:
+            return self.decoder.state_for(spec)
+
+
+def make_sequences(
+    seq_ids: list[int],
+    admitted: Admitted,
+    params: SamplingParams,
+    seeds: list[int],
+    limits: Limits,
+    guided: list[Any],
+    eos_ids: frozenset[int],
+) -> list[Sequence]:
+    return [
+        Sequence(
+            seq_id,
+            list(admitted.prompt_ids),
+            params,
+            seed,
+            eos_ids,
+            limits.max_seq_len,
+            index=i,
+            guided=guided[i],
+        )
+        for i, (seq_id, seed) in enumerate(zip(seq_ids, seeds, strict=True))
+    ]

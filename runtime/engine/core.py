@@ -1,0 +1,222 @@
+"""EngineCore: one executor, driven by one loop thread, fed by any number of callers.
+
+Callers on any thread (or an asyncio loop) submit sequences and abort them; the loop thread alone
+touches the scheduler and the device. New sequences join the running batch between steps, so every
+caller's requests share one continuous batch. When a step fails, the engine is closed with the
+reason, every waiting caller gets it, and later calls say the engine was closed and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from .executor import ExecutorCore, StepRecord
+from .request import RequestHandle, closed_error
+from .sequence import Sequence
+
+log = logging.getLogger("fastpath.engine")
+
+JOIN_S = 30.0  # how long close() waits for the loop thread to finish its step
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """A snapshot for metrics: requests, tokens and the KV cache."""
+
+    running: int
+    waiting: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    prompt_tokens: int
+    generation_tokens: int
+    preemptions: int
+
+
+class EngineCore:
+    def __init__(
+        self, executor: ExecutorCore, errors: Callable[[], contextlib.AbstractContextManager]
+    ) -> None:
+        """`errors()`: a context that turns a failure another rank caused into the error that names it."""
+        self.executor = executor
+        self._errors = errors
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._incoming: deque[Sequence] = deque()
+        self._aborts: deque[Sequence] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
+        self._closed: str | None = None
+        self.failure: BaseException | None = None  # what closed the engine, when a step failed
+        self._stopping = False
+        self._live: set[RequestHandle] = set()
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self._thread = threading.Thread(target=self._run, name="fastpath-engine", daemon=True)
+        self._thread.start()
+
+    # --- any thread -------------------------------------------------------------------------------
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed
+
+    def submit(self, handle: RequestHandle) -> None:
+        with self._lock:
+            if self._closed is not None:
+                raise closed_error(self._closed)
+            handle.created = time.monotonic()
+            self._live.add(handle)
+            self._incoming.extend(handle.sequences)
+            self._work.notify()
+
+    def abort(self, seq: Sequence) -> None:
+        with self._lock:
+            self._aborts.append(seq)
+            self._work.notify()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the loop thread between steps (it may use the device and the allocator); its result."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        future: Future = Future()
+        with self._lock:
+            if self._closed is not None:
+                raise closed_error(self._closed)
+            self._calls.append((fn, future))
+            self._work.notify()
+        return future.result()
+
+    def stats(self) -> EngineStats:
+        ex = self.executor
+        sched, alloc = ex.scheduler, ex.allocator
+        return EngineStats(
+            len(sched.running),
+            len(sched.waiting) + len(self._incoming),
+            alloc.num_blocks - 1,
+            alloc.num_free,
+            self.prompt_tokens,
+            self.generation_tokens,
+            sched.num_preemptions,
+        )
+
+    def close(self, reason: str = "close() was called") -> bool:
+        """Stop the loop thread after its current step; True when it stopped within JOIN_S."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = reason
+            self._stopping = True
+            self._work.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(JOIN_S)
+        return not self._thread.is_alive()
+
+    # --- the loop thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._wait_for_work():
+                with self._errors(), contextlib.closing(self.executor.steps()) as steps:
+                    for record in steps:
+                        self._deliver(record)
+                        if not self._take_work():
+                            break
+        except BaseException as exc:
+            self._fail(exc)
+        else:
+            self._fail_pending(closed_error(self._closed or "closed"))
+
+    def _wait_for_work(self) -> bool:
+        with self._lock:
+            while not (self._incoming or self._aborts or self._calls or self._stopping):
+                self._work.wait()
+        return self._take_work()
+
+    def _take_work(self) -> bool:
+        """Admit, abort and run calls; False when the engine is stopping."""
+        with self._lock:
+            if self._stopping:
+                return False
+            incoming, self._incoming = self._incoming, deque()
+            aborts, self._aborts = self._aborts, deque()
+            calls, self._calls = self._calls, deque()
+        sched = self.executor.scheduler
+        for seq in incoming:
+            self.prompt_tokens += len(seq.prompt_ids)
+            sched.add(seq)
+        for seq in aborts:
+            if not seq.finished:
+                sched.abort(seq)
+                self._report_finish(seq)
+        for fn, future in calls:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except Exception as exc:
+                    future.set_exception(exc)
+        return True
+
+    def _deliver(self, record: StepRecord) -> None:
+        touched: set[RequestHandle] = set()
+        self.generation_tokens += len(record.new_tokens)
+        for seq, _ in record.new_tokens:
+            if seq.streams and seq.sink is not None and not seq.finished:
+                seq.sink.post(("tokens", seq.index, len(seq.output_ids)))
+                touched.add(seq.sink)
+        for seq in record.finished:
+            if seq.sink is not None:
+                seq.sink.post(("finish", seq.index, len(seq.output_ids)))
+                touched.add(seq.sink)
+        self._wake(touched)
+        for handle in touched:
+            if all(s.finished for s in handle.sequences):
+                self._live.discard(handle)
+
+    def _report_finish(self, seq: Sequence) -> None:
+        if seq.sink is not None:
+            seq.sink.post(("finish", seq.index, len(seq.output_ids)))
+            self._wake({seq.sink})
+
+    @staticmethod
+    def _wake(handles: set[RequestHandle]) -> None:
+        by_loop: dict[Any, list[RequestHandle]] = {}
+        for h in handles:
+            h.wake()
+            if h.loop is not None:
+                by_loop.setdefault(h.loop, []).append(h)
+        for loop, group in by_loop.items():  # one cross-thread call per event loop per step
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(_wake_all, group)
+
+    def _fail(self, exc: BaseException) -> None:
+        reason = f"a step failed with {type(exc).__name__}: {exc}"
+        log.error("engine closed: %s", reason, exc_info=exc)
+        self.failure = exc
+        with self._lock:
+            if self._closed is None:
+                self._closed = reason
+            self._stopping = True
+        self._fail_pending(closed_error(reason))
+
+    def _fail_pending(self, error: Exception) -> None:
+        with self._lock:
+            live, self._live = self._live, set()
+            calls, self._calls = self._calls, deque()
+            self._incoming.clear()
+        for handle in live:
+            if not handle.finished:
+                handle.fail(str(error))
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(error)
+
+
+def _wake_all(handles: list[RequestHandle]) -> None:
+    for h in handles:
+        h.wake_async()

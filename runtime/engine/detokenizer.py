@@ -1,0 +1,91 @@
+"""Incremental detokenization and stop strings, for one completion.
+
+Text grows a token at a time without re-decoding the whole output: a small window is decoded, and
+text is released only once it no longer ends in a partial UTF-8 character (U+FFFD), so a character
+split across tokens comes out whole. The window starts inside the prompt, so the first output token
+keeps its leading space. Stop strings are searched where new text can complete one, so a match that
+spans tokens is found; while a stop string might still be completing, that tail is held back from
+streams.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CONTEXT = 6  # prompt tokens decoded before the output, so the first output token spaces correctly
+
+
+class IncrementalText:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_ids: list[int],
+        *,
+        skip_special_tokens: bool = True,
+        stop: tuple[str, ...] = (),
+        include_stop_str_in_output: bool = False,
+        min_tokens: int = 0,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        self.stop = stop
+        self.include_stop = include_stop_str_in_output
+        self.min_tokens = min_tokens
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self._ids = list(prompt_ids[-_CONTEXT:])
+        self._prefix = 0
+        self._read = len(self._ids)
+        self._outputs = 0
+        self.text = ""
+        self.emitted = 0  # characters of `text` already handed to a stream
+        self.stop_hit: str | None = None
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
+
+    def add(self, token_ids: list[int]) -> str | None:
+        """Take new output tokens; returns the stop string they complete, if any (then text ends there)."""
+        if self.stop_hit is not None:
+            return self.stop_hit
+        self._ids.extend(token_ids)
+        self._outputs += len(token_ids)
+        before = len(self.text)
+        self._release(final=False)
+        return self._find_stop(before)
+
+    def finish(self) -> None:
+        """The completion ended: release a trailing partial character too."""
+        if self.stop_hit is None:
+            before = len(self.text)
+            self._release(final=True)
+            self._find_stop(before)
+
+    def _release(self, final: bool) -> None:
+        head = self._decode(self._ids[self._prefix : self._read])
+        full = self._decode(self._ids[self._prefix :])
+        if len(full) > len(head) and (final or not full.endswith("\ufffd")):
+            self.text += full[len(head) :]
+            self._prefix, self._read = self._read, len(self._ids)
+
+    def _find_stop(self, before: int) -> str | None:
+        if not self.stop or self._outputs < self.min_tokens:
+            return None
+        start = max(0, before - self.hold)
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        if not hits:
+            return None
+        i, s = min(hits)
+        self.text = self.text[: i + len(s)] if self.include_stop else self.text[:i]
+        self.stop_hit = s
+        return s
+
+    def take(self, final: bool) -> str:
+        """Text not yet streamed; holds back a tail that may still grow into a stop string."""
+        end = (
+            len(self.text)
+            if final or self.stop_hit is not None
+            else max(self.emitted, len(self.text) - self.hold)
+        )
+        delta = self.text[self.emitted : end]
+        self.emitted = end
+        return delta

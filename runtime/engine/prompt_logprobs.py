@@ -1,0 +1,45 @@
+"""prompt_logprobs: how likely the model found each prompt token, with the top-k at each position.
+
+Computed by one extra prefill of the prompt outside the scheduler (on the engine's loop thread),
+so the batched prefill path stays free of per-position work. The first position has no logprob
+(nothing precedes it), as in vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .outputs import Logprob, PositionLogprobs
+
+_CHUNK = 256  # positions per log-softmax, to bound the temporary [rows, vocab] memory
+
+
+@torch.no_grad()
+def prompt_logprobs(executor: Any, ids: list[int], k: int, tokenizer: Any) -> list[PositionLogprobs | None]:
+    logits = executor.prompt_logits(ids, every_position=True)  # [P, V]: row i predicts token i + 1
+    targets = torch.tensor(ids[1:], device=logits.device)
+    chosen, top_ids, top_lps = [], [], []
+    for start in range(0, len(ids) - 1, _CHUNK):
+        lp = torch.log_softmax(logits[start : start + _CHUNK].float(), dim=-1)[: len(targets) - start]
+        chosen.append(lp.gather(1, targets[start : start + lp.shape[0], None])[:, 0])
+        if k:
+            values, indices = lp.topk(k, dim=-1)
+            top_ids.append(indices)
+            top_lps.append(values)
+    out: list[PositionLogprobs | None] = [None]
+    if len(ids) == 1:
+        return out
+    chosen_host = torch.cat(chosen).tolist()
+    tops = (torch.cat(top_ids).tolist(), torch.cat(top_lps).tolist()) if k else None
+    text = (lambda t: tokenizer.decode([t])) if tokenizer is not None else (lambda t: None)
+    for j, token in enumerate(ids[1:]):
+        entry: PositionLogprobs = {}
+        if tops is not None:
+            for rank, (t, lp) in enumerate(zip(tops[0][j], tops[1][j], strict=True), 1):
+                entry[t] = Logprob(lp, rank, text(t))
+        if token not in entry:
+            entry[token] = Logprob(chosen_host[j], None, text(token))
+        out.append(entry)
+    return out

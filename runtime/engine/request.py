@@ -1,0 +1,275 @@
+"""A submitted request as its caller sees it: the handle that streams its outputs and holds its result.
+
+The engine's loop thread only appends small events (a completion has n tokens; it finished; the
+request failed) and wakes the handle. Everything costly (detokenizing, stop strings, logprob
+dicts) happens on the consumer's side, in the thread or event loop that reads the handle, so the
+loop thread stays free for the device. A stop string found here aborts the completion's sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .detokenizer import IncrementalText
+from .outputs import CompletionOutput, EngineClosedError, Logprob, PositionLogprobs, RequestOutput
+from .sampling_params import SamplingParams
+from .sequence import Sequence
+
+
+@dataclass(slots=True)
+class _Completion:
+    seq: Sequence
+    text: IncrementalText | None
+    seen: int = 0  # output tokens taken in so far
+    kept: int | None = None  # tokens kept once a stop string ended it early
+    sent_tokens: int = 0  # tokens already handed to a stream
+    sent_logprobs: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.output_ids[: self.kept if self.kept is not None else self.seen]
+
+
+class RequestHandle:
+    """Iterate it for incremental outputs (or `async for` when made with an event loop); `result()`
+    waits for the final one; `abort()` stops it. Safe to read from one consumer at a time."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tokenizer: Any,
+        abort: Callable[[Sequence], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+        wake: threading.Event | None = None,
+    ) -> None:
+        """`wake`: an event shared by handles one consumer waits on together (generate, stream)."""
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_ids = prompt_ids
+        self.params = params
+        self.tokenizer = tokenizer if params.detokenize else None
+        self.loop = loop
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = None
+        self._abort_seq = abort
+        self._completions: list[_Completion] = []
+        self._events: deque[tuple] = deque()
+        self._wake = wake or threading.Event()
+        self._async_wake = asyncio.Event() if loop is not None else None
+        self.error: str | None = None
+        self.created: float = 0.0  # set by the engine: when it was submitted (time.monotonic)
+
+    # --- the engine's side (its loop thread) ------------------------------------------------------
+
+    def attach(self, seq: Sequence) -> None:
+        p = self.params
+        text = None
+        if self.tokenizer is not None:
+            text = IncrementalText(
+                self.tokenizer,
+                self.prompt_ids,
+                skip_special_tokens=p.skip_special_tokens,
+                stop=p.stop,
+                include_stop_str_in_output=p.include_stop_str_in_output,
+                min_tokens=p.min_tokens,
+            )
+        seq.sink = self
+        self._completions.append(_Completion(seq, text))
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return [c.seq for c in self._completions]
+
+    def post(self, event: tuple) -> None:
+        """('tokens', i, n) | ('finish', i, n) | ('error', message): from the loop thread."""
+        self._events.append(event)
+
+    def wake(self) -> None:
+        """After a step's posts; async handles are woken in one batch per event loop (engine/core.py)."""
+        self._wake.set()
+
+    def wake_async(self) -> None:
+        if self._async_wake is not None:
+            self._async_wake.set()
+
+    def fail(self, message: str) -> None:
+        self.post(("error", message))
+        self.wake()
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.wake_async)
+
+    # --- the consumer's side ----------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        return self.error is not None or all(c.finish_reason is not None for c in self._completions)
+
+    def abort(self) -> None:
+        """Stop every completion still running; what was generated so far stays."""
+        for c in self._completions:
+            if c.finish_reason is None:
+                self._abort_seq(c.seq)
+
+    def _drain(self) -> bool:
+        """Take in posted events; True when anything changed."""
+        changed = False
+        while self._events:
+            event = self._events.popleft()
+            changed = True
+            if event[0] == "error":
+                self.error = event[1]
+                continue
+            _, i, n = event
+            c = self._completions[i]
+            self._take_tokens(c, n)
+            if event[0] == "finish" and c.finish_reason is None:
+                seq = c.seq
+                c.finish_reason, c.stop_reason = seq.finish_reason or "abort", seq.stop_reason
+                if c.text is not None:
+                    c.text.finish()
+        return changed
+
+    def _take_tokens(self, c: _Completion, n: int) -> None:
+        if c.finish_reason is not None or n <= c.seen:
+            return  # a stop string ended it: later tokens are the overlap's, and dropped
+        new = c.seq.output_ids[c.seen : n]
+        c.seen = n
+        if c.text is None:
+            return
+        hit = c.text.add(new)
+        if hit is not None:
+            c.kept, c.finish_reason, c.stop_reason = n, "stop", hit
+            self._abort_seq(c.seq)
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        """Incremental outputs: each holds what is new since the last (text and token ids)."""
+        while True:
+            changed = self._drain()
+            done = self.finished
+            if changed:
+                delta = self._output(delta=True)
+                if delta is not None:
+                    yield delta
+            if done:
+                return
+            self._wake.wait()
+            self._wake.clear()
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        if self._async_wake is None:
+            raise RuntimeError("this request was submitted without an event loop; iterate it in a thread")
+        while True:
+            changed = self._drain()
+            done = self.finished
+            if changed:
+                delta = self._output(delta=True)
+                if delta is not None:
+                    yield delta
+            if done:
+                return
+            await self._async_wake.wait()
+            self._async_wake.clear()
+
+    def deltas(self) -> Iterator[RequestOutput]:
+        """What arrived since the last call, without waiting: at most one incremental output."""
+        if self._drain():
+            delta = self._output(delta=True)
+            if delta is not None:
+                yield delta
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Wait for the request to finish; the whole output."""
+        while True:
+            self._drain()
+            if self.finished:
+                return self._output(delta=False)
+            if not self._wake.wait(timeout):
+                raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+            self._wake.clear()
+
+    def poll(self) -> bool:
+        """Take in what arrived without waiting; True once finished."""
+        self._drain()
+        return self.finished
+
+    # --- outputs ----------------------------------------------------------------------------------
+
+    def _output(self, delta: bool) -> RequestOutput | None:
+        outs = [self._completion_output(i, c, delta) for i, c in enumerate(self._completions)]
+        if delta and self.error is None and not any(o.token_ids or o.text or o.finish_reason for o in outs):
+            return None
+        out = RequestOutput(
+            self.request_id,
+            self.prompt,
+            list(self.prompt_ids),
+            self.prompt_logprobs,
+            outs,
+            self.finished,
+            self.error,
+        )
+        if self.error is not None:
+            for o in outs:
+                o.finish_reason = o.finish_reason or "error"
+        return out
+
+    def _completion_output(self, i: int, c: _Completion, delta: bool) -> CompletionOutput:
+        ids = c.token_ids
+        start = c.sent_tokens if delta else 0
+        final = c.finish_reason is not None
+        if c.text is None:
+            text = ""
+        elif delta:
+            text = c.text.take(final)
+        else:
+            text = c.text.text
+        logprobs, cumulative = self._logprobs(c, len(ids), delta)
+        if delta:
+            c.sent_tokens = len(ids)
+        return CompletionOutput(
+            i,
+            text,
+            list(ids[start:]),
+            cumulative,
+            logprobs,
+            c.finish_reason if (final or not delta) else None,
+            c.stop_reason,
+        )
+
+    def _logprobs(
+        self, c: _Completion, upto: int, delta: bool
+    ) -> tuple[list[PositionLogprobs] | None, float | None]:
+        k = self.params.logprobs
+        if k is None:
+            return None, None
+        seq, start = c.seq, (c.sent_logprobs if delta else 0)
+        upto = min(upto, len(seq.logprobs))
+        positions = []
+        for j in range(start, upto):
+            token = seq.output_ids[j]
+            entry: PositionLogprobs = {}
+            if k and j < len(seq.top_logprobs):
+                ids, lps = seq.top_logprobs[j]
+                for rank, (t, lp) in enumerate(zip(ids, lps, strict=True), 1):
+                    entry[t] = Logprob(lp, rank, self._token_text(t))
+            if token not in entry:
+                entry[token] = Logprob(seq.logprobs[j], None, self._token_text(token))
+            positions.append(entry)
+        if delta:
+            c.sent_logprobs = upto
+        return positions, sum(seq.logprobs[:upto])
+
+    def _token_text(self, token: int) -> str | None:
+        return None if self.tokenizer is None else self.tokenizer.decode([token])
+
+
+def closed_error(reason: str) -> EngineClosedError:
+    return EngineClosedError(f"the engine is closed: {reason}")
