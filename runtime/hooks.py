@@ -70,6 +70,16 @@ def call_hook(fn: EventFn, event: str, executor: ExecutorCore) -> None:
         ) from exc
 
 
+def call_prologue(prologue: DecodePrologue, executor: ExecutorCore, inputs: DecodeInputs) -> bool:
+    """Run the decode_prologue hook; an error names the hook (the step, and with it the engine, ends)."""
+    try:
+        return bool(prologue(executor, inputs))
+    except HookError:
+        raise
+    except Exception as exc:
+        raise HookError(f"decode_prologue hook {hook_name(prologue)} raised {type(exc).__name__}: {exc}") from exc
+
+
 def _run_each(fns: Sequence[EventFn], executor: ExecutorCore, event: str) -> None:
     for fn in fns:
         call_hook(fn, event, executor)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from ..hooks import fire
+from ..hooks import call_prologue, fire
 from ..runner.decode_inputs import DecodeInputs
 from .executor import ExecutorCore, StepRecord
 
@@ -42,7 +42,7 @@ class NativeExecutor(ExecutorCore):
 
     def decode_prologue(self, inputs: DecodeInputs) -> None:
         prologue = self.hooks.decode_prologue
-        if prologue is not None and prologue(self, inputs):
+        if prologue is not None and call_prologue(prologue, self, inputs):
             return
         self.native_decode_prologue(inputs)
 

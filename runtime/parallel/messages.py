@@ -8,6 +8,7 @@ stages them, so a buffer is not refilled while the copy out of it may still be p
 from __future__ import annotations
 
 import enum
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -81,6 +82,16 @@ class Channel:
         self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
         for t in payload:
             self._bcast(t)
+
+    def send_bounded(self, op: Op, timeout_s: float) -> bool:
+        """A message without payload that gives up after `timeout_s`: False when a worker did not take it
+        (a stopped worker never does, and the control group's own timeout is days)."""
+        header = torch.tensor([int(op)] + [0] * (HEADER - 1), dtype=torch.int64)
+        try:
+            work = dist.broadcast(header, src=0, group=self.group, async_op=True)
+            return bool(work.wait(timeout=timedelta(seconds=timeout_s)))
+        except RuntimeError:
+            return False
 
     # --- workers ----------------------------------------------------------------------------------
 

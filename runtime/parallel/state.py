@@ -19,6 +19,7 @@ from .messages import Channel, Op
 if TYPE_CHECKING:
     from .watch import WorkerSet
 
+STOP_S = 10.0  # the most rank 0 waits for its workers to take the stop message
 EXIT_GRACE_S = 15.0  # how long a rank that posted its error gets to exit, so the report can say how it ended
 log = logging.getLogger("fastpath.parallel")
 
@@ -116,6 +117,9 @@ class ParallelState:
                 grace_s=EXIT_GRACE_S
             )  # a rank that posted an error is on its way out
         culprits = sorted(set(deaths) | set(errors))
+        if not culprits and self.workers is not None:
+            deaths = self.workers.unresponsive()  # alive, but stopped or stuck: a collective timed out on them
+            culprits = sorted(deaths)
         if not culprits:
             return exc
         self.broken = True
@@ -173,11 +177,9 @@ class ParallelState:
             self.broken = True
         if not self.is_driver or self.broken:
             return
-        try:
-            self.send(Op.STOP)
-        except Exception as exc:
-            self.broken = True  # a worker is gone: the error that follows says which
-            log.info("could not tell the tensor-parallel workers to stop: %s", exc)
+        if not self.channel.send_bounded(Op.STOP, min(self.timeout_s, STOP_S)):
+            self.broken = True  # a worker is gone or stuck: close() ends it, and the error says which
+            log.info("the tensor-parallel workers did not take the stop message within %g s", STOP_S)
 
     def close(self) -> None:
         """Take this engine's process groups down, then join (or, failing that, end) the workers.

@@ -25,6 +25,15 @@ def describe_exit(proc) -> str:
     return f"(pid {proc.pid}) exited with code {code}"
 
 
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger): Linux's /proc/<pid>/stat state T or t."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 class WorkerSet:
     """Rank 0's view of the worker processes it spawned: a thread records each death as it happens."""
 
@@ -58,6 +67,12 @@ class WorkerSet:
             if found or time.monotonic() >= deadline:
                 return found
             time.sleep(0.02)
+
+    def unresponsive(self) -> dict[int, str]:
+        """Live workers that cannot answer: stopped by a signal, or, failing that, every live one."""
+        live = {r: p for r, p in self.procs.items() if p.is_alive()}
+        stopped = {r: f"(pid {p.pid}) is stopped and does not answer" for r, p in live.items() if _stopped(p.pid)}
+        return stopped or {r: f"(pid {p.pid}) did not answer a collective in time" for r, p in live.items()}
 
     def check(self) -> None:
         if self._deaths:

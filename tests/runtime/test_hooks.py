@@ -9,8 +9,9 @@ import torch
 
 from fastpath.runtime import LLM, EventLists, RuntimeHooks, SamplingParams, runtime_hooks_of
 from fastpath.runtime.engine.executor import StartupError
+from fastpath.runtime.engine.outputs import EngineClosedError
 from fastpath.runtime.events import health_check, retain_host_pages
-from fastpath.runtime.hooks import ALL_OFF, hooks_from_lock
+from fastpath.runtime.hooks import ALL_OFF, HookError, hooks_from_lock
 from fastpath.runtime.prologues import FusedDecodePrologue
 from fastpath.runtime.runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
 
@@ -147,6 +148,29 @@ def test_at_shutdown_runs_after_a_loop_error():
     with pytest.raises(RuntimeError, match="device fell over"):
         llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert [e for e, _ in rec.log][-1] == "at_shutdown"
+
+
+class ExplodingPrologue:
+    """Declines during start-up, then fails on the first served step."""
+
+    def __call__(self, executor, inputs) -> bool:
+        if executor.in_warmup_guard:
+            return False
+        raise ValueError("planted prologue failure")
+
+
+def test_a_failing_prologue_names_itself_and_closes_the_engine_with_the_reason():
+    llm = _llm(RuntimeHooks(decode_prologue=ExplodingPrologue()))
+    with pytest.raises(
+        HookError, match=r"decode_prologue hook .*ExplodingPrologue raised ValueError: planted"
+    ):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(
+        EngineClosedError, match=r"the engine is closed: a step failed with HookError: .*planted"
+    ):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(EngineClosedError):
+        llm.submit([5, 6, 7])
 
 
 def test_loop_scope_is_gated_with_guided_decoding_and_logged(caplog):

@@ -61,6 +61,16 @@ def killed_worker() -> None:
         llm.close()
 
 
+def stopped_worker() -> None:
+    llm = LLM(**MODEL, tp_timeout_s=5.0)
+    try:
+        for i, _ in enumerate(llm.stream([[1, 2, 3]], LONG)):
+            if i == 2:
+                os.kill(llm.parallel.workers.procs[1].pid, signal.SIGSTOP)
+    finally:
+        llm.close()
+
+
 def worker_raises() -> None:
     llm = LLM(**MODEL, hooks=RuntimeHooks(decode_prologue=tp_hooks.FailingPrologue(at=5)))
     try:
@@ -75,7 +85,14 @@ def worker_fails_to_build() -> LLM:
 
 SCENARIOS = {
     f.__name__: f
-    for f in (after_warmup, hung_after_warmup, killed_worker, worker_raises, worker_fails_to_build)
+    for f in (
+        after_warmup,
+        hung_after_warmup,
+        killed_worker,
+        stopped_worker,
+        worker_raises,
+        worker_fails_to_build,
+    )
 }
 
 
