@@ -26,6 +26,7 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m fastpath.schema.export --check
+	$(BIN)/python -m fastpath.runtime.api_reference --check
 	$(BIN)/python bin/compile --check examples/*.yaml
 	$(BIN)/python -m pytest
 

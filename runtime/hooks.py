@@ -77,7 +77,9 @@ def call_prologue(prologue: DecodePrologue, executor: ExecutorCore, inputs: Deco
     except HookError:
         raise
     except Exception as exc:
-        raise HookError(f"decode_prologue hook {hook_name(prologue)} raised {type(exc).__name__}: {exc}") from exc
+        raise HookError(
+            f"decode_prologue hook {hook_name(prologue)} raised {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _run_each(fns: Sequence[EventFn], executor: ExecutorCore, event: str) -> None:

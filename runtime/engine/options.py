@@ -9,13 +9,13 @@ TypeError with a suggestion.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ..model.config import ModelConfig
 from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
-from .sampling_params import MAX_INT64
+from .sampling_params import MAX_INT64, doc
 
 # alias -> the setting it names
 ALIASES = {"max_model_len": "max_seq_len", "max_num_seqs": "max_batch_size", "tp": "tensor_parallel_size"}
@@ -25,28 +25,75 @@ ALIASES = {"max_model_len": "max_seq_len", "max_num_seqs": "max_batch_size", "tp
 class EngineOptions:
     """Every keyword LLM takes besides `model`, with its default."""
 
-    tokenizer: str | Path | None = None
-    dtype: str | None = None  # None: bfloat16 on CUDA, float32 on the CPU
-    device: str = "auto"
-    seed: int = 0
-    max_batch_size: int = 16
-    max_seq_len: int | None = None  # None: min(4096, the model's max_position_embeddings)
-    max_num_batched_tokens: int | None = None
-    kv_cache_blocks: int | None = None
-    gpu_memory_utilization: float = 0.85
-    cuda_graphs: bool | None = None
-    enforce_eager: bool = False
-    graph_batch_sizes: tuple[int, ...] | None = None
-    fused_kernels: bool | None = None
-    fmha_enabled: tuple[str, ...] | None = None
-    fmha_prepend: tuple[str, ...] = ()
-    dispatch_mode: str | None = None  # None: the extension's fixed mode, else auto
-    on_unsupported: str | None = None
-    guided_backend: str = "auto"
-    tensor_parallel_size: int = 1
-    tp_timeout_s: float = 300.0  # bounds a rank's start-up and each device collective
-    hooks: Any = None
-    executor_cls: Any = None
+    tokenizer: str | Path | None = field(
+        default=None, metadata=doc("A tokenizer folder; None: the checkpoint's own.")
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata=doc("float32, bfloat16 or float16; None: bfloat16 on CUDA, float32 on the CPU."),
+    )
+    device: str = field(default="auto", metadata=doc("auto (CUDA when present), cuda, cuda:N or cpu."))
+    seed: int = field(
+        default=0, metadata=doc("Seeds random weights and requests that carry no seed, in [0, 2**63).")
+    )
+    max_batch_size: int = field(
+        default=16, metadata=doc("The most sequences decoded in one step (alias: max_num_seqs), 1 to 4096.")
+    )
+    max_seq_len: int | None = field(
+        default=None,
+        metadata=doc(
+            "The longest sequence, prompt and output (alias: max_model_len); None: min(4096, the model's)."
+        ),
+    )
+    max_num_batched_tokens: int | None = field(
+        default=None, metadata=doc("Tokens one prefill step may compute; None: max(2048, max_seq_len).")
+    )
+    kv_cache_blocks: int | None = field(
+        default=None,
+        metadata=doc("KV-cache blocks of 16 tokens; None: sized from the limits and free memory."),
+    )
+    gpu_memory_utilization: float = field(
+        default=0.85, metadata=doc("Share of free device memory the KV cache may take, in (0, 1].")
+    )
+    cuda_graphs: bool | None = field(
+        default=None, metadata=doc("Capture decode steps as CUDA graphs; None: on CUDA.")
+    )
+    enforce_eager: bool = field(default=False, metadata=doc("vLLM's switch: True turns CUDA graphs off."))
+    graph_batch_sizes: tuple[int, ...] | None = field(
+        default=None, metadata=doc("Batch sizes to capture; None: powers of two up to max_batch_size.")
+    )
+    fused_kernels: bool | None = field(
+        default=None, metadata=doc("Triton kernels; None: on CUDA when Triton is there.")
+    )
+    fmha_enabled: tuple[str, ...] | None = field(
+        default=None, metadata=doc("Attention libraries in order of preference; None: the default order.")
+    )
+    fmha_prepend: tuple[str, ...] = field(
+        default=(), metadata=doc("Attention libraries tried before the others.")
+    )
+    dispatch_mode: str | None = field(
+        default=None,
+        metadata=doc("Host dispatch: blocking, spin or auto; None: the extension's fixed mode, else auto."),
+    )
+    on_unsupported: str | None = field(
+        default=None, metadata=doc("What spin does when only blocking is left: warn_once or error.")
+    )
+    guided_backend: str = field(
+        default="auto",
+        metadata=doc("auto (xgrammar, else llguidance, when installed), xgrammar, llguidance or none."),
+    )
+    tensor_parallel_size: int = field(
+        default=1, metadata=doc("GPUs that split each layer (alias: tp), 1 to 64.")
+    )
+    tp_timeout_s: float = field(
+        default=300.0, metadata=doc("Bounds a rank's start-up and each device collective, in seconds.")
+    )
+    hooks: Any = field(
+        default=None, metadata=doc("RuntimeHooks; None: the model's own declaration, or all off.")
+    )
+    executor_cls: Any = field(
+        default=None, metadata=doc("The executor class; a generated package passes its own.")
+    )
 
 
 NAMES = tuple(f.name for f in fields(EngineOptions))

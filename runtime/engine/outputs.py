@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .sampling_params import doc
+
 
 @dataclass(slots=True)
 class Logprob:
     """One token's log-probability under the model's own distribution, its rank there, and its text."""
 
-    logprob: float
-    rank: int | None = None  # 1 is the most likely token
-    decoded_token: str | None = None
+    logprob: float = field(metadata=doc("Log-probability under the model's raw distribution."))
+    rank: int | None = field(
+        default=None, metadata=doc("1 is the most likely token; None when not computed.")
+    )
+    decoded_token: str | None = field(default=None, metadata=doc("The token's text."))
 
 
 # Per position: token id -> Logprob, the top-k and the chosen token.
@@ -22,13 +26,21 @@ PositionLogprobs = dict[int, Logprob]
 class CompletionOutput:
     """One of a request's `n` completions. From stream(), text and token_ids are what is new."""
 
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None = None
-    logprobs: list[PositionLogprobs] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+    index: int = field(metadata=doc("Which of the request's n completions."))
+    text: str = field(metadata=doc("The generated text (from stream(): what is new)."))
+    token_ids: list[int] = field(metadata=doc("The generated token ids (from stream(): what is new)."))
+    cumulative_logprob: float | None = field(
+        default=None, metadata=doc("Sum of the chosen tokens' logprobs.")
+    )
+    logprobs: list[PositionLogprobs] | None = field(
+        default=None, metadata=doc("Per generated token: token id -> Logprob, when the request asked.")
+    )
+    finish_reason: str | None = field(
+        default=None, metadata=doc("stop, length, abort or error; None while running.")
+    )
+    stop_reason: int | str | None = field(
+        default=None, metadata=doc("The stop string or stop token id that ended it; None for EOS or length.")
+    )
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -36,13 +48,17 @@ class CompletionOutput:
 
 @dataclass(slots=True)
 class RequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    prompt_logprobs: list[PositionLogprobs | None] | None = None
-    outputs: list[CompletionOutput] = field(default_factory=list)
-    finished: bool = False
-    error: str | None = None  # why the request failed alone, when it did (finish_reason "error")
+    request_id: str = field(metadata=doc("The id given to submit(), else the engine's counter."))
+    prompt: str | None = field(metadata=doc("The prompt's text, when it was given as text."))
+    prompt_token_ids: list[int] = field(metadata=doc("The prompt as token ids."))
+    prompt_logprobs: list[PositionLogprobs | None] | None = field(
+        default=None, metadata=doc("Per prompt token, when the request asked; the first is None.")
+    )
+    outputs: list[CompletionOutput] = field(default_factory=list, metadata=doc("One per completion (n)."))
+    finished: bool = field(default=False, metadata=doc("Whether every completion has ended."))
+    error: str | None = field(
+        default=None, metadata=doc("Why the request failed alone (finish_reason error).")
+    )
 
 
 class RequestError(ValueError):

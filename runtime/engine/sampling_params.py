@@ -19,15 +19,22 @@ MAX_N = 256
 GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
+def doc(text: str) -> dict[str, str]:
+    """A field's documentation, as its metadata: docs/api.md is generated from it."""
+    return {"doc": text}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GuidedDecodingParams:
     """One structured-output constraint, as vLLM spells it: exactly one field is set."""
 
-    json: dict[str, Any] | str | None = None  # a JSON schema (a dict, or its JSON text)
-    json_object: bool | None = None  # any JSON object
-    regex: str | None = None
-    choice: list[str] | None = None  # one of these strings
-    grammar: str | None = None  # EBNF (GBNF) grammar
+    json: dict[str, Any] | str | None = field(
+        default=None, metadata=doc("A JSON schema (a dict, or its JSON text).")
+    )
+    json_object: bool | None = field(default=None, metadata=doc("Any JSON object."))
+    regex: str | None = field(default=None, metadata=doc("A regular expression the whole output matches."))
+    choice: list[str] | None = field(default=None, metadata=doc("Exactly one of these strings."))
+    grammar: str | None = field(default=None, metadata=doc("An EBNF (GBNF) grammar."))
 
     def __post_init__(self) -> None:
         given = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
@@ -76,47 +83,101 @@ def _token_ids(name: str, value: Any) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
-    """How one request generates. Keyword-only; every field is checked when the object is made.
+    """How one request generates, with vLLM's names and meanings. Keyword-only; every field is checked
+    when the object is made, and a bad value raises ValueError naming the field and what it accepts."""
 
-    - `n`: completions per prompt; completion i of a seeded request uses seed + i.
-    - `temperature`: 0 is greedy. `top_p` in (0, 1], `top_k` (0 or -1: off), `min_p` in [0, 1].
-    - `seed`: per-request randomness in [0, 2**63); None derives one from the engine seed.
-    - `max_tokens` (None: until the sequence limit), `min_tokens` (EOS and stop ids are banned
-      until this many tokens exist).
-    - `stop`: strings matched on the detokenized text; the text ends before the match unless
-      `include_stop_str_in_output`. `stop_token_ids`; `ignore_eos`.
-    - `presence_penalty`, `frequency_penalty` in [-2, 2] (on generated tokens, OpenAI's
-      definitions); `repetition_penalty` > 0 (on prompt and generated tokens, HF's definition).
-    - `logprobs`: top-k logprobs per generated token, the chosen one always included (0: the chosen
-      only; True is 0); `prompt_logprobs`: the same for each prompt token.
-    - `skip_special_tokens`, `spaces_between_special_tokens`, `detokenize`: how text is made.
-    - `guided_decoding` (alias `structured_outputs`): a GuidedDecodingParams or its dict; `guided`:
-      the runtime's own spelling ({'json_schema': ...}, {'regex': ...}, ...).
-    """
-
-    n: int = 1
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int | None = 16
-    min_tokens: int = 0
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | tuple[int, ...] = ()
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    detokenize: bool = True
-    guided_decoding: GuidedDecodingParams | dict[str, Any] | None = field(default=None, compare=False)
-    structured_outputs: GuidedDecodingParams | dict[str, Any] | None = field(default=None, compare=False)
-    guided: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    n: int = field(
+        default=1,
+        metadata=doc(
+            f"Completions per prompt, 1 to {MAX_N}; completion i of a seeded request uses seed + i."
+        ),
+    )
+    temperature: float = field(default=0.0, metadata=doc("Softmax temperature, >= 0; 0 is greedy."))
+    top_p: float = field(
+        default=1.0,
+        metadata=doc(
+            "Nucleus sampling: keep the smallest set of tokens whose mass reaches top_p, in (0, 1]."
+        ),
+    )
+    top_k: int = field(default=0, metadata=doc("Keep the k most likely tokens; 0 or -1 turns it off."))
+    min_p: float = field(
+        default=0.0, metadata=doc("Drop tokens less likely than min_p times the most likely one, in [0, 1].")
+    )
+    seed: int | None = field(
+        default=None,
+        metadata=doc("Per-request randomness in [0, 2**63); None derives one from the engine's seed."),
+    )
+    max_tokens: int | None = field(
+        default=16, metadata=doc("The most tokens to generate; None: until the sequence limit.")
+    )
+    min_tokens: int = field(
+        default=0, metadata=doc("EOS and stop_token_ids are banned until this many tokens are generated.")
+    )
+    stop: str | list[str] | None = field(
+        default=None,
+        metadata=doc("Strings that end the completion, matched on the detokenized text, also across tokens."),
+    )
+    stop_token_ids: list[int] | tuple[int, ...] = field(
+        default=(), metadata=doc("Token ids that end the completion (kept in token_ids).")
+    )
+    include_stop_str_in_output: bool = field(
+        default=False, metadata=doc("Keep the matched stop string at the end of the text.")
+    )
+    ignore_eos: bool = field(
+        default=False, metadata=doc("Keep generating past the model's end-of-sequence tokens.")
+    )
+    presence_penalty: float = field(
+        default=0.0,
+        metadata=doc(
+            "Subtracted from the logit of every token generated so far (OpenAI's definition), in [-2, 2]."
+        ),
+    )
+    frequency_penalty: float = field(
+        default=0.0,
+        metadata=doc(
+            "Subtracted once per occurrence of each token generated so far (OpenAI's definition), in [-2, 2]."
+        ),
+    )
+    repetition_penalty: float = field(
+        default=1.0,
+        metadata=doc(
+            "Divides positive and multiplies negative logits of prompt and generated tokens (HF's), in (0, 100]."
+        ),
+    )
+    logprobs: int | None = field(
+        default=None,
+        metadata=doc(
+            f"Top-k logprobs per generated token, 0 to {MAX_LOGPROBS}, the chosen token always included; "
+            "0 (or True): the chosen token only. Log-softmax of the model's raw logits."
+        ),
+    )
+    prompt_logprobs: int | None = field(
+        default=None, metadata=doc("The same for each prompt token (the first has none).")
+    )
+    skip_special_tokens: bool = field(default=True, metadata=doc("Leave special tokens out of the text."))
+    spaces_between_special_tokens: bool = field(
+        default=True, metadata=doc("Accepted for vLLM compatibility.")
+    )
+    detokenize: bool = field(
+        default=True, metadata=doc("Produce text; False leaves text empty (token ids only).")
+    )
+    guided_decoding: GuidedDecodingParams | dict[str, Any] | None = field(
+        default=None,
+        metadata=doc("A structured-output constraint: GuidedDecodingParams or its dict."),
+        compare=False,
+    )
+    structured_outputs: GuidedDecodingParams | dict[str, Any] | None = field(
+        default=None, metadata=doc("Alias of guided_decoding (vLLM's newer name)."), compare=False
+    )
+    guided: dict[str, Any] | None = field(
+        default=None,
+        metadata=doc(
+            "The runtime's own spelling: {'json_schema': ...}, {'json_object': True}, {'regex': ...}, "
+            "{'choice': [...]} or {'grammar': ...}."
+        ),
+        hash=False,
+        compare=False,
+    )
 
     def __post_init__(self) -> None:
         self._check_sampling()

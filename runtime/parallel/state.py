@@ -118,7 +118,9 @@ class ParallelState:
             )  # a rank that posted an error is on its way out
         culprits = sorted(set(deaths) | set(errors))
         if not culprits and self.workers is not None:
-            deaths = self.workers.unresponsive()  # alive, but stopped or stuck: a collective timed out on them
+            deaths = (
+                self.workers.unresponsive()
+            )  # alive, but stopped or stuck: a collective timed out on them
             culprits = sorted(deaths)
         if not culprits:
             return exc

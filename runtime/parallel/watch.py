@@ -71,7 +71,9 @@ class WorkerSet:
     def unresponsive(self) -> dict[int, str]:
         """Live workers that cannot answer: stopped by a signal, or, failing that, every live one."""
         live = {r: p for r, p in self.procs.items() if p.is_alive()}
-        stopped = {r: f"(pid {p.pid}) is stopped and does not answer" for r, p in live.items() if _stopped(p.pid)}
+        stopped = {
+            r: f"(pid {p.pid}) is stopped and does not answer" for r, p in live.items() if _stopped(p.pid)
+        }
         return stopped or {r: f"(pid {p.pid}) did not answer a collective in time" for r, p in live.items()}
 
     def check(self) -> None:
