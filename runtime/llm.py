@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from fastpath.vocab import CATALOG_MODELS
+
 from .config import ModelConfig
 from .engine_config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
 from .hooks import RuntimeHooks, runtime_hooks_of
@@ -56,8 +58,9 @@ class LLM:
         tokenizer: str | Path | None = None,
         executor_cls: type[NativeExecutor] = NativeExecutor,
     ) -> None:
-        cfg, checkpoint = _resolve_model(model, seed)
         dev = resolve_device(device)
+        torch_dtype = resolve_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32"))
+        cfg, checkpoint = _resolve_model(model, seed, torch_dtype)
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         max_seq_len = max_seq_len or min(4096, cfg.max_position_embeddings)
@@ -74,7 +77,7 @@ class LLM:
             checkpoint=checkpoint,
             tokenizer=Path(tokenizer) if tokenizer is not None else None,
             device=dev,
-            dtype=resolve_dtype(dtype or ("bfloat16" if dev.type == "cuda" else "float32")),
+            dtype=torch_dtype,
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
             max_num_batched_tokens=max_num_batched_tokens or max(2048, max_seq_len),
@@ -318,19 +321,26 @@ def _close_engine(executor: NativeExecutor, parallel) -> None:
             parallel.close()
 
 
-def _resolve_model(model: Any, seed: int) -> tuple[ModelConfig, Path | None]:
+def _resolve_model(model: Any, seed: int, dtype: torch.dtype) -> tuple[ModelConfig, Path | None]:
     if isinstance(model, ModelConfig):
         return (model if model.random_seed is not None else model.replace(random_seed=seed)), None
     if isinstance(model, str) and model.startswith(RANDOM_PREFIX):
         return resolve_random(model, seed), None
+    if isinstance(model, str) and model in CATALOG_MODELS:
+        # A catalog name means the model, even where a folder of that name exists: write ./name for it.
+        from .catalog import checkpoint_for
+
+        path = checkpoint_for(model, dtype)
+        return ModelConfig.from_dir(path).replace(name=model), path
     if isinstance(model, (str, Path)):
         path = Path(model)
         if not path.is_dir():
             raise ValueError(
-                f"model {str(model)!r}: not a directory (expected an HF checkpoint or 'random:<preset>')"
+                f"model {str(model)!r}: not a directory (expected an HF checkpoint, 'random:<preset>' "
+                f"or a catalog model: {', '.join(CATALOG_MODELS)})"
             )
         return ModelConfig.from_dir(path), path
     declared = getattr(model, "model", None)
     if declared is not None:
-        return _resolve_model(declared, seed)
+        return _resolve_model(declared, seed, dtype)
     raise TypeError(f"model must be a path, 'random:<preset>' or a ModelConfig, got {type(model).__name__}")
