@@ -122,14 +122,19 @@ def checkpoint_for(name: str, dtype: torch.dtype) -> Path:
             f"pip install 'fastpath[{CONVERSION_EXTRA}]' (in a checkout: pip install -e '.[{CONVERSION_EXTRA}]')"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(target.parent / f".{target.name}.lock"):
+    with _exclusive(target.parent / f".{target.name}.lock") as locked:
         if _complete(target):  # another process converted it while this one waited
             return target
+        if locked:
+            remove_stale_staging(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
         try:
             _announce(f"converting {gguf.name} to {dtype_name} safetensors, once, into {target}")
             convert_gguf(
-                gguf, staging, dtype, {"model": name, "gguf_sha256": digest, "license": model.license}
+                gguf,
+                staging,
+                dtype,
+                {"model": name, "origin": model.origin, "license": model.license, "gguf_sha256": digest},
             )
             publish(staging, target)
         finally:
@@ -160,18 +165,26 @@ def publish(staging: Path, target: Path) -> None:
             raise
 
 
+def remove_stale_staging(target: Path) -> None:
+    """Staging folders a killed converter left: only called while holding the lock, so none is live."""
+    for stale in target.parent.glob(f".{target.name}.*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """One converter at a time per folder; where flock is missing, publish's rename still decides."""
+def _exclusive(lock_path: Path) -> Iterator[bool]:
+    """One converter at a time per folder, yielding True; where flock is missing, False, and
+    publish's rename still decides."""
     try:
         import fcntl
     except ImportError:
-        yield
+        yield False
         return
     with lock_path.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
 

@@ -189,6 +189,15 @@ def test_an_unfinished_folder_in_the_way_is_an_error(tmp_path):
         catalog.publish(staging, target)
 
 
+def test_staging_left_by_a_killed_converter_is_removed(tmp_path):
+    target = tmp_path / "abc-float32"
+    (tmp_path / ".abc-float32.k1ll3d" / "part").mkdir(parents=True)
+    (tmp_path / ".abc-float32.lock").touch()
+    (tmp_path / ".abd-float32.other").mkdir()  # another folder's staging
+    catalog.remove_stale_staging(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".abc-float32.lock", ".abd-float32.other"]
+
+
 def test_an_empty_cache_variable_is_refused(monkeypatch):
     monkeypatch.setenv("FASTPATH_CACHE", " ")
     with pytest.raises(catalog.CatalogError, match="FASTPATH_CACHE is set but empty"):
