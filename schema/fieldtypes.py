@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 from pydantic.fields import FieldInfo
 
-from .names import FMHA_LIBRARIES, RANDOM_PREFIX, RANDOM_PRESETS
+from .names import CATALOG_MODELS, FMHA_LIBRARIES, RANDOM_PREFIX, RANDOM_PRESETS
 from .suggest import did_you_mean
 
 Status = Literal["stable", "prototype"]
@@ -85,7 +85,10 @@ def _check_checkpoint(checkpoint: str) -> str:
             )
         return checkpoint
     if not checkpoint.strip():
-        raise ValueError("is empty: give a Hugging Face model folder or 'random:<preset>'")
+        raise ValueError(
+            f"is empty: give a Hugging Face model folder, a catalog model ({', '.join(CATALOG_MODELS)}) "
+            "or 'random:<preset>'"
+        )
     # A path never needs control characters, and a lone surrogate cannot be written to a file.
     bad = next((c for c in checkpoint if ord(c) < 0x20 or ord(c) == 0x7F or 0xD800 <= ord(c) <= 0xDFFF), None)
     if bad is not None:

@@ -24,6 +24,7 @@ from .fieldtypes import (
     spec,
 )
 from .names import (
+    CATALOG_MODELS,
     DISPATCH_MODES,
     EXECUTOR_EVENTS,
     GUIDED_BACKENDS,
@@ -42,9 +43,12 @@ class ModelSpec(Section):
     """The model to run: where its weights come from and in what precision."""
 
     checkpoint: Checkpoint = spec(
-        doc="A Hugging Face model folder (config.json and *.safetensors), or `random:<preset>` for "
-        "seeded random weights in a known shape: tiny-llama, tiny-qwen2, tiny-qwen3, tiny-mistral, llama-1b. "
-        "A relative folder is resolved against the working directory at run time."
+        doc="A Hugging Face model folder (config.json and *.safetensors); a catalog model by name "
+        f"({', '.join(CATALOG_MODELS)}), whose weights ship in a package and are converted once into "
+        "the cache (FASTPATH_CACHE, else ~/.cache/fastpath); or `random:<preset>` for seeded random "
+        "weights in a known shape: tiny-llama, tiny-qwen2, tiny-qwen3, tiny-mistral, llama-1b. "
+        "A relative folder is resolved against the working directory at run time; a folder named like "
+        "a catalog model is written `./name`."
     )
     dtype: Literal["float32", "bfloat16", "float16"] = spec(
         "float32", doc="Precision of weights and activations."

@@ -1,6 +1,7 @@
 """The names a manifest may use: fastpath.vocab's, which every layer shares."""
 
 from fastpath.vocab import (
+    CATALOG_MODELS,
     DEFAULT_FMHA_ORDER,
     DISPATCH_MODES,
     EXECUTOR_EVENTS,
@@ -14,6 +15,7 @@ from fastpath.vocab import (
 )
 
 __all__ = [
+    "CATALOG_MODELS",
     "DEFAULT_FMHA_ORDER",
     "DISPATCH_MODES",
     "EXECUTOR_EVENTS",

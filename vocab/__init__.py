@@ -39,6 +39,9 @@ FMHA_LIBRARIES: tuple[str, ...] = (
 RANDOM_PREFIX = "random:"
 # `random:<preset>` checkpoints: seeded random weights in a known shape, for tests and benchmarks.
 RANDOM_PRESETS: tuple[str, ...] = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral", "llama-1b")
+# Real models by name: their weights ship inside a package on the index (runtime/catalog.py), converted
+# once into a local cache. A checkpoint equal to one of these names means the model, not a folder.
+CATALOG_MODELS: tuple[str, ...] = ("smollm2-135m-instruct",)
 
 # --- hooks ----------------------------------------------------------------------------------------
 

@@ -22,7 +22,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastpath.vocab import RANDOM_PREFIX
+import torch
+
+from fastpath.vocab import CATALOG_MODELS, RANDOM_PREFIX
 
 from ..hooks import RuntimeHooks, runtime_hooks_of
 from ..model.config import ModelConfig
@@ -40,7 +42,7 @@ from .admission import (
 )
 from .core import EngineCore, EngineStats
 from .native_executor import NativeExecutor
-from .options import engine_config, parse_options
+from .options import engine_config, model_dtype, parse_options
 from .outputs import EngineClosedError, RequestError, RequestOutput
 from .prompt_logprobs import prompt_logprobs
 from .request import RequestHandle
@@ -61,7 +63,7 @@ class LLM:
 
     def __init__(self, model: str | Path | ModelConfig, **kwargs: Any) -> None:
         o = parse_options(kwargs)
-        cfg, checkpoint = _resolve_model(model, o.seed)
+        cfg, checkpoint = _resolve_model(model, o.seed, model_dtype(o))
         config = engine_config(cfg, checkpoint, o)
         self.tokenizer = resolve_tokenizer(config.tokenizer, checkpoint, cfg.vocab_size)
         backend, self._guided_hint = _resolve_guided(
@@ -403,19 +405,26 @@ def _resolve_guided(name: str, tokenizer: Any, tp: int) -> tuple[str, str]:
     return "none", f"no guided-decoding backend is installed; {install}"
 
 
-def _resolve_model(model: Any, seed: int) -> tuple[ModelConfig, Path | None]:
+def _resolve_model(model: Any, seed: int, dtype: torch.dtype) -> tuple[ModelConfig, Path | None]:
     if isinstance(model, ModelConfig):
         return (model if model.random_seed is not None else model.replace(random_seed=seed)), None
     if isinstance(model, str) and model.startswith(RANDOM_PREFIX):
         return resolve_random(model, seed), None
+    if isinstance(model, str) and model in CATALOG_MODELS:
+        # A catalog name means the model, even where a folder of that name exists: write ./name for it.
+        from ..model.catalog import checkpoint_for
+
+        path = checkpoint_for(model, dtype)
+        return ModelConfig.from_dir(path).replace(name=model), path
     if isinstance(model, (str, Path)):
         path = Path(model)
         if not path.is_dir():
             raise ValueError(
-                f"model {str(model)!r}: not a directory (expected an HF checkpoint or 'random:<preset>')"
+                f"model {str(model)!r}: not a directory (expected an HF checkpoint, 'random:<preset>' "
+                f"or a catalog model: {', '.join(CATALOG_MODELS)})"
             )
         return ModelConfig.from_dir(path), path
     declared = getattr(model, "model", None)
     if declared is not None:
-        return _resolve_model(declared, seed)
+        return _resolve_model(declared, seed, dtype)
     raise TypeError(f"model must be a path, 'random:<preset>' or a ModelConfig, got {type(model).__name__}")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..model.config import ModelConfig
 from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
 from .sampling_params import MAX_INT64, doc
@@ -130,6 +132,11 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
     return value
 
 
+def model_dtype(o: EngineOptions) -> torch.dtype:
+    """The weights' dtype: as asked, else bfloat16 on CUDA and float32 on the CPU."""
+    return resolve_dtype(o.dtype or ("bfloat16" if resolve_device(o.device).type == "cuda" else "float32"))
+
+
 def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -> EngineConfig:
     dev = resolve_device(o.device)
     max_batch = _int("max_batch_size", o.max_batch_size, 1, 4096)
@@ -144,7 +151,7 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         checkpoint=checkpoint,
         tokenizer=Path(o.tokenizer) if o.tokenizer is not None else None,
         device=dev,
-        dtype=resolve_dtype(o.dtype or ("bfloat16" if dev.type == "cuda" else "float32")),
+        dtype=model_dtype(o),
         max_batch_size=max_batch,
         max_seq_len=max_seq,
         max_num_batched_tokens=_int(
