@@ -1,8 +1,8 @@
 // A Device handed from one extension to another through a capsule, so the simulated device (the
 // test-only fastpath.runtime._hostdispatch_sim) drives the engine of any host-dispatch extension
 // without being compiled into it. The object's __fastpath_device__() returns the capsule. Both
-// sides must be built from the same headers: the capsule's name carries kDeviceAbi, to be raised
-// whenever Device's interface changes.
+// sides must be built from the same headers: the capsule's name carries an ABI number, to be
+// raised whenever Device's interface changes.
 #pragma once
 
 #include <Python.h>
