@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .cpp_headers import enumerator
 from .header import comment
 from .plan import HookRef, Plan
 
@@ -111,6 +110,11 @@ def hook_context(plan: Plan) -> HookContext:
     return HookContext(
         hooks.loop_on_execution_stream, prologue, events, imports, _import_lines(hooks, imports)
     )
+
+
+def enumerator(name: str) -> str:
+    """The C++ enumerator of a vocabulary name, as dispatch_names.hpp declares it: "warn_once" -> "WarnOnce"."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def hostdispatch_context(dispatch_mode: str, on_unsupported: str, guided_fill: bool) -> dict[str, Any]:

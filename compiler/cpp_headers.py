@@ -17,16 +17,13 @@ from pathlib import Path
 
 from fastpath.vocab import DISPATCH_BACKENDS, DISPATCH_CHAINS, DISPATCH_MODES, ON_UNSUPPORTED
 
+from .context import enumerator
+
 # The native binding also takes "inline" as a mode: the backend every mode lands on without CUDA.
 INLINE = "inline"
 # In a checkout (where the committed header lives): <repo>/compiler/cpp_headers.py.
 _REPO = Path(__file__).resolve().parent.parent
 DISPATCH_NAMES = _REPO / "cpp" / "include" / "fastpath" / "dispatch_names.hpp"
-
-
-def enumerator(name: str) -> str:
-    """The C++ enumerator of a vocabulary name: "warn_once" -> "WarnOnce", "hostfunc_v2" -> "HostfuncV2"."""
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
 def runtime_modes() -> tuple[str, ...]:
@@ -157,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmake_dir:
         print(cmake_dir())
+    elif not DISPATCH_NAMES.parent.is_dir():
+        parser.error(
+            f"{DISPATCH_NAMES.parent} is missing: --write and --check work in a checkout of fastpath"
+        )
     elif args.write:
         print(f"{DISPATCH_NAMES}: {'written' if write_dispatch_names() else 'up to date'}")
     elif not is_current():

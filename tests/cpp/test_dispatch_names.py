@@ -9,7 +9,7 @@ import re
 import pytest
 
 from fastpath.compiler import cpp_headers
-from fastpath.compiler.context import hostdispatch_context
+from fastpath.compiler.context import enumerator, hostdispatch_context
 from fastpath.runtime import _hostdispatch as native
 from fastpath.vocab import DISPATCH_BACKENDS, DISPATCH_CHAINS, DISPATCH_MODES, ON_UNSUPPORTED
 
@@ -70,4 +70,4 @@ def test_the_generated_source_names_enumerators_the_header_declares():
             ctx = hostdispatch_context(mode, policy, guided_fill=False)
             assert ctx["mode_enum"] in declared["Mode"]
             assert ctx["on_unsupported_enum"] in declared["OnUnsupported"]
-    assert cpp_headers.enumerator("hostfunc_v2") == "HostfuncV2"
+    assert enumerator("hostfunc_v2") == "HostfuncV2"
