@@ -301,7 +301,9 @@ def main() -> int:
             "No CUDA GPU (or the extension was built without CUDA): measuring the inline backend and the "
             "simulated device only. Simulated numbers are protocol overheads on CPU threads, not GPU latency."
         )
-        rig = Rig(gpu=False, sim_device=ext.SimDevice(), sim_stream=ext.SimStream())
+        from fastpath.runtime import _hostdispatch_sim as sim  # built by editable installs (make venv)
+
+        rig = Rig(gpu=False, sim_device=sim.SimDevice(), sim_stream=sim.SimStream())
         scope = "simulated device (CPU threads)"
 
     floor = Row("none", "none")

@@ -7,10 +7,12 @@ any other string, so a template cannot put a manifest's free text into code by m
 Template contexts:
 - every template: `generated_header` (a full one-line comment in the file's comment syntax),
   `package` (the import name), `name` (the manifest name; may hold '-', so data only).
-- pyproject.toml.j2: `distribution`, `version`.
+- pyproject.toml.j2: `distribution`, `version`, `fastpath_requirement` (fastpath's distribution as
+  build and run requirement: the headers and CMake config come from it).
 - CMakeLists.txt.j2: `module_name`.
-- hostdispatch.cpp.j2: `module_name` ("_hostdispatch"), `dispatch_mode` ("blocking" | "spin" |
-  "auto"), `on_unsupported` ("warn_once" | "error").
+- hostdispatch.cpp.j2: `module_name` ("_hostdispatch"), `mode_enum` and `on_unsupported_enum`
+  (C++ enumerators of the plan's mode and policy, spelled from fastpath.vocab as
+  dispatch_names.hpp spells them), `guided_fill` (bool: compile guided decoding's C++ fill).
 - __init__.py.j2: `defaults` (the LLM keyword arguments), `manifest_sha256`, `module_name`.
 - executor.py.j2: `extension_module` (data), and `hooks`, a HookContext: declared hooks only, each import
   split into validated identifiers. The hooks are compiled into the executor, so __init__
@@ -26,6 +28,8 @@ from .header import comment
 from .plan import HookRef, Plan
 
 MODULE_NAME = "_hostdispatch"
+# What a generated package requires of fastpath, to build (headers, CMake config) and to run.
+FASTPATH_REQUIREMENT = "fastpath"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,21 @@ def hook_context(plan: Plan) -> HookContext:
     )
 
 
+def enumerator(name: str) -> str:
+    """The C++ enumerator of a vocabulary name, as dispatch_names.hpp declares it: "warn_once" -> "WarnOnce"."""
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def hostdispatch_context(dispatch_mode: str, on_unsupported: str, guided_fill: bool) -> dict[str, Any]:
+    """hostdispatch.cpp.j2's own names (tests/cpp renders the template with them too)."""
+    return {
+        "module_name": MODULE_NAME,
+        "mode_enum": enumerator(dispatch_mode),
+        "on_unsupported_enum": enumerator(on_unsupported),
+        "guided_fill": guided_fill,
+    }
+
+
 def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
     """template name -> its context."""
     common = {"package": plan.package, "name": plan.name}
@@ -116,6 +135,7 @@ def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
         "pyproject.toml.j2": {
             **python,
             "distribution": plan.distribution,
+            "fastpath_requirement": FASTPATH_REQUIREMENT,
             # The manifest's hash as a local version: an installed package says what it was built from.
             "version": f"0.0.0+{plan.manifest_sha256[:12]}",
         },
@@ -123,9 +143,7 @@ def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
         "hostdispatch.cpp.j2": {
             **common,
             "generated_header": comment("//", plan),
-            "module_name": MODULE_NAME,
-            "dispatch_mode": plan.dispatch_mode,
-            "on_unsupported": plan.on_unsupported,
+            **hostdispatch_context(plan.dispatch_mode, plan.on_unsupported, plan.guided_backend != "none"),
         },
         "__init__.py.j2": {
             **python,

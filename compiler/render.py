@@ -16,9 +16,8 @@ from typing import Any
 
 import jinja2
 
-from . import cpp_headers
 from .context import contexts
-from .header import comment, generated_line, has_marker
+from .header import generated_line, has_marker
 from .literals import Code, py_literal
 from .plan import Plan
 
@@ -78,9 +77,6 @@ def render(plan: Plan) -> dict[str, str]:
             raise RenderError(f"template {template} is missing from {TEMPLATES_DIR}") from None
         files[output_paths(plan)[template]] = text
     files[f"{plan.package}/manifest.lock.json"] = lock_json(plan)
-    for header in cpp_headers.headers():
-        marker = f"{comment('//', plan)}; a copy of fastpath/{header.name}\n"
-        files[f"src/fastpath/{header.name}"] = marker + header.read_text(encoding="utf-8")
     for path, text in files.items():
         if not has_marker(text):
             raise RenderError(f"{path} does not start with the @generated marker; its template must emit it")

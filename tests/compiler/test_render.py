@@ -9,7 +9,7 @@ import sys
 import pytest
 from compile_helpers import ALL_HOOKS, EXAMPLES, REPO, compile_text
 
-from fastpath.compiler import cpp_headers
+from fastpath.compiler.context import FASTPATH_REQUIREMENT
 from fastpath.compiler.header import MARKER
 from fastpath.compiler.render import RenderError, environment
 
@@ -18,7 +18,6 @@ BASELINE = "schema_version: 1\nname: base\nmodel:\n  checkpoint: random:tiny-lla
 
 def test_the_package_has_the_designed_layout(all_hooks):
     _, files = all_hooks
-    headers = {f"src/fastpath/{h.name}" for h in cpp_headers.headers()}
     assert set(files) == {
         "pyproject.toml",
         "CMakeLists.txt",
@@ -26,7 +25,6 @@ def test_the_package_has_the_designed_layout(all_hooks):
         "all_hooks/__init__.py",
         "all_hooks/executor.py",
         "all_hooks/manifest.lock.json",
-        *headers,
     }
     assert list(files) == sorted(files)
 
@@ -51,12 +49,43 @@ def test_every_file_starts_with_the_generated_line_naming_manifest_and_hash(all_
     assert lock["_generated"].startswith(MARKER)
 
 
-def test_header_copies_are_the_repo_headers_after_one_marker_line(all_hooks):
+def test_the_extension_builds_on_the_installed_fastpath_instead_of_carrying_its_headers(all_hooks):
     _, files = all_hooks
-    for header in cpp_headers.headers():
-        first, rest = files[f"src/fastpath/{header.name}"].split("\n", 1)
-        assert first.startswith("// ") and MARKER in first
-        assert rest == header.read_text(encoding="utf-8")
+    cmake, pyproject = files["CMakeLists.txt"], files["pyproject.toml"]
+    assert "find_package(fastpath CONFIG REQUIRED)" in cmake
+    assert "fastpath_add_hostdispatch_module(_hostdispatch src/hostdispatch.cpp)" in cmake
+    assert not any(path.endswith(".hpp") for path in files)
+    # fastpath is a build requirement (headers, CMake config) as well as a run-time one.
+    requires = pyproject.split("[build-system]", 1)[1].split("\n[", 1)[0]
+    assert json.dumps(FASTPATH_REQUIREMENT) in requires
+    assert f"dependencies = [{json.dumps(FASTPATH_REQUIREMENT)}]" in pyproject
+
+
+@pytest.mark.parametrize(
+    "dispatch, guided, policy",
+    [
+        (
+            "{mode: spin, on_unsupported: error}",
+            "",
+            "FixedModePolicy<hd::Mode::Spin, hd::OnUnsupported::Error>",
+        ),
+        (
+            "{mode: blocking}",
+            "guided_decoding: {backend: xgrammar}\n",
+            "FixedModePolicy<hd::Mode::Blocking, ",
+        ),
+    ],
+)
+def test_the_extension_source_fixes_the_mode_and_compiles_guided_fill_only_when_used(
+    dispatch, guided, policy
+):
+    _, files = compile_text(f"{BASELINE}host_dispatch: {dispatch}\n{guided}")
+    source = files["src/hostdispatch.cpp"]
+    assert policy in source
+    uses_guided = bool(guided)
+    assert ('#include "fastpath/guided_module.hpp"' in source) is uses_guided
+    assert ("hd::define_guided_fill(m, engine);" in source) is uses_guided
+    assert "hd::define_dispatch(m, Policy{})" in source
 
 
 def test_init_exposes_the_plan_as_plain_data(all_hooks):

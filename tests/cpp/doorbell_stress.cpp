@@ -11,7 +11,7 @@
 
 #include "fastpath/callback.hpp"
 #include "fastpath/engine.hpp"
-#include "fastpath/sim_device.hpp"
+#include "sim_device.hpp"
 
 namespace hd = fastpath::hostdispatch;
 
@@ -140,7 +140,7 @@ void shutdown_with_pending(const char* label, hd::Mode mode, hd::SimDeviceConfig
 int main() {
   const long long live_before = hd::Callback::live_count().load();
   run("blocking", hd::Mode::Blocking, {}, hd::Backend::Blocking);
-  run("hostfunc_v2", hd::Mode::Spin, {}, hd::Backend::HostFuncV2);
+  run("hostfunc_v2", hd::Mode::Spin, {}, hd::Backend::HostfuncV2);
   run("doorbell/memops", hd::Mode::Spin, {false, true, 13000, 13000, false}, hd::Backend::Doorbell);
   run("doorbell/queue", hd::Mode::Spin, {false, true, 13000, 13000, true}, hd::Backend::Doorbell);
   shutdown_with_pending("blocking", hd::Mode::Blocking, {});

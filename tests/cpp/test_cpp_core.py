@@ -1,8 +1,8 @@
-"""The header-only core builds every way it is used, warning-free: each header on its own (as
-the copies a generated package carries), a C++ program without Python that stresses every
+"""The header-only core builds every way it is used, warning-free: each header on its own (the
+installed ones and the simulated device's), a C++ program without Python that stresses every
 backend (also under ThreadSanitizer), the native extension with FASTPATH_CUDA=OFF, and generated
-extensions rendered from templates/hostdispatch.cpp.j2, which then pass the same host-dispatch
-tests as the native binding."""
+extensions rendered from templates/hostdispatch.cpp.j2, which compile guided fill only when asked
+and then pass the same host-dispatch tests as the native binding."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ import pytest
 from cpp_builders import (
     CXX,
     HEADERS,
+    INCLUDE,
     REPO,
+    SIM,
     WARNINGS,
     build_extension,
     cmake_build_native,
-    copy_headers_as_generated,
     cuda_flags,
     cuda_home,
     python_flags,
@@ -36,13 +37,12 @@ CUDA_CASES = [pytest.param(False, id="without-cuda")] + (
 
 @pytest.mark.slow
 @pytest.mark.parametrize("with_cuda", CUDA_CASES)
-def test_every_header_compiles_on_its_own_from_a_generated_copy(tmp_path, with_cuda):
-    include = copy_headers_as_generated(tmp_path)
+def test_every_header_compiles_on_its_own(tmp_path, with_cuda):
     compile_flags, _ = cuda_flags(with_cuda)
 
     def compile_one(header: Path) -> subprocess.CompletedProcess:
         tu = tmp_path / f"{header.stem}.cpp"
-        tu.write_text(f'#include "fastpath/{header.name}"\n')
+        tu.write_text(f'#include "{header}"\n')
         cmd = [
             CXX,
             "-std=c++17",
@@ -50,12 +50,12 @@ def test_every_header_compiles_on_its_own_from_a_generated_copy(tmp_path, with_c
             *WARNINGS,
             *python_flags(),
             *compile_flags,
-            f"-I{include}",
+            f"-I{INCLUDE}",
             str(tu),
         ]
         return subprocess.run(cmd, capture_output=True, text=True)
 
-    headers = sorted(HEADERS.glob("*.hpp"))
+    headers = sorted(HEADERS.glob("*.hpp")) + sorted(SIM.glob("*.hpp"))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = dict(zip(headers, pool.map(compile_one, headers), strict=True))
     failed = {h.name: r.stderr for h, r in results.items() if r.returncode != 0}
@@ -75,7 +75,8 @@ def test_the_core_without_python_keeps_every_count_and_order(tmp_path, sanitizer
             *flags,
             *WARNINGS,
             "-pthread",
-            f"-I{REPO / 'cpp' / 'include'}",
+            f"-I{INCLUDE}",
+            f"-I{SIM}",
             str(source),
             "-o",
             str(exe),
@@ -110,25 +111,37 @@ def test_the_native_extension_builds_and_imports_without_cuda(tmp_path):
 
 
 GENERATED = [
-    pytest.param("spin", "error", id="spin-error"),
-    pytest.param("blocking", "warn_once", id="blocking-warn_once"),
-    pytest.param("auto", "warn_once", id="auto-warn_once"),
+    pytest.param("spin", "error", False, id="spin-error"),
+    pytest.param("blocking", "warn_once", True, id="blocking-warn_once-guided"),
+    pytest.param("auto", "warn_once", False, id="auto-warn_once"),
 ]
+GUIDED_CLASSES = ("GuidedFill", "GuidedRow", "MatcherApi")
+
+
+def guided_symbols(so: Path) -> list[str]:
+    """Symbols of guided fill's C++ classes in an (unstripped) extension."""
+    names = run(["nm", "-C", str(so)]).stdout.splitlines()
+    return [n for n in names if any(f"hostdispatch::{c}" in n for c in (*GUIDED_CLASSES, "GuidedFillStep"))]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("dispatch_mode, on_unsupported", GENERATED)
-def test_a_generated_extension_passes_the_same_host_dispatch_tests(tmp_path, dispatch_mode, on_unsupported):
+@pytest.mark.parametrize("dispatch_mode, on_unsupported, guided", GENERATED)
+def test_a_generated_extension_passes_the_same_host_dispatch_tests(
+    tmp_path, dispatch_mode, on_unsupported, guided
+):
     package = f"gen_{dispatch_mode}"
-    include = copy_headers_as_generated(tmp_path)
-    source = render_generated_source(include, "_hostdispatch", dispatch_mode, on_unsupported)
+    source = render_generated_source(tmp_path, dispatch_mode, on_unsupported, guided)
     assert source.read_text().startswith("// @generated")
-    build_extension(source, include, tmp_path / package, "_hostdispatch", with_cuda=cuda_home() is not None)
+    so = build_extension(source, tmp_path / package, "_hostdispatch", with_cuda=cuda_home() is not None)
+    # Guided fill is compiled in only when asked for: no class, no method, no symbol otherwise.
+    assert bool(guided_symbols(so)) is guided
 
     check = (
         f"import {package}._hostdispatch as h\n"
         f"assert h.FIXED_MODE == {dispatch_mode!r} and h.FIXED_ON_UNSUPPORTED == {on_unsupported!r}\n"
         f"assert h.MODES == ({dispatch_mode!r},)\n"
+        f"assert [hasattr(h, c) for c in {GUIDED_CLASSES!r}] == [{guided}] * 3\n"
+        f"assert hasattr(h.Engine, 'launch_guided_fill') is {guided}\n"
         "print(','.join(h.BACKENDS))\n"
     )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

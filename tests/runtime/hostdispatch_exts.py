@@ -1,11 +1,12 @@
 """The host-dispatch extensions that the test_hostfunc*.py tests run against.
 
 Each entry is an importable module defining fastpath's host-dispatch module
-(cpp/include/fastpath/hostdispatch_module.hpp). The native binding takes the mode at run time;
+(cpp/include/fastpath/dispatch_module.hpp). The native binding takes the mode at run time;
 a generated extension fixes it (``FIXED_MODE``) and is tested in that mode only. Add generated
 extensions to EXTENSIONS, or list them in $FASTPATH_HOSTDISPATCH_EXTS (comma-separated), and the
 same tests run on them: "the generated extension and the native binding pass the same
-host-dispatch tests".
+host-dispatch tests". The simulated device comes from its own test-only extension (`sim_extension()`),
+and drives the engine of any of them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from types import ModuleType
 import pytest
 
 EXTENSIONS: list[str] = ["fastpath.runtime._hostdispatch"]
+SIM_EXTENSION = "fastpath.runtime._hostdispatch_sim"
 EXTRA_ENV = "FASTPATH_HOSTDISPATCH_EXTS"
 ALL_MODES = ("inline", "blocking", "spin", "auto")
 
@@ -40,6 +42,17 @@ def extension_names(mode: str | None = None) -> list[str]:
 
 def load(name: str) -> ModuleType:
     return importlib.import_module(name)
+
+
+def sim_extension() -> ModuleType:
+    """SimDevice, SimStream and SimGraph: built by editable installs only, never in the wheel."""
+    try:
+        return importlib.import_module(SIM_EXTENSION)
+    except ImportError as e:
+        raise RuntimeError(
+            f"{SIM_EXTENSION} is missing: an editable install builds it (`make venv`, or "
+            "`pip install -e .`); elsewhere build with FASTPATH_BUILD_SIM=ON"
+        ) from e
 
 
 def _short(name: str) -> str:

@@ -148,15 +148,17 @@ def test_a_native_fill_on_a_worker_thread_matches_xgrammar_and_reports_refused_t
     """The doorbell's worker (a simulated device) runs the fill: no GIL, not the launching thread."""
     import numpy as np
     import xgrammar as xgr
+    from hostdispatch_exts import sim_extension
 
     from fastpath.runtime import _hostdispatch as ext
     from fastpath.runtime.dispatch.dispatcher import HostDispatcher, HostDispatchFallbackWarning
 
     g = llm.executor.guided
-    stream = ext.SimStream()
+    sim = sim_extension()
+    stream = sim.SimStream()
     with warnings.catch_warnings():  # the fall back to the doorbell warns once per process
         warnings.simplefilter("ignore", HostDispatchFallbackWarning)
-        d = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=stream)
+        d = HostDispatcher("spin", extension=ext, device=sim.SimDevice(hostfunc_v2=False), stream=stream)
     assert d.backend == "doorbell"
     spec = parse_spec({"regex": "[a-z]{2,6}!"})
     state, reference = g.state_for(spec), xgr.GrammarMatcher(g.cache.get(spec))

@@ -16,9 +16,10 @@ SCRIPT = """
 import importlib, json, sys
 from fastpath.runtime.dispatch.dispatcher import HostDispatcher
 ext = importlib.import_module(sys.argv[1])
+sim = importlib.import_module("fastpath.runtime._hostdispatch_sim")
 mode, device, hold = sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] == "1"
-stream = ext.SimStream(capacity=4)
-d = HostDispatcher(mode, extension=ext, device=ext.SimDevice(**device), stream=stream,
+stream = sim.SimStream(capacity=4)
+d = HostDispatcher(mode, extension=ext, device=sim.SimDevice(**device), stream=stream,
                    hold_gil_during_launch=hold)
 stream.busy(0.2)
 seen = []

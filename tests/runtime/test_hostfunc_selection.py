@@ -7,7 +7,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from hostdispatch_exts import extension_names, load
+from hostdispatch_exts import extension_names, load, sim_extension
 
 from fastpath.runtime.dispatch import dispatcher as hostfunc
 from fastpath.runtime.dispatch.dispatcher import (
@@ -98,13 +98,21 @@ def test_on_unsupported_error_refuses_blocking_but_accepts_the_doorbell():
 @pytest.mark.parametrize("name", extension_names(mode="spin"))
 def test_a_fall_back_warns_exactly_once_per_process(name):
     ext = load(name)
-    stream = ext.SimStream()
+    stream = sim_extension().SimStream()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        first = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=stream)
-        second = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=stream)
+        first = HostDispatcher(
+            "spin", extension=ext, device=sim_extension().SimDevice(hostfunc_v2=False), stream=stream
+        )
+        second = HostDispatcher(
+            "spin", extension=ext, device=sim_extension().SimDevice(hostfunc_v2=False), stream=stream
+        )
         third = HostDispatcher(
-            "spin", extension=ext, device=ext.SimDevice(), stream=stream, simulate_absent=["hostfunc_v2"]
+            "spin",
+            extension=ext,
+            device=sim_extension().SimDevice(),
+            stream=stream,
+            simulate_absent=["hostfunc_v2"],
         )
     fallbacks = [w for w in caught if issubclass(w.category, HostDispatchFallbackWarning)]
     assert [str(w.message) for w in fallbacks] == [
@@ -121,7 +129,7 @@ def test_a_fall_back_warns_exactly_once_per_process(name):
 @pytest.mark.parametrize("name", extension_names(mode="spin"))
 def test_spin_without_either_spin_backend_falls_back_to_blocking_or_refuses(name):
     ext = load(name)
-    device = ext.SimDevice()
+    device = sim_extension().SimDevice()
     if ext.FIXED_ON_UNSUPPORTED == "error":
         with pytest.raises(HostDispatchUnsupportedError, match="forbids falling back to blocking"):
             HostDispatcher(
@@ -140,25 +148,26 @@ def test_spin_without_either_spin_backend_falls_back_to_blocking_or_refuses(name
 
 
 def test_auto_falls_back_silently():
-    ext = load(NATIVE)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        d = HostDispatcher("auto", device=ext.SimDevice(hostfunc_v2=False, memops=False), stream=1)
+        d = HostDispatcher(
+            "auto", device=sim_extension().SimDevice(hostfunc_v2=False, memops=False), stream=1
+        )
     assert d.backend == "blocking" and d.fallback is None
     assert d.reason == f"cudaLaunchHostFunc ({V2_ABSENT}; {MEMOPS_ABSENT})"
 
 
 def test_spin_with_on_unsupported_error_raises_when_only_blocking_is_left():
-    ext = load(NATIVE)
     with pytest.raises(HostDispatchUnsupportedError, match="forbids falling back to blocking"):
-        HostDispatcher("spin", "error", device=ext.SimDevice(hostfunc_v2=False, memops=False), stream=1)
+        HostDispatcher(
+            "spin", "error", device=sim_extension().SimDevice(hostfunc_v2=False, memops=False), stream=1
+        )
 
 
 def test_the_environment_can_simulate_absence(monkeypatch):
-    ext = load(NATIVE)
     monkeypatch.setenv(hostfunc.SIMULATE_ABSENT_ENV, "hostfunc_v2")
     with pytest.warns(HostDispatchFallbackWarning):
-        d = HostDispatcher("spin", device=ext.SimDevice(), stream=1)
+        d = HostDispatcher("spin", device=sim_extension().SimDevice(), stream=1)
     assert d.backend == "doorbell"
     assert d.info()["capabilities"]["hostfunc_v2"] == {
         "available": False,
@@ -193,10 +202,17 @@ def test_bad_mode_names_are_refused():
     ext = load(NATIVE)
     with pytest.raises(ValueError, match="mode must be one of inline, blocking, spin, auto; not 'fast'"):
         ext.Engine("fast", device="cpu")
-    with pytest.raises(ValueError, match="on_unsupported must be 'warn_once' or 'error', not 'ignore'"):
+    with pytest.raises(ValueError, match="on_unsupported must be one of warn_once, error; not 'ignore'"):
         ext.Engine("spin", "ignore", device="cpu")
     with pytest.raises(ValueError, match="device must be 'cuda', 'cuda:N', 'cpu', None or a SimDevice"):
         ext.Engine("spin", device="tpu")
+
+    class HandsOverNoCapsule:
+        def __fastpath_device__(self):
+            return object()
+
+    with pytest.raises(TypeError, match="did not return a 'fastpath.hostdispatch.Device/abi-1' capsule"):
+        ext.Engine("spin", device=HandsOverNoCapsule())
     with pytest.raises(ValueError, match="ring must be auto, queue, kernel, batched or memops, not 'bell'"):
         ext.Engine("spin", device="cpu", ring="bell")
     with pytest.raises(ValueError, match="queue_entries must be a power of two of at least 8, not 100"):
@@ -206,8 +222,8 @@ def test_bad_mode_names_are_refused():
 @pytest.mark.parametrize("ring", ["auto", "kernel"])
 def test_a_device_that_only_writes_and_waits_says_which_ring_it_uses_and_why(ring):
     ext = load(NATIVE)
-    device = ext.SimDevice(hostfunc_v2=False, queue=False)
-    d = HostDispatcher("spin", extension=ext, device=device, stream=ext.SimStream(), ring=ring)
+    device = sim_extension().SimDevice(hostfunc_v2=False, queue=False)
+    d = HostDispatcher("spin", extension=ext, device=device, stream=sim_extension().SimStream(), ring=ring)
     info = d.info()
     assert (info["backend"], info["ring"], info["posts"], d.posts) == ("doorbell", "memops", False, False)
     assert info["ring_reason"] == f"this device rings with two memory operations ({ring} asked)"
@@ -217,7 +233,7 @@ def test_a_device_that_only_writes_and_waits_says_which_ring_it_uses_and_why(rin
 @pytest.mark.parametrize("ring", ["auto", "queue"])
 def test_a_device_with_the_queue_ring_posts(ring):
     ext = load(NATIVE)
-    d = HostDispatcher("spin", extension=ext, device=ext.SimDevice(hostfunc_v2=False), stream=ext.SimStream(),
+    d = HostDispatcher("spin", extension=ext, device=sim_extension().SimDevice(hostfunc_v2=False), stream=sim_extension().SimStream(),
                        ring=ring)  # fmt: skip
     assert (d.info()["ring"], d.posts) == ("queue", True)
     d.shutdown(1.0)
@@ -225,7 +241,7 @@ def test_a_device_with_the_queue_ring_posts(ring):
 
 def test_backends_that_cannot_post_say_so():
     ext = load(NATIVE)
-    for mode, device in (("blocking", ext.SimDevice()), ("spin", ext.SimDevice())):
-        d = HostDispatcher(mode, extension=ext, device=device, stream=ext.SimStream())
+    for mode, device in (("blocking", sim_extension().SimDevice()), ("spin", sim_extension().SimDevice())):
+        d = HostDispatcher(mode, extension=ext, device=device, stream=sim_extension().SimStream())
         assert d.backend in ("blocking", "hostfunc_v2") and not d.posts
         d.shutdown(1.0)

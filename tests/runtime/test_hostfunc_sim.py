@@ -16,7 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from hostdispatch_exts import extension_names, load, sim_params
+from hostdispatch_exts import extension_names, load, sim_extension, sim_params
 
 from fastpath.runtime.dispatch.dispatcher import (
     HostDispatcher,
@@ -48,10 +48,12 @@ class Sim:
 
 def make_sim(name: str, mode: str, device: dict, **options: Any) -> Sim:
     ext = load(name)
-    stream = ext.SimStream()
+    stream = sim_extension().SimStream()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HostDispatchFallbackWarning)
-        d = HostDispatcher(mode, extension=ext, device=ext.SimDevice(**device), stream=stream, **options)
+        d = HostDispatcher(
+            mode, extension=ext, device=sim_extension().SimDevice(**device), stream=stream, **options
+        )
     return Sim(ext, d, stream, d.backend)
 
 
@@ -115,7 +117,7 @@ def test_a_graph_replayed_1000_times_fires_each_callback_once_per_replay_in_orde
 
 
 def test_streams_keep_their_own_order(sim):
-    other = sim.ext.SimStream()
+    other = sim_extension().SimStream()
     seen = {0: [], 1: []}
     for i in range(200):
         sim.d.launch_on(sim.stream, seen[0].append, i)
@@ -333,7 +335,7 @@ def test_a_graph_posting_through_a_small_queue_keeps_count_and_order_lap_after_l
 @pytest.mark.parametrize("case", POSTING)
 def test_a_released_graph_keeps_its_slot_until_entries_behind_an_unwritten_claim_are_served(case):
     s = make_sim(*case[:3])
-    slow, other = s.ext.SimStream(), s.ext.SimStream()
+    slow, other = sim_extension().SimStream(), sim_extension().SimStream()
     slow.delay_queue_stores(0.3)  # claims at once, writes its entry 0.3 s later: a gap
     ran = []
     s.d.launch_on(slow, ran.append, "slow", wait=False)
@@ -480,8 +482,8 @@ def test_an_unannounced_replay_still_runs_and_warns_once(case):
 @pytest.mark.parametrize("name", extension_names(mode="inline"))
 def test_inline_mode_refuses_to_be_captured(name):
     ext = load(name)
-    stream = ext.SimStream()
-    d = HostDispatcher("inline", extension=ext, device=ext.SimDevice(), stream=stream)
+    stream = sim_extension().SimStream()
+    d = HostDispatcher("inline", extension=ext, device=sim_extension().SimDevice(), stream=stream)
     stream.begin_capture()
     with pytest.raises(RuntimeError, match="inline host dispatch cannot be captured into a CUDA graph"):
         d.launch(print)

@@ -1,5 +1,6 @@
-// How a CUDA stream rings the doorbell (device.hpp names the three rings), and the self-test
-// that proves a ring works on this device before "auto" picks it.
+// How a CUDA stream rings the doorbell with a flag: the memops, batched and kernel rings of the
+// four device.hpp names (the queue ring is cuda_queue.hpp's), and the self-test that proves a ring
+// works on this device before "auto" picks it.
 #pragma once
 
 #include "fastpath/cuda_util.hpp"

@@ -1,6 +1,6 @@
 // What the dispatch backends need from a device: stream memory operations on host flags, host
 // functions, capture state, and graph-owned lifetimes. The CUDA device and the CPU simulator
-// (for tests without a GPU) both implement it.
+// (cpp/sim, for tests without a GPU) both implement it.
 #pragma once
 
 #include <atomic>

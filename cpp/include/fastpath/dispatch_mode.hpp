@@ -1,66 +1,14 @@
-// Dispatch modes a user asks for, the backends that serve them, and the spin chain that picks one.
-// Pure logic: no CUDA, no Python, so the chain is testable anywhere.
+// The spin chain: which backend serves a dispatch mode, given what the device supports. The
+// names of modes, backends and policies come from fastpath.vocab (dispatch_names.hpp). Pure
+// logic: no CUDA, no Python, so the chain is testable anywhere.
 #pragma once
 
-#include <optional>
 #include <stdexcept>
 #include <string>
-#include <string_view>
+
+#include "fastpath/dispatch_names.hpp"
 
 namespace fastpath::hostdispatch {
-
-enum class Mode { Inline, Blocking, Spin, Auto };
-enum class Backend { Inline, Blocking, HostFuncV2, Doorbell };
-enum class OnUnsupported { WarnOnce, Error };
-
-constexpr const char* name_of(Mode m) {
-  switch (m) {
-    case Mode::Inline: return "inline";
-    case Mode::Blocking: return "blocking";
-    case Mode::Spin: return "spin";
-    case Mode::Auto: return "auto";
-  }
-  return "?";
-}
-
-constexpr const char* name_of(Backend b) {
-  switch (b) {
-    case Backend::Inline: return "inline";
-    case Backend::Blocking: return "blocking";
-    case Backend::HostFuncV2: return "hostfunc_v2";
-    case Backend::Doorbell: return "doorbell";
-  }
-  return "?";
-}
-
-constexpr const char* name_of(OnUnsupported p) {
-  return p == OnUnsupported::Error ? "error" : "warn_once";
-}
-
-inline std::optional<Mode> parse_mode(std::string_view s) {
-  for (Mode m : {Mode::Inline, Mode::Blocking, Mode::Spin, Mode::Auto}) {
-    if (s == name_of(m)) return m;
-  }
-  return std::nullopt;
-}
-
-inline std::optional<OnUnsupported> parse_on_unsupported(std::string_view s) {
-  for (OnUnsupported p : {OnUnsupported::WarnOnce, OnUnsupported::Error}) {
-    if (s == name_of(p)) return p;
-  }
-  return std::nullopt;
-}
-
-// The backends a mode can end on. A mode-fixed extension compiles only these.
-constexpr bool mode_may_use(Mode m, Backend b) {
-  switch (b) {
-    case Backend::Inline: return true;  // without CUDA every mode runs inline
-    case Backend::Blocking: return m != Mode::Inline;
-    case Backend::HostFuncV2:
-    case Backend::Doorbell: return m == Mode::Spin || m == Mode::Auto;
-  }
-  return false;
-}
 
 struct Capability {
   bool available = false;
@@ -119,7 +67,7 @@ inline Selection select_backend(Mode mode, OnUnsupported policy, const Capabilit
   const std::string versions =
       "runtime " + version_text(caps.runtime_version) + ", driver " + version_text(caps.driver_version);
   if (caps.hostfunc_v2.available) {
-    s.backend = Backend::HostFuncV2;
+    s.backend = Backend::HostfuncV2;
     s.reason = "cudaLaunchHostFunc_v2 with cudaHostTaskSpinWait (" + versions + ")";
     return s;
   }

@@ -81,8 +81,8 @@ std::unique_ptr<BackendImpl> make_backend(Backend b, const std::shared_ptr<Devic
     case Backend::Blocking:
       if constexpr (Policy::compiled(Backend::Blocking)) return std::make_unique<HostFuncBackend>(device, false);
       break;
-    case Backend::HostFuncV2:
-      if constexpr (Policy::compiled(Backend::HostFuncV2)) return std::make_unique<HostFuncBackend>(device, true);
+    case Backend::HostfuncV2:
+      if constexpr (Policy::compiled(Backend::HostfuncV2)) return std::make_unique<HostFuncBackend>(device, true);
       break;
     case Backend::Doorbell:
       if constexpr (Policy::compiled(Backend::Doorbell)) {

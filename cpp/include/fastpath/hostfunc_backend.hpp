@@ -141,7 +141,7 @@ class HostFuncBackend final : public BackendImpl {
     ExitRegistry::instance().add(shared_);
   }
 
-  Backend kind() const override { return spin_wait_ ? Backend::HostFuncV2 : Backend::Blocking; }
+  Backend kind() const override { return spin_wait_ ? Backend::HostfuncV2 : Backend::Blocking; }
 
   Status launch(StreamHandle stream, CallbackPtr cb) override {
     auto* task = new HostFuncTask{shared_, std::move(cb), false};

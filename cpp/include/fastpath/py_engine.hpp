@@ -17,15 +17,11 @@
 #include "fastpath/cuda_probe.hpp"
 #include "fastpath/engine.hpp"
 #include "fastpath/py_callback.hpp"
-#include "fastpath/sim_device.hpp"
+#include "fastpath/py_device.hpp"
 
 namespace fastpath::hostdispatch {
 
 namespace py = pybind11;
-
-struct PySimDevice {
-  std::shared_ptr<SimDevice> device;
-};
 
 struct DeviceChoice {
   std::shared_ptr<Device> device;  // null: run inline
@@ -34,7 +30,7 @@ struct DeviceChoice {
 
 inline DeviceChoice resolve_device(const py::handle& spec) {
   if (spec.is_none()) return {nullptr, "CPU execution"};
-  if (py::isinstance<PySimDevice>(spec)) return {spec.cast<PySimDevice&>().device, ""};
+  if (std::shared_ptr<Device> handed = device_of(spec)) return {std::move(handed), ""};
   const std::string s = py::str(spec);
   if (s == "cpu") return {nullptr, "CPU execution"};
   if (s == "cuda" || s.rfind("cuda:", 0) == 0) {
