@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
+# extension built there), then the GPU tests and the given benches, logging everything under $OUT.
+#
+#   bench/device_run.sh [tests|quick-tests] [decode|decode-quick|serve|guided|hostdispatch ...]
+#
+# Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+log="$OUT/device.log"
+start=$(date +%s)
+stamp() { echo "=== $1 $(( $(date +%s) - start )) s" | tee -a "$log"; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1 || { echo "install failed" | tee -a "$log"; tail -30 "$log"; exit 1; }
+stamp install
+export FASTPATH_PROGRESS=0 PYTHONUNBUFFERED=1
+
+for step in "$@"; do
+  case "$step" in
+    tests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+    quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
+    decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
+    decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;
+    serve) python3 bench/serve.py --out "$OUT" 2>&1 | tail -30 ;;
+    guided) python3 bench/guided.py --out "$OUT" 2>&1 | tail -30 ;;
+    hostdispatch) python3 bench/hostdispatch.py --quick --out "$OUT" 2>&1 | tail -30 ;;
+    *) echo "unknown step $step" ;;
+  esac
+  stamp "$step"
+done
