@@ -67,13 +67,16 @@ class EngineCore:
     def closed_reason(self) -> str | None:
         return self._closed
 
-    def submit(self, handle: RequestHandle) -> None:
+    def submit(self, handles: list[RequestHandle]) -> None:
+        """Admit requests together: a generate() call's batch starts as one, not one by one."""
         with self._lock:
             if self._closed is not None:
                 raise closed_error(self._closed)
-            handle.created = time.monotonic()
-            self._live.add(handle)
-            self._incoming.extend(handle.sequences)
+            now = time.monotonic()
+            for handle in handles:
+                handle.created = now
+                self._live.add(handle)
+                self._incoming.extend(handle.sequences)
             self._work.notify()
 
     def abort(self, seq: Sequence) -> None:

@@ -170,6 +170,12 @@ class LLM:
         From any thread; pass `loop` to iterate the handle with `async for` on that event loop.
         `stream=False` reports only the finish (cheaper for the engine's loop).
         """
+        handle = self._admit(prompt, sampling_params, request_id, loop, stream, wake)
+        self.core.submit([handle])
+        return handle
+
+    def _admit(self, prompt, sampling_params, request_id, loop, stream, wake) -> RequestHandle:
+        """A request checked and made into its sequences, not yet submitted."""
         if self.core is None:
             raise RuntimeError("requests go to rank 0, which gets the results")
         params = sampling_params if sampling_params is not None else SamplingParams()
@@ -210,7 +216,6 @@ class LLM:
         for seq in seqs:
             handle.attach(seq)
             seq.streams = stream or bool(params.stop)
-        self.core.submit(handle)
         return handle
 
     def generate(
@@ -243,10 +248,12 @@ class LLM:
         problems = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             try:
-                handles[i] = self.submit(prompt, p, stream=stream, wake=wake)
+                handles[i] = self._admit(prompt, p, None, None, stream, wake)
             except (ValueError, TypeError) as exc:
                 outputs[i] = _failed(str(next(self._requests)), prompt, str(exc))
                 problems.append(f"request {i}: {exc}")
+        if handles and not (problems and stream):
+            self.core.submit(list(handles.values()))
         return outputs, handles, problems, wake
 
     def _raise_if_failed(self, handles) -> None:
@@ -266,8 +273,6 @@ class LLM:
         params = _params_per_prompt(sampling_params, len(prompts))
         outputs, handles, problems, wake = self._submit_all(prompts, params, stream=True)
         if problems:
-            for h in handles.values():
-                h.abort()
             raise RequestError("invalid requests: " + " | ".join(problems), [o for o in outputs if o])
         try:
             pending = dict(handles)

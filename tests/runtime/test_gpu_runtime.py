@@ -64,7 +64,8 @@ def test_graph_replayed_decode_equals_eager():
     fmha = ["triton_decode", "sdpa_math"]
     eager, _ = _tokens(cuda_graphs=False, fmha_enabled=fmha)
     graphs, llm = _tokens(cuda_graphs=True, graph_batch_sizes=EXACT_GRAPHS, fmha_enabled=fmha)
-    assert llm.executor.graphs is not None and len(llm.executor.graphs.graphs) == 2 * len(EXACT_GRAPHS)
+    kinds = 4 if llm.executor.guided is not None else 2  # greedy, general, and their guided twins
+    assert llm.executor.graphs is not None and len(llm.executor.graphs.graphs) == kinds * len(EXACT_GRAPHS)
     assert graphs == eager
 
 
@@ -79,7 +80,7 @@ def test_hooks_with_graphs_give_the_all_off_tokens(loop):
         fmha_enabled=fmha,
         hooks=RuntimeHooks(loop_on_execution_stream=loop, decode_prologue=prologue),
     )
-    assert llm.executor.decode_from_embeds
+    assert llm.executor.runner.decode_from_embeds
     assert llm.executor.loop_gate()[0] is loop
     assert hooked == base
 
