@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -11,27 +12,34 @@ __all__ = ["GrammarCache", "GrammarError"]
 
 
 class GrammarCache:
-    """`backend.compile(spec)` once per constraint; each request's matcher from the cached grammar."""
+    """`backend.compile(spec)` once per constraint; each request's matcher from the cached grammar.
+
+    Requests may be admitted from several threads: the lock guards the LRU, not the compile, so a
+    long compile holds up no other request (two racing on one new constraint may both compile it).
+    """
 
     def __init__(self, backend: Any, capacity: int = 64) -> None:
         self.backend = backend
         self._capacity = capacity
         self._grammars: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
         self.compilations = 0
 
     def __len__(self) -> int:
         return len(self._grammars)
 
     def get(self, spec: GuidedSpec) -> Any:
-        grammar = self._grammars.get(spec.key)
-        if grammar is not None:
-            self._grammars.move_to_end(spec.key)
-            return grammar
+        with self._lock:
+            grammar = self._grammars.get(spec.key)
+            if grammar is not None:
+                self._grammars.move_to_end(spec.key)
+                return grammar
         grammar = self.backend.compile(spec)
-        self.compilations += 1
-        self._grammars[spec.key] = grammar
-        if len(self._grammars) > self._capacity:
-            self._grammars.popitem(last=False)
+        with self._lock:
+            self.compilations += 1
+            self._grammars[spec.key] = grammar
+            if len(self._grammars) > self._capacity:
+                self._grammars.popitem(last=False)
         return grammar
 
     def matcher(self, spec: GuidedSpec) -> Any:
