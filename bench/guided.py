@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
 """Per-step decode latency with and without guided decoding, per host-dispatch mode, in one run.
 
-    python bench/guided.py --out DIR [--tokenizer DIR] [--quick]
+    python bench/guided.py --out DIR [--tokenizer DIR] [--backends xgrammar llguidance] [--quick]
 
 The model is the random 1.2B Llama; the tokenizer a byte-level BPE trained here on a synthetic
-corpus (32k tokens unless --tokenizer gives one), so xgrammar computes real masks. Guided requests
+corpus (32k tokens unless --tokenizer gives one), so the grammar backend computes real masks. Guided requests
 follow an endless JSON-lines regex, so they run as long as free ones do (ignore_eos, max_tokens).
 The grammar work runs in a host callback captured in the decode graph; its wake-up latency is
 what the dispatch mode changes.
 
 Columns: greedy steps free and guided (the overhead the issue targets) and the host time inside
-the fill callback; the guided path with xgrammar's calls taken out (callback, copies, mask); and
-the same pair with temperature 1.0, which runs the general sampler. "Host" gives xgrammar's fill
-alone on this host, row by row (the engine's way) and through its thread pool.
+the fill callback; the guided path with the backend's calls taken out (callback, copies, mask); and
+the same pair with temperature 1.0, which runs the general sampler. "Host" gives each backend's fill
+alone on this host: xgrammar row by row (the engine's way) and through its thread pool, llguidance
+through its parallel call (the engine's way for it).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def step_time(
 
 @contextmanager
 def without_grammar_work(guided):
-    """The guided path with xgrammar's calls taken out: every row planned free; callback, copies, mask remain."""
+    """The guided path with the backend's calls taken out: every row planned free; callback, copies, mask remain."""
     enqueue = guided.enqueue
     free_fill = guided.filler.fill
     guided.enqueue = lambda seqs, total: enqueue([None] * len(seqs), total)
@@ -98,8 +99,42 @@ def fill_alone(guided, batch: int, calls=None, steps: int = 200) -> float:
         bits = np.unpackbits(mask.view(np.uint8), axis=1, bitorder="little")[:, : guided.vocab_size]
         for r, m in enumerate(matchers):
             allowed = np.flatnonzero(bits[r]).tolist()
-            m.accept_token(rng.choice([t for t in allowed if t > 2] or allowed))
+            calls.accept(m, rng.choice([t for t in allowed if t > 2] or allowed))
     return total / steps * 1e6
+
+
+def host_line(g, batches: list[int]) -> dict:
+    """The fill alone on this host, for the engine's guided decoder `g`."""
+    from fastpath.runtime.guided.matcher_calls import MatcherCalls, usable_cpus
+
+    host = {"fill": g.fill, "holds_gil": g.calls.holds_gil, "threads": g.calls.threads,
+            "usable_cpus": usable_cpus(), "os_cpu_count": os.cpu_count(),
+            "fill_alone_us": {b: fill_alone(g, b) for b in batches}}  # fmt: skip
+    if g.backend.name == "xgrammar":
+        host["fill_alone_pool_us"] = {b: fill_alone(g, b, MatcherCalls("auto")) for b in batches}
+    return host
+
+
+def measure(llm, grammar: str, mode: str, b: int, timing: tuple[int, int, int]) -> tuple[dict, list]:
+    """One row: free and guided steps, greedy and sampled, and the guided path without grammar work."""
+    backend = llm.executor.dispatcher.backend
+    ring = llm.executor.dispatcher.info().get("ring", "none")
+    g = llm.executor.guided
+    free = step_time(llm, b, False, *timing)
+    fills0, fill_s0 = g.fills, g.fill_seconds
+    guided = step_time(llm, b, True, *timing)
+    fill_us = (g.fill_seconds - fill_s0) / max(g.fills - fills0, 1) * 1e6
+    sampled = step_time(llm, b, False, *timing, temperature=1.0)
+    guided_sampled = step_time(llm, b, True, *timing, temperature=1.0)
+    with without_grammar_work(g):
+        plumbing = step_time(llm, b, True, *timing)
+    r = {"grammar": grammar, "mode": mode, "backend": backend, "ring": ring, "batch": b, "free_s": free,
+         "guided_s": guided, "host_fill_us": fill_us, "free_sampled_s": sampled,
+         "guided_sampled_s": guided_sampled, "guided_no_grammar_s": plumbing}  # fmt: skip
+    row = [grammar, mode, backend, ring, b, f"{free * 1e6:.0f}", f"{guided * 1e6:.0f}", f"{guided / free - 1:+.1%}",
+           f"{fill_us:.0f}", f"{plumbing * 1e6:.0f}", f"{sampled * 1e6:.0f}", f"{guided_sampled * 1e6:.0f}",
+           f"{guided_sampled / sampled - 1:+.1%}"]  # fmt: skip
+    return r, row
 
 
 def main() -> None:
@@ -107,6 +142,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--tokenizer", type=Path)
     ap.add_argument("--modes", nargs="+", default=["blocking", "spin"])
+    ap.add_argument("--backends", nargs="+", default=["xgrammar"], choices=["xgrammar", "llguidance"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
@@ -116,46 +152,26 @@ def main() -> None:
     from fastpath.runtime import LLM
 
     tok = tokenizer_dir(args.tokenizer, args.out)
-    short, long, repeats = (8, 40, 2) if args.quick else (16, 176, 5)
-    rows, payload = [], {"env": environment(), "rows": []}
-    for mode in args.modes:
-        llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=256,
-                  tokenizer=tok, guided_backend="xgrammar", dispatch_mode=mode)  # fmt: skip
-        backend = llm.executor.dispatcher.backend
-        ring = llm.executor.dispatcher.info().get("ring", "none")
-        g = llm.executor.guided
-        if mode == args.modes[0]:
-            from fastpath.runtime.guided.matcher_calls import MatcherCalls, usable_cpus
-
-            payload["host"] = {"fill": g.fill, "holds_gil": g.calls.holds_gil, "threads": g.calls.threads,
-                               "usable_cpus": usable_cpus(), "os_cpu_count": os.cpu_count(),
-                               "fill_alone_us": {b: fill_alone(g, b) for b in args.batch},
-                               "fill_alone_pool_us": {b: fill_alone(g, b, MatcherCalls("auto")) for b in args.batch}}  # fmt: skip
-            print("host:", payload["host"], flush=True)
-        for b in args.batch:
-            free = step_time(llm, b, False, short, long, repeats)
-            fills0, fill_s0 = g.fills, g.fill_seconds
-            guided = step_time(llm, b, True, short, long, repeats)
-            fill_us = (g.fill_seconds - fill_s0) / max(g.fills - fills0, 1) * 1e6
-            sampled = step_time(llm, b, False, short, long, repeats, temperature=1.0)
-            guided_sampled = step_time(llm, b, True, short, long, repeats, temperature=1.0)
-            with without_grammar_work(g):
-                plumbing = step_time(llm, b, True, short, long, repeats)
-            r = {"mode": mode, "backend": backend, "ring": ring, "batch": b, "free_s": free, "guided_s": guided,
-                 "host_fill_us": fill_us, "free_sampled_s": sampled, "guided_sampled_s": guided_sampled,
-                 "guided_no_grammar_s": plumbing}  # fmt: skip
-            payload["rows"].append(r)
-            rows.append(
-                [mode, backend, ring, b, f"{free * 1e6:.0f}", f"{guided * 1e6:.0f}", f"{guided / free - 1:+.1%}",
-                 f"{fill_us:.0f}", f"{plumbing * 1e6:.0f}", f"{sampled * 1e6:.0f}", f"{guided_sampled * 1e6:.0f}",
-                 f"{guided_sampled / sampled - 1:+.1%}"]
-            )  # fmt: skip
-            print(rows[-1], flush=True)
-        llm.close()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
+    timing = (8, 40, 2) if args.quick else (16, 176, 5)
+    rows, payload = [], {"env": environment(), "rows": [], "host": {}}
+    for grammar in args.backends:
+        for mode in args.modes:
+            llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=256,
+                      tokenizer=tok, guided_backend=grammar, dispatch_mode=mode)  # fmt: skip
+            if mode == args.modes[0]:
+                payload["host"][grammar] = host_line(llm.executor.guided, args.batch)
+                print(f"host ({grammar}):", payload["host"][grammar], flush=True)
+            for b in args.batch:
+                r, row = measure(llm, grammar, mode, b, timing)
+                payload["rows"].append(r)
+                rows.append(row)
+                print(row, flush=True)
+            llm.close()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
     headers = [
+        "grammar",
         "mode",
         "backend",
         "ring",

@@ -107,10 +107,11 @@ class GuidedAdmission:
         self._lock = threading.Lock()
 
     def state(self, guided: Any) -> Any:
+        from ..guided.backends import off_message
         from ..guided.spec import parse_spec
 
         if self.decoder is None:
-            raise ValueError(f"guided decoding is off in this engine: {self.hint}")
+            raise ValueError(off_message(self.hint))
         spec = parse_spec(guided)
         with self._lock:
             return self.decoder.state_for(spec)

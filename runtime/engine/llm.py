@@ -26,6 +26,7 @@ import torch
 
 from fastpath.vocab import CATALOG_MODELS, RANDOM_PREFIX
 
+from ..guided.backends import resolve_backend
 from ..hooks import RuntimeHooks, runtime_hooks_of
 from ..model.config import ModelConfig
 from ..model.presets import resolve_random
@@ -66,8 +67,10 @@ class LLM:
         cfg, checkpoint = _resolve_model(model, o.seed, model_dtype(o))
         config = engine_config(cfg, checkpoint, o)
         self.tokenizer = resolve_tokenizer(config.tokenizer, checkpoint, cfg.vocab_size)
-        backend, self._guided_hint = _resolve_guided(
-            o.guided_backend, self.tokenizer, config.tensor_parallel_size
+        backend, self._guided_hint = resolve_backend(
+            o.guided_backend,
+            has_tokenizer=self.tokenizer is not None,
+            tensor_parallel_size=config.tensor_parallel_size,
         )
         self.config = dataclasses.replace(config, guided_backend=backend)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
@@ -388,26 +391,6 @@ def _failed(request_id: str, prompt: Any, error: str) -> RequestOutput:
     return RequestOutput(
         request_id, text, [], None, [CompletionOutput(0, "", [], finish_reason="error")], True, error
     )
-
-
-def _resolve_guided(name: str, tokenizer: Any, tp: int) -> tuple[str, str]:
-    """(the backend to build, the hint a guided request gets when it is 'none')."""
-    install = "install a backend: pip install 'fastpath-llm[guided]'"
-    if name != "auto":
-        return (
-            name,
-            f"this engine was built with guided_backend={name!r}; {install} and pass guided_backend='auto'",
-        )
-    import importlib.util
-
-    if tokenizer is None:
-        return "none", "this model has no tokenizer, which guided decoding needs"
-    if tp > 1:
-        return "none", "guided decoding with tensor_parallel_size > 1 is not supported yet"
-    if importlib.util.find_spec("xgrammar") is not None:
-        log.info("guided decoding: xgrammar")
-        return "xgrammar", ""
-    return "none", f"no guided-decoding backend is installed; {install}"
 
 
 def _resolve_model(model: Any, seed: int, dtype: torch.dtype) -> tuple[ModelConfig, Path | None]:

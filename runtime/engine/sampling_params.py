@@ -8,6 +8,7 @@ stop ids fit a step) are checked again at admission (engine/admission.py).
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +63,7 @@ class GuidedDecodingParams:
 
 def _check(ok: bool, name: str, allowed: str, value: Any) -> None:
     if not ok:
-        raise ValueError(f"SamplingParams.{name} must be {allowed}, got {value!r:.80}")
+        raise ValueError(f"SamplingParams.{name} must be {allowed}, got {reprlib.repr(value)}")
 
 
 def _is_int(v: Any) -> bool:

@@ -1,5 +1,6 @@
-"""Guided decoding: requests constrained by a JSON schema, a regex or a grammar (xgrammar)."""
+"""Guided decoding: requests constrained by a JSON schema, a regex, a choice or a grammar (xgrammar or llguidance)."""
 
-from .spec import GuidedSpec, parse_spec
+from .backends import install_line, off_message, resolve_backend
+from .spec import GrammarError, GuidedSpec, parse_spec
 
-__all__ = ["GuidedSpec", "parse_spec"]
+__all__ = ["GrammarError", "GuidedSpec", "install_line", "off_message", "parse_spec", "resolve_backend"]

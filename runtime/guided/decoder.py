@@ -7,8 +7,9 @@ sampling. The callback takes no per-step arguments, so a CUDA graph can replay i
 step's row plan from a queue the host fills, in launch order, before each launch.
 
 The callback is C++ (guided_fill.hpp) where the dispatch extension and xgrammar allow it: it never
-takes the GIL, so it runs beside the engine's Python thread. Otherwise it is Python, with
-xgrammar's calls holding the GIL (matcher_calls.py says why).
+takes the GIL, so it runs beside the engine's Python thread. Otherwise it is Python: with xgrammar,
+its calls hold the GIL (matcher_calls.py says why); with llguidance, one parallel call per step
+fills every row off the GIL (llguidance_backend.py).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any
 
 import torch
 
+from .backends import check_name, make_backend, resolve_backend
 from .grammar_cache import GrammarCache
-from .matcher_calls import MatcherCalls
 from .native_fill import matcher_api, matcher_handle
 from .python_fill import PythonFill, PythonRow
-from .spec import GuidedSpec
+from .spec import GuidedSpec, parse_spec
 
 log = logging.getLogger("fastpath.guided")
 
@@ -45,32 +46,37 @@ class GuidedState:
 class GuidedDecoder:
     @classmethod
     def for_engine(cls, config, extension: Any = None) -> GuidedDecoder | None:
-        """The engine's guided decoder, or None when guided decoding is off."""
-        if config.guided_backend == "none":
+        """The engine's guided decoder, or None when guided decoding is off.
+
+        The engine resolves "auto" first (backends.resolve_backend); "auto" still works here, so an
+        engine that passes it through gets the same choice.
+        """
+        name = check_name(config.guided_backend)
+        if name == "none":
             return None
-        if config.guided_backend != "xgrammar":
-            raise ValueError(f"guided_backend: {config.guided_backend!r} is not supported (none, xgrammar)")
-        if config.tensor_parallel_size > 1:
-            raise ValueError("guided decoding with tensor_parallel_size > 1 is not supported yet")
         from ..model.tokenizer import resolve_tokenizer
 
         tokenizer = resolve_tokenizer(config.tokenizer, config.checkpoint, config.model.vocab_size)
-        if tokenizer is None:
-            raise ValueError("guided decoding needs the model's tokenizer, and this model has none")
+        name, _ = resolve_backend(
+            name, has_tokenizer=tokenizer is not None, tensor_parallel_size=config.tensor_parallel_size
+        )
+        if name == "none":
+            return None
         rows = max(config.max_batch_size, *config.graph_batch_sizes, 1)
-        return cls(tokenizer, config.model.vocab_size, rows, config.device, extension=extension)
+        backend = make_backend(name, tokenizer, config.model.vocab_size)
+        return cls(backend, rows, config.device, extension=extension)
 
     def __init__(
         self,
-        tokenizer: Any,
-        vocab_size: int,
+        backend: Any,  # backends.make_backend's: XGrammarBackend or LLGuidanceBackend
         max_rows: int,
         device: torch.device,
         capacity: int = 64,
         extension: Any = None,
     ):
-        self.cache = GrammarCache(tokenizer, vocab_size, capacity)
-        self.vocab_size = vocab_size
+        self.backend = backend
+        self.cache = GrammarCache(backend, capacity)
+        self.vocab_size = vocab_size = backend.vocab_size
         self.words = -(-vocab_size // 32)
         pinned = device.type == "cuda"
         self.host_tokens = torch.zeros(max_rows, dtype=torch.int64, pin_memory=pinned)
@@ -81,9 +87,11 @@ class GuidedDecoder:
         cols = torch.arange(vocab_size, device=device)
         self._word = cols // 32
         self._bit = (cols % 32).to(torch.int32)
-        self.calls = MatcherCalls()
+        self.calls = backend.calls
         self._extension = extension
-        self._api = matcher_api(extension) if extension is not None else None
+        # The C++ fill calls xgrammar's matchers through tvm-ffi; any other backend fills from Python.
+        native = extension is not None and backend.name == "xgrammar"
+        self._api = matcher_api(extension) if native else None
         if self._api is not None:
             self.filler = extension.GuidedFill(
                 self.host_tokens, self.host_mask, self.host_rows, max_rows, self.words
@@ -107,8 +115,13 @@ class GuidedDecoder:
 
     # --- requests ---------------------------------------------------------------------------------
 
-    def state_for(self, spec: GuidedSpec) -> GuidedState:
-        """A fresh matcher; raises GrammarError when the constraint does not compile."""
+    def state_for(self, spec: GuidedSpec | Any) -> GuidedState:
+        """A fresh matcher for a GuidedSpec or a request's raw constraint dict.
+
+        Raises ValueError for a malformed constraint and GrammarError (a ValueError) for one that
+        does not compile: either is the request's own error.
+        """
+        spec = parse_spec(spec)
         matcher = self.cache.matcher(spec)
         if self._api is not None:
             return GuidedState(spec, matcher, self._extension.GuidedRow(self._api, matcher_handle(matcher)))

@@ -1,4 +1,4 @@
-"""xgrammar's batch calls, made with the GIL held from start to end.
+"""xgrammar's matcher calls for the Python fill, made with the GIL held from start to end.
 
 xgrammar's tvm-ffi bindings release the GIL on every call. In a host callback that makes several
 calls per step, each return must win the GIL back from the engine's Python thread, and a busy
@@ -74,7 +74,8 @@ class MatcherCalls:
             else matcher.accept_token(token)
         )
 
-    def terminated(self, matcher: Any) -> bool:
+    def terminated(self, matcher: Any, token: int) -> bool:
+        """Whether `matcher` ended with `token`, its last accepted one (xgrammar knows without it)."""
         return bool(self._terminated(matcher._handle)) if self.holds_gil else matcher.is_terminated()
 
     def fill(self, matchers: list[Any], bitmask: Any, rows: list[int]) -> None:

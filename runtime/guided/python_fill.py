@@ -1,4 +1,4 @@
-"""The guided fill in Python: the fallback for an xgrammar not built on tvm-ffi.
+"""The guided fill in Python: llguidance's, and the fallback for an xgrammar not built on tvm-ffi.
 
 `PythonFill` and `PythonRow` have the interface of the dispatch extension's `GuidedFill` and
 `GuidedRow` (cpp/include/fastpath/guided_fill.hpp), so the decoder drives either. The callback
@@ -14,15 +14,13 @@ from typing import Any
 
 import torch
 
-from .matcher_calls import MatcherCalls
-
 
 class PythonRow:
     """A request's matcher driven from Python."""
 
     __slots__ = ("accepted", "calls", "error", "matcher", "terminated")
 
-    def __init__(self, matcher: Any, calls: MatcherCalls) -> None:
+    def __init__(self, matcher: Any, calls: Any) -> None:  # MatcherCalls or LLGuidanceCalls
         self.matcher, self.calls = matcher, calls
         self.accepted, self.error, self.terminated = 0, None, False
 
@@ -37,15 +35,13 @@ class PythonRow:
         if not self.calls.accept(self.matcher, token):
             self.error = f"token {token} was sampled outside the grammar"
         else:
-            self.terminated = self.calls.terminated(self.matcher)
+            self.terminated = self.calls.terminated(self.matcher, token)
 
 
 class PythonFill:
     """Each decode step's bitmask, filled by a Python host callback from a queue of row plans."""
 
-    def __init__(
-        self, tokens: torch.Tensor, mask: torch.Tensor, flags: torch.Tensor, calls: MatcherCalls
-    ) -> None:
+    def __init__(self, tokens: torch.Tensor, mask: torch.Tensor, flags: torch.Tensor, calls: Any) -> None:
         self.calls = calls
         self._tokens, self._mask, self._flags = tokens.numpy(), mask.numpy(), flags.numpy()
         self._plans: deque[list[Any]] = deque()

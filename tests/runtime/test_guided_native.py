@@ -1,0 +1,117 @@
+"""xgrammar's own paths: its calls hold the GIL in the Python fill, and the dispatch extension's C++
+fill drives its matchers without the GIL and gives the Python fill's tokens."""
+
+import warnings
+
+import pytest
+from guided_cases import PROMPTS, SCHEMAS
+
+from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime.guided.spec import parse_spec
+
+pytest.importorskip("xgrammar")
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_text_checkpoint):
+    engine = LLM(
+        str(tiny_text_checkpoint), device="cpu", max_seq_len=320, max_batch_size=8, guided_backend="xgrammar"
+    )
+    yield engine
+    engine.close()
+
+
+def _guided(spec, seed, max_tokens=200):
+    return SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed, guided=spec)
+
+
+def test_matcher_calls_hold_the_gil_without_touching_xgrammars_own_wrappers(llm):
+    from xgrammar.tvm_ffi_binding import BatchGrammarMatcher
+
+    calls = llm.executor.guided.calls
+    assert calls.holds_gil, "the installed xgrammar exposes its tvm-ffi methods; the fill must hold the GIL"
+    assert calls._fill.release_gil is False
+    shared = {m.name: m.func for m in BatchGrammarMatcher.__tvm_ffi_type_info__.methods}
+    assert (
+        shared["batch_fill_next_token_bitmask"].release_gil is True
+    )  # other users in the process keep theirs
+
+
+def test_the_native_binding_runs_the_fill_in_cpp(llm):
+    assert llm.executor.guided.fill == "native"
+
+
+def test_the_python_fill_gives_the_same_tokens_as_the_native_fill(tiny_text_checkpoint, llm, monkeypatch):
+    from fastpath.runtime.guided import decoder
+
+    monkeypatch.setattr(decoder, "matcher_api", lambda extension: None)
+    python = LLM(
+        str(tiny_text_checkpoint), device="cpu", max_seq_len=320, max_batch_size=8, guided_backend="xgrammar"
+    )
+    assert python.executor.guided.fill == "python"
+    params = [_guided({"json_schema": schema}, seed) for seed, schema in enumerate(SCHEMAS.values())]
+    prompts = (PROMPTS * 2)[: len(params)]
+    native_outs, python_outs = llm.generate(prompts, params), python.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in native_outs] == [o.outputs[0].token_ids for o in python_outs]
+    python.close()
+
+
+def test_a_native_fill_on_a_worker_thread_matches_xgrammar_and_reports_refused_tokens(llm):
+    """The doorbell's worker (a simulated device) runs the fill: no GIL, not the launching thread."""
+    import numpy as np
+    import xgrammar as xgr
+    from hostdispatch_exts import sim_extension
+
+    from fastpath.runtime import _hostdispatch as ext
+    from fastpath.runtime.dispatch.dispatcher import HostDispatcher, HostDispatchFallbackWarning
+
+    g = llm.executor.guided
+    sim = sim_extension()
+    stream = sim.SimStream()
+    with warnings.catch_warnings():  # the fall back to the doorbell warns once per process
+        warnings.simplefilter("ignore", HostDispatchFallbackWarning)
+        d = HostDispatcher("spin", extension=ext, device=sim.SimDevice(hostfunc_v2=False), stream=stream)
+    assert d.backend == "doorbell"
+    spec = parse_spec({"regex": "[a-z]{2,6}!"})
+    state, reference = g.state_for(spec), xgr.GrammarMatcher(g.cache.get(spec))
+    good = llm.tokenizer.encode("ab", add_special_tokens=False)[0]
+    bad = llm.tokenizer.encode("9", add_special_tokens=False)[0]
+    assert reference.accept_token(good)
+    expected = np.full((1, g.words), -1, dtype=np.int32)
+    reference.fill_next_token_bitmask(expected, 0)
+    seqs = [None, type("Seq", (), {"guided": state})()]
+    for token, live in ((good, True), (bad, False)):
+        g.host_tokens[1] = token
+        g.enqueue(seqs, 3)
+        d.launch_guided_fill(g.filler)
+        stream.synchronize()
+        assert state.row.live is live and g.host_rows[:3].tolist() == [0, int(live), 0]
+        if live:
+            assert (g.host_mask[1].numpy() == expected[0]).all()
+    assert state.row.accepted == 2 and state.error == f"token {bad} was sampled outside the grammar"
+    d.shutdown(5.0)
+    stream.close()
+
+
+def test_a_native_fill_reports_a_step_without_a_plan_and_refuses_bad_buffers_and_long_plans(llm):
+    import torch
+
+    from fastpath.runtime import _hostdispatch as ext
+    from fastpath.runtime.dispatch.dispatcher import HostDispatcher
+
+    tokens, flags = torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.int32)
+    fill = ext.GuidedFill(tokens, torch.zeros(4, 3, dtype=torch.int32), flags, 4, 3)
+    d = HostDispatcher("inline", device="cpu")
+    d.launch_guided_fill(fill)  # nothing enqueued
+    assert fill.take_errors() == [
+        "a guided fill ran with no row plan queued: this step's rows run unconstrained"
+    ]
+    assert flags.tolist() == [0, 0, 0, 0] and fill.take_errors() == []
+    with pytest.raises(ValueError, match="a row plan of 5 rows; this fill holds 4"):
+        fill.enqueue([None] * 5)
+    with pytest.raises(
+        ValueError, match="GuidedFill: mask is not a contiguous CPU tensor of the expected size"
+    ):
+        ext.GuidedFill(tokens, torch.zeros(3, 4, dtype=torch.int32).t(), flags, 4, 3)
+    with pytest.raises(ValueError, match="GuidedFill: tokens is not a contiguous CPU tensor"):
+        ext.GuidedFill(tokens.int(), torch.zeros(4, 3, dtype=torch.int32), flags, 4, 3)
