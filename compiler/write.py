@@ -4,22 +4,21 @@
   cached build stays a no-op.
 - New content is staged in a temporary folder beside the package, then renamed into place: a
   failure while writing leaves the package as it was.
-- Files the package no longer has are removed, but only files carrying the @generated marker:
-  build products and anything else the compiler did not write are never touched.
-- A folder that is not a generated package is never written into.
+- Files the package no longer has are removed, but only files the previous lock file lists as
+  written by the compiler: build products and anything else are never touched.
+- A folder that is not a generated package (it has no lock file) is never written into.
 - The build folder is outside all of this.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-from .header import is_generated
 
 BUILD_DIR = "build"
 _SKIPPED_DIRS = {BUILD_DIR, "__pycache__"}
@@ -42,22 +41,28 @@ class Drift:
     kind: str  # "differs" | "missing" | "stale"
 
 
+def lock_files(folder: Path) -> list[str] | None:
+    """The files the compiler wrote into `folder`, as its lock file lists them; None without a lock."""
+    for lock in folder.glob("*/manifest.lock.json"):
+        try:
+            data = json.loads(lock.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or "_generated" not in data:
+            continue
+        files = data.get("files", [])  # an older compiler's lock lists none: remove nothing
+        if isinstance(files, list) and all(isinstance(f, str) for f in files):
+            return files
+    return None
+
+
 def is_generated_package(folder: Path) -> bool:
-    return is_generated(folder / "pyproject.toml")
+    return lock_files(folder) is not None
 
 
 def owned_files(folder: Path) -> set[str]:
-    """Files under `folder` that carry the @generated marker, outside the build folder."""
-    return {rel for rel in _walk(folder, folder) if is_generated(folder / rel)}
-
-
-def _walk(root: Path, folder: Path) -> Iterator[str]:
-    for entry in os.scandir(folder):
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name not in _SKIPPED_DIRS and not entry.name.endswith(".egg-info"):
-                yield from _walk(root, Path(entry.path))
-        elif entry.is_file(follow_symlinks=False):
-            yield Path(entry.path).relative_to(root).as_posix()
+    """Files under `folder` that the previous compile wrote (its lock file says which) and that are still there."""
+    return {rel for rel in lock_files(folder) or () if (folder / rel).is_file()}
 
 
 def _same(path: Path, data: bytes) -> bool:
@@ -86,7 +91,7 @@ def _check_target(folder: Path) -> None:
         raise NotAGeneratedPackage(f"{folder} exists and is not a folder")
     if folder.is_dir() and any(folder.iterdir()) and not is_generated_package(folder):
         raise NotAGeneratedPackage(
-            f"{folder} is not a generated package (its pyproject.toml has no @generated marker); "
+            f"{folder} is not a generated package (it has no <package>/manifest.lock.json); "
             "refusing to write into it. Choose another -o, or remove the folder."
         )
 

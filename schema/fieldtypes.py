@@ -30,6 +30,25 @@ _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 IMPORT_PATH_PATTERN = rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$"
 PACKAGE_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
 PACKAGE_NAME_MAX = 64
+# Names a generated package may never take, installed here or not: the folders of a generated
+# package and its output folder, and the tools that build and test packages.
+RESERVED_PACKAGES = {
+    "build": "the build folder of every generated package (and PyPA's `build`)",
+    "dist": "the wheelhouse folder that `--build` writes beside the packages",
+    "src": "the C++ source folder of every generated package",
+    "pytest": "the test runner",
+    "_pytest": "the test runner",
+    "conftest": "the test runner's configuration modules",
+    "test": "the standard library's tests and test runners' folders",
+    "tests": "test runners' folders",
+    "pip": "the package installer",
+    "setuptools": "the build backend",
+    "wheel": "the wheel builder",
+    "pybind11": "the C++ bindings every generated package builds with",
+    "scikit_build_core": "the build backend of every generated package",
+    "cmake": "the build tool",
+    "ninja": "the build tool",
+}
 
 
 def _identifier_problem(part: str) -> str:
@@ -72,6 +91,10 @@ def _check_package_name(name: str) -> str:
         raise ValueError(f"{name!r} would make the package {package!r}, a Python keyword")
     if package == "fastpath" or package in sys.stdlib_module_names:
         raise ValueError(f"{name!r} would make the package {package!r}, which shadows an existing module")
+    if package in RESERVED_PACKAGES:
+        raise ValueError(
+            f"{name!r} would make the package {package!r}, a name taken by {RESERVED_PACKAGES[package]}"
+        )
     return name
 
 

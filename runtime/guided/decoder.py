@@ -13,6 +13,7 @@ xgrammar's calls holding the GIL (matcher_calls.py says why).
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +53,11 @@ class GuidedDecoder:
             raise ValueError(f"guided_backend: {config.guided_backend!r} is not supported (none, xgrammar)")
         if config.tensor_parallel_size > 1:
             raise ValueError("guided decoding with tensor_parallel_size > 1 is not supported yet")
+        if importlib.util.find_spec("xgrammar") is None:
+            raise ModuleNotFoundError(
+                "guided_backend 'xgrammar' needs the xgrammar package: pip install 'fastpath-llm[guided]'",
+                name="xgrammar",
+            )
         from ..tokenizer import resolve_tokenizer
 
         tokenizer = resolve_tokenizer(config.tokenizer, config.checkpoint, config.model.vocab_size)

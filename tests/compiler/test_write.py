@@ -1,5 +1,6 @@
 """write: atomic, write-if-different, removes only what it generated, refuses foreign folders."""
 
+import json
 import os
 from pathlib import Path
 
@@ -8,12 +9,15 @@ import pytest
 from fastpath.compiler.header import MARKER
 from fastpath.compiler.write import NotAGeneratedPackage, drift, write_package
 
-HEADER = f"# {MARKER} from m.yaml (sha256 0)\n"
+HEADER = f"# {MARKER} from templates/x.j2. Do not edit.\n"
+LOCK = "pkg/manifest.lock.json"
 
 
 def package(**extra):
+    """A package's files; its lock file lists them, as render() writes it."""
     files = {"pyproject.toml": HEADER + "[project]\n", "pkg/__init__.py": HEADER + "X = 1\n"}
     files.update({k.replace("__", "/"): HEADER + v for k, v in extra.items()})
+    files[LOCK] = json.dumps({"_generated": MARKER, "files": sorted([*files, LOCK])}, indent=2) + "\n"
     return files
 
 
@@ -26,7 +30,7 @@ def age(path: Path, seconds: int = 1000) -> int:
 def test_a_new_package_appears_whole(tmp_path):
     target = tmp_path / "out" / "m"
     result = write_package(package(), target)
-    assert sorted(result.written) == ["pkg/__init__.py", "pyproject.toml"]
+    assert sorted(result.written) == ["pkg/__init__.py", LOCK, "pyproject.toml"]
     assert (target / "pkg" / "__init__.py").read_text() == HEADER + "X = 1\n"
     assert oct(target.stat().st_mode & 0o777) == "0o755"
     assert [p.name for p in target.parent.iterdir()] == ["m"]  # no staging folder left
@@ -39,7 +43,7 @@ def test_unchanged_files_keep_their_mtime_and_changed_ones_are_replaced(tmp_path
     files = package()
     files["pkg/__init__.py"] = HEADER + "X = 2\n"
     result = write_package(files, tmp_path)
-    assert result.written == ("pkg/__init__.py",) and result.unchanged == ("pyproject.toml",)
+    assert result.written == ("pkg/__init__.py",) and set(result.unchanged) == {"pyproject.toml", LOCK}
     assert (tmp_path / "pyproject.toml").stat().st_mtime_ns == stamp
     assert (tmp_path / "pkg" / "__init__.py").stat().st_mtime_ns != init_stamp
     assert write_package(files, tmp_path).written == ()
@@ -122,4 +126,4 @@ def test_drift_reports_missing_differing_and_stale_files(tmp_path):
     now = package(pkg__new="N = 1\n")
     now["pyproject.toml"] += "# edited\n"
     kinds = {d.path: d.kind for d in drift(now, tmp_path)}
-    assert kinds == {"pyproject.toml": "differs", "pkg/new": "missing", "pkg/old": "stale"}
+    assert kinds == {"pyproject.toml": "differs", "pkg/new": "missing", "pkg/old": "stale", LOCK: "differs"}
