@@ -156,10 +156,13 @@ def _check(units: list[Unit], rendered: list[dict[str, str]], command: list[str]
 
 
 def _write(units: list[Unit], rendered: list[dict[str, str]]) -> int:
-    from .write import NotAGeneratedPackage, write_package
+    from .write import NotAGeneratedPackage, check_target, write_package
 
+    pairs = list(zip(units, rendered, strict=True))
     try:
-        for u, files in zip(units, rendered, strict=True):
+        for u, files in pairs:  # refuse before anything is written
+            check_target(u.folder, files)
+        for u, files in pairs:
             result = write_package(files, u.folder)
             print(
                 f"{_shown(u.folder)}: {len(result.written)} written, "

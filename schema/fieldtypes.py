@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 from pydantic.fields import FieldInfo
 
-from .names import FMHA_LIBRARIES, RANDOM_PREFIX, RANDOM_PRESETS
+from .names import FMHA_LIBRARIES, LLM_INT_BOUNDS, RANDOM_PREFIX, RANDOM_PRESETS
 from .suggest import did_you_mean
 
 Status = Literal["stable", "prototype"]
@@ -24,6 +24,12 @@ Status = Literal["stable", "prototype"]
 def spec(default: Any = ..., *, doc: str, status: Status = "stable", **kwargs: Any) -> FieldInfo:
     """A model field with its documentation and API status (shown in the JSON Schema)."""
     return Field(default, description=doc, json_schema_extra={"status": status}, **kwargs)
+
+
+def bounds(llm_kwarg: str) -> dict[str, int]:
+    """ge= and le= of a field, from the bounds the runtime enforces too (fastpath.vocab)."""
+    least, greatest = LLM_INT_BOUNDS[llm_kwarg]
+    return {"ge": least, "le": greatest}
 
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -131,7 +137,6 @@ def _exactly_auto_or_bool(value: Any) -> Any:
 
 
 PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
 
 PackageName = Annotated[
     str,
@@ -145,5 +150,6 @@ ImportPath = Annotated[
     WithJsonSchema({"type": "string", "pattern": IMPORT_PATH_PATTERN}),
 ]
 FmhaName = Literal[FMHA_LIBRARIES]
+FmhaOrder = Annotated[tuple[FmhaName, ...], Field(min_length=1)]
 BatchSizes = Annotated[tuple[PositiveInt, ...], Field(min_length=1), AfterValidator(_strictly_increasing)]
 AutoOrBool = Annotated[Literal["auto", True, False], BeforeValidator(_exactly_auto_or_bool)]

@@ -78,3 +78,30 @@ def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
     """Powers of two below max_batch_size, then max_batch_size itself: 12 -> (1, 2, 4, 8, 12)."""
     sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
     return (*sizes, max_batch_size)
+
+
+# --- bounds ---------------------------------------------------------------------------------------
+
+# fastpath.runtime.LLM keyword -> (least, greatest) value. The manifest schema and the runtime's
+# argument checks both read this table, so what a manifest may say is what the engine accepts.
+LLM_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "max_batch_size": (1, 4096),
+    "max_seq_len": (2, 1 << 20),
+    "seed": (0, (1 << 63) - 1),  # a signed 64-bit integer, as torch's generators and the kernels take it
+    "tensor_parallel_size": (1, 64),
+}
+
+
+def bound_cases() -> tuple[tuple[dict[str, object], bool], ...]:
+    """(LLM keyword arguments, accepted?) on each side of every bound, for both sides to test.
+
+    The schema's test writes each case as a manifest; the runtime's passes it to its argument
+    checks (before any model loads). Both must agree with `accepted`.
+    """
+    cases: list[tuple[dict[str, object], bool]] = []
+    for key, (least, greatest) in LLM_INT_BOUNDS.items():
+        cases += [({key: least - 1}, False), ({key: least}, True)]
+        cases += [({key: greatest}, True), ({key: greatest + 1}, False)]
+    cases += [({"seed": 1 << 64}, False)]  # past 64 bits
+    cases += [({"fmha_enabled": ()}, False), ({"fmha_enabled": ("sdpa_math",)}, True)]  # none is no order
+    return tuple(cases)

@@ -147,3 +147,11 @@ def test_bin_compile_says_when_it_runs_under_the_checkouts_venv(tmp_path):
     if has_fastpath.returncode != 0:
         assert "bin/compile: fastpath is not installed for " in done.stderr
         assert f"running under {REPO / '.venv/bin/python'}" in done.stderr
+
+
+def test_a_refused_output_folder_exits_2_before_any_package_is_written(repo, capsys):
+    (repo / "generated/two").mkdir(parents=True)
+    (repo / "generated/two/README").write_text("mine\n")
+    assert run(repo, "examples/one.yaml", "examples/two.yaml") == 2
+    assert "generated/two is not a generated package" in capsys.readouterr().err
+    assert sorted(p.name for p in (repo / "generated").iterdir()) == ["two"]

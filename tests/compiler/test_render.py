@@ -159,8 +159,35 @@ def write_tree(files, root):
         target.write_text(text, encoding="utf-8")
 
 
+SHADOWING = """\
+schema_version: 1
+name: shadowing
+model: {checkpoint: "random:tiny-llama"}
+hooks:
+  decode_prologue: shadow_hooks:_decode_prologue
+  executor_events:
+    after_warmup: [shadow_hooks:instantiate, shadow_hooks:call_hook]
+    before_overlap_loop: [shadow_hooks:Executor, shadow_hooks:hook]
+    at_shutdown: [shadow_hooks:super, shadow_hooks:ExecutorCore, shadow_hooks:_at_shutdown]
+"""
+
+
+LONG_NAMES = """\
+schema_version: 1
+name: long-names
+model: {checkpoint: "random:tiny-llama"}
+hooks:
+  decode_prologue: a_rather_long_package_name.with_a_long_module.path_inside:AVeryLongDecodePrologueClassName
+  executor_events:
+    after_warmup: [logging.config:dictConfig, zz.yy:Aa, zz.yy:aa, zz.yy:AA]
+    at_shutdown: [a_rather_long_package_name.with_a_long_module.path_inside:a_very_long_shutdown_hook_name,
+      m:b, m:c, m:d, m:e, m:f, m:g, m:h, m:i, m:j, m:k, m:l]
+"""
+
+
 def test_generated_python_passes_ruff(tmp_path):
-    for i, text in enumerate([ALL_HOOKS, BASELINE, *(e.read_text() for e in EXAMPLES)]):
+    texts = [ALL_HOOKS, BASELINE, SHADOWING, LONG_NAMES, *(e.read_text() for e in EXAMPLES)]
+    for i, text in enumerate(texts):
         write_tree(compile_text(text)[1], tmp_path / str(i))
     ruff = [sys.executable, "-m", "ruff"]
     config = ["--config", str(REPO / "pyproject.toml")]
@@ -193,3 +220,28 @@ def test_rendering_does_not_depend_on_the_process():
         for seed in ("1", "2")
     }
     assert len(digests) == 1
+
+
+def test_hooks_named_like_the_generated_codes_own_names_shadow_nothing(tmp_path, monkeypatch):
+    _, files = compile_text(SHADOWING)
+    source = files["shadowing/executor.py"]
+    (tmp_path / "shadow_hooks.py").write_text(
+        "".join(f"def {n}(executor):\n    return '{n}'\n\n\n" for n in ["_decode_prologue", "super", "hook"])
+        + "".join(
+            f"{n} = {n!r}\n" for n in ["instantiate", "call_hook", "Executor", "ExecutorCore", "_at_shutdown"]
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    namespace = {"__name__": "shadowing.executor"}
+    exec(compile(source, "executor.py", "exec"), namespace)
+
+    from fastpath.runtime import hooks
+    from fastpath.runtime.executor_core import ExecutorCore
+
+    assert namespace["instantiate"] is hooks.instantiate and namespace["call_hook"] is hooks.call_hook
+    assert namespace["Executor"].__bases__ == (ExecutorCore,) and namespace["ExecutorCore"] is ExecutorCore
+    assert "super" not in namespace and "hook" not in namespace
+    assert namespace["_decode_prologue"](None) == "_decode_prologue"  # the hook object, instantiated
+    assert len(namespace["_at_shutdown"]) == 3  # the template's tuple, not the hook named _at_shutdown
+    hook_names = {k for k in namespace if k.startswith("hook_")}
+    assert hook_names == {f"hook_{i}" for i in range(1, 9)}
