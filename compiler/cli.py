@@ -1,8 +1,11 @@
-"""fastpath-compile (bin/compile) MANIFEST... [-o DIR] [--check | --explain | --build | --install]
+"""fastpath-compile (bin/compile) MANIFEST... [-o DIR] [--validate | --check | --explain | --build | --install]
 
 Exit status: 0 ok; 1 drift under --check, or a failed write or build; 2 a refusal: an invalid
 manifest, a name that would collide, an output folder the compiler will not write into
-(messages on stderr, nothing written).
+(messages on stderr, or stdout in --format github|json; nothing written).
+
+--validate runs every check that needs no GPU, checkpoint weights or torch, and writes nothing:
+this module and what it imports on that path stay free of torch, Jinja and the build.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastpath.schema.errors import Diagnostic, ManifestError
+from fastpath.schema.errors import Diagnostic, ManifestError, sort_key
 from fastpath.schema.loader import LoadedManifest, load_manifest
 
 from . import collisions
 from .plan import Plan
+from .report import FORMATS, render_diagnostics
 from .resolve import resolve
 
 OK, FAILED, INVALID = 0, 1, 2
@@ -36,7 +40,7 @@ class Unit:
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Compile fastpath manifests into generated packages.")
-    p.add_argument("manifests", nargs="+", metavar="MANIFEST", help="manifest YAML files")
+    p.add_argument("manifests", nargs="*", metavar="MANIFEST", help="manifest YAML files")
     p.add_argument(
         "-o",
         "--output-dir",
@@ -44,6 +48,12 @@ def parser(prog: str) -> argparse.ArgumentParser:
         help="where packages go, one folder per manifest name (default: ./generated)",
     )
     mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--validate",
+        action="store_true",
+        help="check the manifests (schema, cross-field rules, names, tensor-parallel sizes) without "
+        "torch; write nothing; exit 2 if one is invalid",
+    )
     mode.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if a package is out of date"
     )
@@ -55,6 +65,16 @@ def parser(prog: str) -> argparse.ArgumentParser:
     )
     mode.add_argument(
         "--install", action="store_true", help="--build, then install each package (see --python)"
+    )
+    mode.add_argument(
+        "--print-schema", action="store_true", help="print the manifest JSON Schema this fastpath reads"
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="how to print manifest errors: file:line:col lines (text), GitHub Actions workflow "
+        "commands (github), or a JSON list of {file, line, column, path, message} (json)",
     )
     p.add_argument(
         "--python",
@@ -72,6 +92,13 @@ def manifest_path(manifest: str, out_dir: Path) -> str:
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -> int:
     args = parser(prog).parse_args(argv)
+    if args.print_schema:
+        from fastpath.schema import json_schema_path
+
+        print(json_schema_path().read_text(encoding="utf-8"), end="")
+        return OK
+    if not args.manifests:
+        parser(prog).error("give at least one MANIFEST")
     if args.python and not args.install:
         parser(prog).error("--python goes with --install")
     out_dir = args.output_dir or Path.cwd() / "generated"
@@ -81,9 +108,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -
     except OSError as exc:  # the compiler's own failure, not the manifest's
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
-    if problems:
-        print("\n".join(map(str, problems)), file=sys.stderr)
-        return INVALID
+    if problems or args.validate:
+        return _report(problems, args.format, [u.loaded.filename for u in units])
     if args.explain:
         from .explain import explain
 
@@ -121,7 +147,19 @@ def prepare(
         if install_python:
             problems += collisions.taken(loaded_plans, install_python, f"in {install_python}'s environment")
     units = [Unit(loaded, plan, out_dir / plan.name) for loaded, plan in loaded_plans]
-    return units, sorted(set(problems), key=lambda d: (d.file, d.line, d.column, d.message))
+    return units, sorted(set(problems), key=sort_key)
+
+
+def _report(problems: list[Diagnostic], fmt: str, valid: list[str]) -> int:
+    """Print the problems in `fmt` (text on stderr, the rest on stdout); INVALID if there are any."""
+    text = render_diagnostics(problems, fmt)
+    if fmt == "text":
+        print(text, end="", file=sys.stderr)
+        if not problems:
+            print("".join(f"{manifest}: valid\n" for manifest in valid), end="")
+    else:
+        print(text, end="")
+    return INVALID if problems else OK
 
 
 def _render(units: list[Unit]) -> list[dict[str, str]] | None:

@@ -43,6 +43,7 @@ def duplicates(units: Sequence[tuple[LoadedManifest, Plan]]) -> list[Diagnostic]
                     *_where(loaded),
                     f"name {plan.name!r} makes the package {plan.package!r}, as {first.filename} "
                     f"(name {first.manifest.name!r}) does; give each manifest its own name",
+                    "name",
                 )
             )
     return problems
@@ -74,6 +75,7 @@ def taken(
                 *_where(loaded),
                 f"name {plan.name!r} makes the package {plan.package!r}, which is already importable {where}: "
                 f"{_owner(entry)}; a generated package would shadow or overwrite it, so choose another name",
+                "name",
             )
         )
     return problems

@@ -11,7 +11,8 @@ import re
 from functools import cache
 from pathlib import Path
 
-DISTRIBUTION = "fastpath-llm"
+from fastpath.vocab import DISTRIBUTION
+
 # The extra a manifest with guided decoding needs (xgrammar), as pyproject.toml declares it.
 GUIDED_EXTRA = "guided"
 # compiler/ sits in the checkout's root, beside pyproject.toml; an installed wheel has no pyproject.

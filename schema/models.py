@@ -25,6 +25,7 @@ from .fieldtypes import (
 )
 from .names import (
     DISPATCH_MODES,
+    DISTRIBUTION,
     EXECUTOR_EVENTS,
     GUIDED_BACKENDS,
     LOOP_VS_GUIDED,
@@ -240,6 +241,11 @@ class Manifest(Section):
     @field_validator("schema_version", mode="before")
     @classmethod
     def _known_version(cls, value: Any) -> Any:
+        if type(value) is int and value > SCHEMA_VERSION:
+            raise ValueError(
+                f"{value} is newer than this fastpath understands (it reads schema_version {SCHEMA_VERSION}); "
+                f"upgrade it: pip install --upgrade {DISTRIBUTION}"
+            )
         if type(value) is not int or value != SCHEMA_VERSION:
             raise ValueError(
                 f"{value!r} is not supported; this fastpath reads schema_version {SCHEMA_VERSION}"

@@ -3,6 +3,7 @@
 from fastpath.vocab import (
     DEFAULT_FMHA_ORDER,
     DISPATCH_MODES,
+    DISTRIBUTION,
     EXECUTOR_EVENTS,
     FMHA_LIBRARIES,
     GUIDED_BACKENDS,
@@ -17,6 +18,7 @@ from fastpath.vocab import (
 __all__ = [
     "DEFAULT_FMHA_ORDER",
     "DISPATCH_MODES",
+    "DISTRIBUTION",
     "EXECUTOR_EVENTS",
     "FMHA_LIBRARIES",
     "GUIDED_BACKENDS",
