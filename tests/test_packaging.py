@@ -172,6 +172,18 @@ def test_a_built_package_installs_from_its_wheelhouse_into_a_clean_venv_and_gene
     assert result["generated"] == result["native"] and len(result["generated"][0]) == 8
     assert "fastpath-llm" in result["dists"] and "fastpath" not in result["dists"]
 
+    # --install --python: into that venv, said aloud (the build itself is cached by now).
+    python = str(venv / "bin/python")
+    installed = subprocess.run(
+        [*command, "-o", str(out), "--install", "--python", python],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert f"fastpath-gen-fast-decode: installed into {python} (--python)" in installed.stdout
+
 
 def test_a_missing_optional_dependency_names_its_pip_line():
     code = (
