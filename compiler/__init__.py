@@ -2,34 +2,44 @@
 
 resolve(load_manifest(path)) -> Plan        every default filled, every gate decided
 render(plan) -> {path: text}                deterministic
-write_package(files, folder)                atomic, write-if-different
+write_package(files, folder)                whole packages, write-if-different
 build_package(folder, package)              scikit-build-core, cached build folder
 native_llm(path)                            the manifest on the native engine (hooks read at run time)
+
+The names load on first use, so `fastpath-compile --validate` imports neither Jinja nor the build.
 """
 
-from .build import BuildError, BuildResult, build_package
-from .native import native_llm, native_llm_from_text
-from .plan import Decision, HookPlan, HookRef, Plan
-from .render import RenderError, render
-from .resolve import resolve
-from .write import Drift, NotAGeneratedPackage, WriteResult, drift, write_package
+from __future__ import annotations
 
-__all__ = [
-    "BuildError",
-    "BuildResult",
-    "Decision",
-    "Drift",
-    "HookPlan",
-    "HookRef",
-    "NotAGeneratedPackage",
-    "Plan",
-    "RenderError",
-    "WriteResult",
-    "build_package",
-    "drift",
-    "native_llm",
-    "native_llm_from_text",
-    "render",
-    "resolve",
-    "write_package",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BuildError": "build",
+    "BuildResult": "build",
+    "build_package": "build",
+    "Decision": "plan",
+    "HookPlan": "plan",
+    "HookRef": "plan",
+    "Plan": "plan",
+    "RenderError": "render",
+    "render": "render",
+    "resolve": "resolve",
+    "Drift": "write",
+    "NotAGeneratedPackage": "write",
+    "WriteResult": "write",
+    "drift": "write",
+    "write_package": "write",
+    "native_llm": "native",
+    "native_llm_from_text": "native",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

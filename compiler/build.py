@@ -1,4 +1,4 @@
-"""build: scikit-build-core builds a generated package's wheel; the extension lands in place or installs.
+"""build: scikit-build-core builds a generated package's wheel, and its extension lands in place.
 
 The CMake build folder is `<package>/build/<wheel tag>` and is kept, so rebuilding an
 unchanged package reconfigures from cache and compiles nothing. With scikit-build-core and
@@ -31,13 +31,12 @@ class BuildError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class BuildResult:
     wheel: Path
-    extension: Path | None  # the extension placed in the package folder, for in-place builds
-    installed: bool  # whether pip (re)installed the wheel; False when it was already installed
+    extension: Path  # the extension placed in the package folder, so it imports in place
     seconds: float
 
 
-def build_package(folder: Path, package: str, *, install: bool = False) -> BuildResult:
-    """Build `folder` (a generated package). In place by default; `install` puts it in this environment."""
+def build_package(folder: Path, package: str) -> BuildResult:
+    """Build `folder` (a generated package) into a wheel, and put its extension beside its sources."""
     started = time.perf_counter()
     folder = Path(folder).resolve()
     dist = folder / BUILD_DIR / "dist"
@@ -45,9 +44,8 @@ def build_package(folder: Path, package: str, *, install: bool = False) -> Build
     for old in dist.glob("*.whl"):
         old.unlink()
     wheel = _build_wheel(folder, dist)
-    extension = None if install else _place_extension(wheel, folder, package)
-    installed = install and _install(wheel)
-    return BuildResult(wheel, extension, installed, time.perf_counter() - started)
+    extension = _place_extension(wheel, folder, package)
+    return BuildResult(wheel, extension, time.perf_counter() - started)
 
 
 def _build_wheel(folder: Path, dist: Path) -> Path:
@@ -86,18 +84,8 @@ def _place_extension(wheel: Path, folder: Path, package: str) -> Path:
     return target
 
 
-def _install(wheel: Path) -> bool:
-    """pip-install the wheel unless exactly this wheel is installed already."""
-    if _installed_matches(wheel):
-        return False
-    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise BuildError(f"installing {wheel.name} failed:\n{done.stdout}{done.stderr}")
-    return True
-
-
-def _installed_matches(wheel: Path) -> bool:
+def installed_matches(wheel: Path) -> bool:
+    """Whether exactly this wheel's files are installed in this environment."""
     # A wheel's RECORD lists each file's hash; an installed copy keeps those lines.
     import importlib.metadata  # slow to import, and only an install needs it
 

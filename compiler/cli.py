@@ -1,25 +1,30 @@
-"""bin/compile MANIFEST... [-o DIR] [--check | --explain | --build | --install]
+"""fastpath-compile (bin/compile) MANIFEST... [-o DIR] [--validate | --check | --explain | --build | --install]
 
-Exit status: 0 ok; 1 drift under --check, or a failed write or build; 2 an invalid manifest
-(messages on stderr, nothing written).
+Exit status: 0 ok; 1 drift under --check, or a failed write or build; 2 a refusal: an invalid
+manifest, a name that would collide, an output folder the compiler will not write into
+(messages on stderr, or stdout in --format github|json; nothing written).
+
+--validate runs every check that needs no GPU, checkpoint weights or torch, and writes nothing:
+this module and what it imports on that path stay free of torch, Jinja and the build.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastpath.schema.errors import ManifestError
-from fastpath.schema.loader import load_manifest
+from fastpath.schema.errors import Diagnostic, ManifestError, sort_key
+from fastpath.schema.loader import LoadedManifest, load_manifest
 
+from . import collisions
 from .plan import Plan
-from .render import RenderError, render
+from .report import FORMATS, render_diagnostics
 from .resolve import resolve
-from .write import NotAGeneratedPackage, drift, write_package
 
 OK, FAILED, INVALID = 0, 1, 2
 
@@ -28,127 +33,183 @@ OK, FAILED, INVALID = 0, 1, 2
 class Unit:
     """One manifest on its way to a package."""
 
-    manifest: str
+    loaded: LoadedManifest
     plan: Plan
-    files: dict[str, str]
     folder: Path
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Compile fastpath manifests into generated packages.")
-    p.add_argument("manifests", nargs="+", metavar="MANIFEST", help="manifest YAML files")
-    p.add_argument("-o", "--output-dir", type=Path, help="where packages go, one folder per manifest name")
+    p.add_argument("manifests", nargs="*", metavar="MANIFEST", help="manifest YAML files")
+    p.add_argument(
+        "-o",
+        "--output-dir",
+        type=Path,
+        help="where packages go, one folder per manifest name (default: ./generated)",
+    )
     mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--validate",
+        action="store_true",
+        help="check the manifests (schema, cross-field rules, names, tensor-parallel sizes) without "
+        "torch; write nothing; exit 2 if one is invalid",
+    )
     mode.add_argument(
         "--check", action="store_true", help="write nothing; exit 1 if a package is out of date"
     )
     mode.add_argument("--explain", action="store_true", help="print each Plan and its reasons; write nothing")
     mode.add_argument(
-        "--build", action="store_true", help="also build each package in place (scikit-build-core)"
+        "--build",
+        action="store_true",
+        help="also build each package (in place, and into the wheelhouse DIR/dist with fastpath's wheel)",
     )
-    mode.add_argument("--install", action="store_true", help="also build and install each package here")
+    mode.add_argument(
+        "--install", action="store_true", help="--build, then install each package (see --python)"
+    )
+    mode.add_argument(
+        "--print-schema", action="store_true", help="print the manifest JSON Schema this fastpath reads"
+    )
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="text",
+        help="how to print manifest errors: file:line:col lines (text), GitHub Actions workflow "
+        "commands (github), or a JSON list of {file, line, column, path, message} (json)",
+    )
+    p.add_argument(
+        "--python",
+        metavar="PY",
+        help="with --install: the interpreter whose environment gets the packages (default: the one "
+        "running this command; same Python version)",
+    )
     return p
 
 
-def display_path(manifest: str, root: Path) -> str:
-    """How generated files name a manifest: relative to `root` when inside it, else as given."""
-    try:
-        return Path(manifest).resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return Path(manifest).as_posix()
+def manifest_path(manifest: str, out_dir: Path) -> str:
+    """How the lock file names a manifest: relative to the output folder's parent, whatever the cwd."""
+    return Path(os.path.relpath(Path(manifest).resolve(), out_dir.resolve().parent)).as_posix()
 
 
-def main(
-    argv: Sequence[str] | None = None, *, root: Path | None = None, prog: str = "fastpath-compile"
-) -> int:
-    """`root`: the repository; manifests are named relative to it, and -o defaults to root/generated."""
+def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -> int:
     args = parser(prog).parse_args(argv)
-    root = root or Path.cwd()
-    out_dir = args.output_dir or root / "generated"
+    if args.print_schema:
+        from fastpath.schema import json_schema_path
 
+        print(json_schema_path().read_text(encoding="utf-8"), end="")
+        return OK
+    if not args.manifests:
+        parser(prog).error("give at least one MANIFEST")
+    if args.python and not args.install:
+        parser(prog).error("--python goes with --install")
+    out_dir = args.output_dir or Path.cwd() / "generated"
+    target = args.python if args.install else None
     try:
-        units, invalid = _prepare(args.manifests, root, out_dir)
-    except (RenderError, OSError) as exc:  # the compiler's own failure, not the manifest's
+        units, problems = prepare(args.manifests, out_dir, target)
+    except OSError as exc:  # the compiler's own failure, not the manifest's
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
-    if invalid:
-        print(invalid, file=sys.stderr)
-        return INVALID
+    if problems or args.validate:
+        return _report(problems, args.format, [u.loaded.filename for u in units])
     if args.explain:
         from .explain import explain
 
         print("\n".join(explain(u.plan) for u in units), end="")
         return OK
-    if args.check:
-        return _check(
-            units, [prog, *args.manifests] + (["-o", str(args.output_dir)] if args.output_dir else [])
-        )
-    try:
-        for u in units:
-            result = write_package(u.files, u.folder)
-            print(
-                f"{display_path(str(u.folder), Path.cwd())}: {len(result.written)} written, "
-                f"{len(result.unchanged)} unchanged, {len(result.removed)} removed"
-            )
-    except (NotAGeneratedPackage, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    rendered = _render(units)
+    if rendered is None:
         return FAILED
-    if args.build or args.install:
-        return _build(units, install=args.install)
-    return OK
+    if args.check:
+        command = [prog, *args.manifests] + (["-o", str(args.output_dir)] if args.output_dir else [])
+        return _check(units, rendered, command)
+    code = _write(units, rendered)
+    if code != OK or not (args.build or args.install):
+        return code
+    from .deploy import deploy
+
+    return deploy(units, out_dir, install=args.install, python=args.python or sys.executable)
 
 
-def _prepare(manifests: Sequence[str], root: Path, out_dir: Path) -> tuple[list[Unit], str]:
-    """Load, resolve and render every manifest before anything is written; the str lists invalid ones."""
-    units, errors = [], []
+def prepare(
+    manifests: Sequence[str], out_dir: Path, install_python: str | None = None
+) -> tuple[list[Unit], list[Diagnostic]]:
+    """Load and resolve every manifest and check its name before anything is written."""
+    loaded_plans: list[tuple[LoadedManifest, Plan]] = []
+    problems: list[Diagnostic] = []
     for manifest in manifests:
         try:
-            plan = resolve(load_manifest(manifest), display_path(manifest, root))
+            loaded = load_manifest(manifest)
+            loaded_plans.append((loaded, resolve(loaded, manifest_path(manifest, out_dir))))
         except ManifestError as exc:
-            errors.append(str(exc))
-            continue
-        units.append(Unit(manifest, plan, render(plan), out_dir / plan.name))
-    seen: dict[str, str] = {}
-    for u in units:
-        if u.plan.name in seen:
-            errors.append(
-                f"{u.manifest}:1:1: error: name {u.plan.name!r} is also the name of {seen[u.plan.name]}"
-            )
-        seen.setdefault(u.plan.name, u.manifest)
-    return units, "\n".join(errors)
+            problems += exc.diagnostics
+    problems += collisions.duplicates(loaded_plans)
+    if loaded_plans:
+        problems += collisions.taken(loaded_plans, where="in this environment")
+        if install_python:
+            problems += collisions.taken(loaded_plans, install_python, f"in {install_python}'s environment")
+    units = [Unit(loaded, plan, out_dir / plan.name) for loaded, plan in loaded_plans]
+    return units, sorted(set(problems), key=sort_key)
 
 
-def _check(units: list[Unit], command: list[str]) -> int:
+def _report(problems: list[Diagnostic], fmt: str, valid: list[str]) -> int:
+    """Print the problems in `fmt` (text on stderr, the rest on stdout); INVALID if there are any."""
+    text = render_diagnostics(problems, fmt)
+    if fmt == "text":
+        print(text, end="", file=sys.stderr)
+        if not problems:
+            print("".join(f"{manifest}: valid\n" for manifest in valid), end="")
+    else:
+        print(text, end="")
+    return INVALID if problems else OK
+
+
+def _render(units: list[Unit]) -> list[dict[str, str]] | None:
+    from .render import RenderError, render
+
+    try:
+        return [render(u.plan) for u in units]
+    except (RenderError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _shown(path: Path) -> str:
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _check(units: list[Unit], rendered: list[dict[str, str]], command: list[str]) -> int:
+    from .write import drift
+
     stale = False
-    for u in units:
-        for d in drift(u.files, u.folder):
+    for u, files in zip(units, rendered, strict=True):
+        for d in drift(files, u.folder):
             stale = True
-            print(f"{display_path(str(u.folder / d.path), Path.cwd())}: {d.kind}", file=sys.stderr)
+            print(f"{_shown(u.folder / d.path)}: {d.kind}", file=sys.stderr)
     if stale:
         print(f"generated packages are out of date; regenerate with: {shlex.join(command)}", file=sys.stderr)
         return FAILED
     return OK
 
 
-def _build(units: list[Unit], *, install: bool) -> int:
-    from rich.console import Console
+def _write(units: list[Unit], rendered: list[dict[str, str]]) -> int:
+    from .write import NotAGeneratedPackage, check_target, write_package
 
-    from .build import BuildError, build_package
-
-    console = Console(stderr=True)
-    for u in units:
-        with console.status(f"building {u.plan.distribution} with scikit-build-core..."):
-            try:
-                result = build_package(u.folder, u.plan.package, install=install)
-            except BuildError as exc:
-                console.print(f"error: {exc}", style="red", markup=False, highlight=False)
-                return FAILED
-        where = (
-            ("installed" if result.installed else "already installed")
-            if install
-            else f"in place: {result.extension}"
-        )
-        console.print(
-            f"{u.plan.distribution}: built in {result.seconds:.1f} s, {where}", markup=False, highlight=False
-        )
+    pairs = list(zip(units, rendered, strict=True))
+    try:
+        for u, files in pairs:  # refuse before anything is written
+            check_target(u.folder, files)
+        for u, files in pairs:
+            result = write_package(files, u.folder)
+            print(
+                f"{_shown(u.folder)}: {len(result.written)} written, "
+                f"{len(result.unchanged)} unchanged, {len(result.removed)} removed"
+            )
+    except NotAGeneratedPackage as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return INVALID
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return FAILED
     return OK

@@ -4,16 +4,20 @@ Templates get identifiers and enum values, which they may paste, and everything 
 to pass through the `py` filter (a Python literal). The render environment refuses to paste
 any other string, so a template cannot put a manifest's free text into code by mistake.
 
+Each template sees only what it renders, so a file's bytes change only when that part of the
+manifest does: the manifest's hash reaches __init__.py alone.
+
 Template contexts:
-- every template: `generated_header` (a full one-line comment in the file's comment syntax),
-  `package` (the import name), `name` (the manifest name; may hold '-', so data only).
-- pyproject.toml.j2: `distribution`, `version`, `fastpath_requirement` (fastpath's distribution as
-  build and run requirement: the headers and CMake config come from it).
+- every template: `generated_header` (a full one-line comment in the file's comment syntax,
+  naming the template), `package` (the import name).
+- pyproject.toml.j2: `distribution`, `version`, `fastpath_requirement` (fastpath's
+  distribution pinned, e.g. "fastpath-llm==0.1.0", for build-system.requires) and
+  `fastpath_dependency` (the same with the extras the manifest needs, for dependencies).
 - CMakeLists.txt.j2: `module_name`.
-- hostdispatch.cpp.j2: `module_name` ("_hostdispatch"), `mode_enum` and `on_unsupported_enum`
-  (C++ enumerators of the plan's mode and policy, spelled from fastpath.vocab as
-  dispatch_names.hpp spells them), `guided_fill` (bool: compile guided decoding's C++ fill).
-- __init__.py.j2: `defaults` (the LLM keyword arguments), `manifest_sha256`, `module_name`.
+- hostdispatch.cpp.j2: `module_name` ("_hostdispatch"), `mode_enum` and `on_unsupported_enum` (C++
+  enumerators of dispatch_names.hpp, from fastpath.vocab), `guided_fill` (compile guided fill in).
+- __init__.py.j2: `defaults` (the LLM keyword arguments but the dispatch mode, which the extension
+  fixes), `manifest_sha256`, `module_name`.
 - executor.py.j2: `extension_module` (data), and `hooks`, a HookContext: declared hooks only, each import
   split into validated identifiers. The hooks are compiled into the executor, so __init__
   passes none at run time.
@@ -21,15 +25,17 @@ Template contexts:
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
+from . import distribution
+from .distribution import GUIDED_EXTRA
 from .header import comment
+from .literals import Code
 from .plan import HookRef, Plan
 
 MODULE_NAME = "_hostdispatch"
-# What a generated package requires of fastpath, to build (headers, CMake config) and to run.
-FASTPATH_REQUIREMENT = "fastpath"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,21 +55,16 @@ class HookContext:
     # event -> its callables; only events the manifest declares appear here
     executor_events: dict[str, tuple[HookImport, ...]]
     imports: tuple[HookImport, ...]  # every declared callable once, in declaration order
-    # `from {module} import {names}` lines of the executor, sorted as isort sorts them
-    import_lines: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # (module, ((name, local), ...))
+    import_block: Code  # the executor's import statements, as ruff's isort and format leave them
+    event_assignments: tuple[Code, ...]  # `_<event> = (instantiate(hook_1), ...)`, one per declared event
 
 
-# Names the executor template defines or imports itself; a hook's local name avoids them.
-_TEMPLATE_NAMES = {
-    "Executor",
-    "ExecutorCore",
-    "Iterator",
-    "StepRecord",
-    "call_hook",
-    "hook",
-    "instantiate",
-    "inputs",
-}
+# A hook is imported as `hook_<n>`, numbered in declaration order. No name the template defines
+# or imports (Executor, ExecutorCore, Iterator, call_hook, instantiate, _decode_prologue,
+# _after_warmup, the loop variable `hook`, builtins such as super) has that form, so no hook can
+# shadow one, and the lines that use hooks stay short whatever the hooks are called.
+HOOK_PREFIX = "hook_"
+LINE_LENGTH = 110  # pyproject.toml's [tool.ruff] line-length
 
 
 def _isort_key(name: str) -> tuple[int, str]:
@@ -72,34 +73,64 @@ def _isort_key(name: str) -> tuple[int, str]:
     return kind, name.lower()
 
 
-def _import_lines(plan_hooks, imports: tuple[HookImport, ...]):
-    core = {("ExecutorCore", "ExecutorCore")}
+def _from_import(module: str, names: list[str]) -> str:
+    """One `from module import names` statement, exploded the way ruff format does past the line length."""
+    line = f"from {module} import {', '.join(names)}"
+    if len(line) <= LINE_LENGTH:
+        return line
+    return f"from {module} import (\n" + "".join(f"    {n},\n" for n in names) + ")"
+
+
+def _tuple_assignment(name: str, items: list[str]) -> Code:
+    """`name = (a, b)`, or one item a line past the line length, as ruff format writes it."""
+    line = f"{name} = ({', '.join(items)}{',' if len(items) == 1 else ''})"
+    if len(line) <= LINE_LENGTH:
+        return Code(line)
+    return Code(f"{name} = (\n" + "".join(f"    {item},\n" for item in items) + ")")
+
+
+def _section(module: str) -> int:
+    top = module.split(".")[0]
+    return 0 if top in sys.stdlib_module_names else 2 if top == "fastpath" else 1
+
+
+def _import_block(plan_hooks, imports: tuple[HookImport, ...]) -> Code:
+    """ruff's isort: stdlib, third-party, fastpath; modules in order; an aliased name on its own line."""
+    plain: dict[str, set[str]] = {"fastpath.runtime.engine.executor": {"ExecutorCore"}}
     if plan_hooks.loop_on_execution_stream or plan_hooks.before_overlap_loop:
-        core.add(("StepRecord", "StepRecord"))  # steps() is overridden
-    lines: dict[str, set[tuple[str, str]]] = {"fastpath.runtime.engine.executor": core}
+        plain["collections.abc"] = {"Iterator"}  # steps() is overridden
+        plain["fastpath.runtime.engine.executor"].add("StepRecord")
     if imports:
-        helpers = lines.setdefault("fastpath.runtime.hooks", set())
-        helpers.add(("instantiate", "instantiate"))
+        plain["fastpath.runtime.hooks"] = {"instantiate"}
         if any(plan_hooks.executor_events().values()):
-            helpers.add(("call_hook", "call_hook"))
+            plain["fastpath.runtime.hooks"].add("call_hook")
+        if plan_hooks.decode_prologue:
+            plain["fastpath.runtime.hooks"].add("call_prologue")
+    statements = []  # (section, module, first name's key, aliased, text)
+    for module, names in plain.items():
+        ordered = sorted(names, key=_isort_key)
+        statements.append((_section(module), module.lower(), _isort_key(ordered[0]), 0, module, ordered))
     for imp in imports:
-        lines.setdefault(imp.module, set()).add((imp.attr, imp.local))
-    # Sections as isort writes them: other packages' hooks, then fastpath's own modules.
-    ordered = sorted(lines.items(), key=lambda kv: (kv[0].split(".")[0] == "fastpath", kv[0]))
-    return tuple((module, tuple(sorted(names, key=lambda n: _isort_key(n[0])))) for module, names in ordered)
+        alias = f"{imp.attr} as {imp.local}"
+        statements.append(
+            (_section(imp.module), imp.module.lower(), _isort_key(imp.attr), 1, imp.module, [alias])
+        )
+    lines: list[str] = []
+    previous = None
+    for section, *_, module, names in sorted(statements, key=lambda s: s[:5]):
+        if previous is not None and section != previous:
+            lines.append("")
+        lines.append(_from_import(module, names))
+        previous = section
+    return Code("\n".join(lines) + "\n")
 
 
 def hook_context(plan: Plan) -> HookContext:
     by_path: dict[str, HookImport] = {}
-    taken: set[str] = set(_TEMPLATE_NAMES)
 
     def import_of(ref: HookRef) -> HookImport:
         if ref.path not in by_path:
-            local, n = ref.attr, 1
-            while local in taken:  # two hooks with one attribute name, from different modules
-                n += 1
-                local = f"{ref.attr}_{n}"
-            taken.add(local)
+            local = f"{HOOK_PREFIX}{len(by_path) + 1}"
             by_path[ref.path] = HookImport(ref.module, ref.attr, local, ref.path)
         return by_path[ref.path]
 
@@ -107,9 +138,17 @@ def hook_context(plan: Plan) -> HookContext:
     prologue = import_of(hooks.decode_prologue) if hooks.decode_prologue else None
     events = {event: tuple(map(import_of, refs)) for event, refs in hooks.executor_events().items() if refs}
     imports = tuple(by_path.values())
-    return HookContext(
-        hooks.loop_on_execution_stream, prologue, events, imports, _import_lines(hooks, imports)
+    assignments = tuple(
+        _tuple_assignment(f"_{event}", [f"instantiate({imp.local})" for imp in imps])
+        for event, imps in events.items()
     )
+    return HookContext(
+        hooks.loop_on_execution_stream, prologue, events, imports, _import_block(hooks, imports), assignments
+    )
+
+
+def _header(prefix: str, template: str) -> Code:
+    return comment(prefix, f"templates/{template}")
 
 
 def enumerator(name: str) -> str:
@@ -128,31 +167,37 @@ def hostdispatch_context(dispatch_mode: str, on_unsupported: str, guided_fill: b
 
 
 def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
-    """template name -> its context."""
-    common = {"package": plan.package, "name": plan.name}
-    python = {**common, "generated_header": comment("#", plan)}
+    """template name -> its context. The pyproject's `version` is filled in by render()."""
+    common = {"package": plan.package}
+    extras = (GUIDED_EXTRA,) if plan.guided_backend != "none" else ()
     return {
         "pyproject.toml.j2": {
-            **python,
+            **common,
+            "generated_header": _header("#", "pyproject.toml.j2"),
             "distribution": plan.distribution,
-            "fastpath_requirement": FASTPATH_REQUIREMENT,
-            # The manifest's hash as a local version: an installed package says what it was built from.
-            "version": f"0.0.0+{plan.manifest_sha256[:12]}",
+            "fastpath_requirement": distribution.requirement(),
+            "fastpath_dependency": distribution.requirement(extras),
         },
-        "CMakeLists.txt.j2": {**python, "module_name": MODULE_NAME},
+        "CMakeLists.txt.j2": {
+            **common,
+            "generated_header": _header("#", "CMakeLists.txt.j2"),
+            "module_name": MODULE_NAME,
+        },
         "hostdispatch.cpp.j2": {
             **common,
-            "generated_header": comment("//", plan),
+            "generated_header": _header("//", "hostdispatch.cpp.j2"),
             **hostdispatch_context(plan.dispatch_mode, plan.on_unsupported, plan.guided_backend != "none"),
         },
         "__init__.py.j2": {
-            **python,
+            **common,
+            "generated_header": _header("#", "__init__.py.j2"),
             "defaults": plan.package_defaults(),
             "manifest_sha256": plan.manifest_sha256,
             "module_name": MODULE_NAME,
         },
         "executor.py.j2": {
-            **python,
+            **common,
+            "generated_header": _header("#", "executor.py.j2"),
             "hooks": hook_context(plan),
             "extension_module": f"{plan.package}.{MODULE_NAME}",
         },

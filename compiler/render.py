@@ -8,14 +8,17 @@ neither an identifier nor compiler-built code; other values go through the `py` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from . import distribution
 from .context import contexts
 from .header import generated_line, has_marker
 from .literals import Code, py_literal
@@ -69,20 +72,48 @@ def output_paths(plan: Plan) -> dict[str, str]:
 def render(plan: Plan) -> dict[str, str]:
     """Every file of the generated package, by its path relative to the package folder."""
     env = environment()
-    files: dict[str, str] = {}
-    for template, ctx in contexts(plan).items():
-        try:
-            text = env.get_template(template).render(ctx)
-        except jinja2.TemplateNotFound:
-            raise RenderError(f"template {template} is missing from {TEMPLATES_DIR}") from None
-        files[output_paths(plan)[template]] = text
-    files[f"{plan.package}/manifest.lock.json"] = lock_json(plan)
+    paths = output_paths(plan)
+    templates = contexts(plan)
+    pyproject = templates.pop("pyproject.toml.j2")
+    files = {paths[template]: _render(env, template, ctx) for template, ctx in templates.items()}
+    pyproject["version"] = package_version(plan, files)
+    files[lock_path(plan)] = lock_json(plan, [*files, paths["pyproject.toml.j2"], lock_path(plan)])
+    files[paths["pyproject.toml.j2"]] = _render(env, "pyproject.toml.j2", pyproject)
     for path, text in files.items():
         if not has_marker(text):
             raise RenderError(f"{path} does not start with the @generated marker; its template must emit it")
     return dict(sorted(files.items()))
 
 
-def lock_json(plan: Plan) -> str:
-    """The Plan as manifest.lock.json: sorted keys, two-space indent, the marker as its first key."""
-    return json.dumps({"_generated": generated_line(plan), **plan.to_json()}, indent=2, sort_keys=True) + "\n"
+def _render(env: jinja2.Environment, template: str, ctx: dict[str, Any]) -> str:
+    try:
+        return env.get_template(template).render(ctx)
+    except jinja2.TemplateNotFound:
+        raise RenderError(f"template {template} is missing from {TEMPLATES_DIR}") from None
+
+
+def lock_path(plan: Plan) -> str:
+    return f"{plan.package}/manifest.lock.json"
+
+
+def package_version(plan: Plan, files: dict[str, str]) -> str:
+    """fastpath's version, then a digest of what the package does: its code and its LLM defaults.
+
+    The files that hold the manifest's hash (__init__.py, the lock) are left out, so a comment
+    added to the manifest keeps the version and pyproject.toml unchanged.
+    """
+    digest = hashlib.sha256(json.dumps(plan.llm_kwargs(), sort_keys=True).encode())
+    volatile = {f"{plan.package}/__init__.py", lock_path(plan)}
+    for path in sorted(set(files) - volatile):
+        digest.update(f"\0{path}\0{files[path]}".encode())
+    return f"{distribution.version()}+{digest.hexdigest()[:12]}"
+
+
+def lock_json(plan: Plan, files: Sequence[str] = ()) -> str:
+    """The Plan as manifest.lock.json: sorted keys, two-space indent, the marker as its first key.
+
+    `files` lists every file the compiler writes into the package; the next compile removes
+    only those (never a file the user or a build put there).
+    """
+    data = {"_generated": generated_line("compiler/plan.py"), **plan.to_json(), "files": sorted(files)}
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from fastpath.schema.errors import ManifestError
 from fastpath.schema.fieldtypes import python_package, split_import_path
 from fastpath.schema.loader import LoadedManifest
-from fastpath.vocab import DEFAULT_FMHA_ORDER, DISPATCH_CHAINS, LOOP_VS_GUIDED, default_graph_batch_sizes
+from fastpath.vocab import (
+    DEFAULT_FMHA_ORDER,
+    DISPATCH_CHAINS,
+    LOOP_VS_GUIDED,
+    RANDOM_PREFIX,
+    RANDOM_PRESET_SPLITS,
+    default_graph_batch_sizes,
+    tensor_parallel_problems,
+)
 
 from .plan import Decision, HookPlan, HookRef, Plan
 
@@ -61,10 +72,6 @@ def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
 
 def _tensor_parallel(loaded: LoadedManifest) -> Decision:
     """tp against the model's head counts, when the model's config is at hand; devices at run time."""
-    from fastpath.runtime.model.config import ConfigError, ModelConfig
-    from fastpath.runtime.model.presets import PRESETS, RANDOM_PREFIX
-    from fastpath.runtime.model.sharding import tp_problems
-
     m = loaded.manifest
     tp = m.runtime.tensor_parallel_size
     key = (
@@ -72,26 +79,35 @@ def _tensor_parallel(loaded: LoadedManifest) -> Decision:
         if loaded.line_of("runtime", "tensor_parallel_size")
         else ("runtime", "tp")
     )
-    checkpoint = m.model.checkpoint
-    try:
-        if checkpoint.startswith(RANDOM_PREFIX):
-            cfg = PRESETS[checkpoint.removeprefix(RANDOM_PREFIX)]
-        else:
-            cfg = ModelConfig.from_dir(checkpoint)
-    except (ConfigError, OSError, ValueError):
-        cfg = None  # not readable here: the engine checks when it loads the model
-    problems = tp_problems(cfg, tp) if cfg is not None else []
+    splits = _model_splits(m.model.checkpoint)
+    problems = tensor_parallel_problems(*splits, tp) if splits is not None else []
     if problems:
-        line = loaded.line_of(*key) or 1
-        raise ManifestError.at(loaded.filename, line, 1, f"tensor_parallel_size {tp}: " + "; ".join(problems))
+        line, column = loaded.document.values.get(key, (1, 1))
+        message = f"tensor_parallel_size {tp}: " + "; ".join(problems)
+        raise ManifestError.at(loaded.filename, line, column, message, ".".join(key))
     checked = (
         "head counts divide"
-        if cfg is not None
+        if splits is not None
         else "the model's config is not readable here; checked at load"
     )
     return Decision(
         "tensor_parallel", str(tp), f"declared{_at(loaded, *key)}; {checked}; needs {tp} CUDA devices"
     )
+
+
+def _model_splits(checkpoint: str) -> tuple[int, int, int] | None:
+    """(heads, KV heads, intermediate size) of a preset or a checkpoint's config.json; None if unreadable.
+
+    Read with json, not the runtime's ModelConfig: the compiler (and --validate) never imports torch.
+    """
+    if checkpoint.startswith(RANDOM_PREFIX):
+        return RANDOM_PRESET_SPLITS.get(checkpoint.removeprefix(RANDOM_PREFIX))
+    try:
+        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+        heads = int(config["num_attention_heads"])
+        return heads, int(config.get("num_key_value_heads") or heads), int(config["intermediate_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not readable here: the engine checks when it loads the model
 
 
 def _at(loaded: LoadedManifest, *key: str | int) -> str:

@@ -7,6 +7,7 @@ pydantic; the runtime relies on that.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 _EXPORTS = {
@@ -26,7 +27,12 @@ _EXPORTS = {
     "SCHEMA_VERSION": "names",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "json_schema_path"])
+
+
+def json_schema_path() -> Path:
+    """The JSON Schema of manifests this fastpath reads, shipped with it: for editors and check-jsonschema."""
+    return Path(__file__).resolve().with_name("manifest.schema.json")
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,8 @@ def diagnostics(exc: ValidationError, doc: YamlDocument, filename: str) -> list[
     for error in exc.errors(include_url=False):
         path, message, at_key = _describe(error, doc)
         line, column = _locate(path, doc, at_key)
-        result.append(Diagnostic(filename, line, column, message))
+        key = dotted(path) if path else ""
+        result.append(Diagnostic(filename, line, column, message, key))
     return result
 
 

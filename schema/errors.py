@@ -23,18 +23,32 @@ class Diagnostic:
     line: int  # 1-based
     column: int  # 1-based
     message: str
+    path: str = ""  # the manifest key it is about, dotted ('runtime.max_batch_size'); '' for the file
+
+    def as_dict(self) -> dict[str, str | int]:
+        return {
+            "file": self.file,
+            "line": self.line,
+            "column": self.column,
+            "path": self.path,
+            "message": self.message,
+        }
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}:{self.column}: error: {self.message}"
+
+
+def sort_key(d: Diagnostic) -> tuple[str, int, int, str]:
+    return d.file, d.line, d.column, d.message
 
 
 class ManifestError(Exception):
     """An invalid manifest. `str()` is one `file:line:col: error: message` line per problem."""
 
     def __init__(self, diagnostics: list[Diagnostic]) -> None:
-        self.diagnostics = sorted(set(diagnostics), key=lambda d: (d.file, d.line, d.column, d.message))
+        self.diagnostics = sorted(set(diagnostics), key=sort_key)
         super().__init__("\n".join(map(str, self.diagnostics)))
 
     @classmethod
-    def at(cls, file: str, line: int, column: int, message: str) -> ManifestError:
-        return cls([Diagnostic(file, line, column, message)])
+    def at(cls, file: str, line: int, column: int, message: str, path: str = "") -> ManifestError:
+        return cls([Diagnostic(file, line, column, message, path)])

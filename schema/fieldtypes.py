@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 from pydantic.fields import FieldInfo
 
-from .names import CATALOG_MODELS, FMHA_LIBRARIES, RANDOM_PREFIX, RANDOM_PRESETS
+from .names import CATALOG_MODELS, FMHA_LIBRARIES, LLM_INT_BOUNDS, RANDOM_PREFIX, RANDOM_PRESETS
 from .suggest import did_you_mean
 
 Status = Literal["stable", "prototype"]
@@ -26,10 +26,35 @@ def spec(default: Any = ..., *, doc: str, status: Status = "stable", **kwargs: A
     return Field(default, description=doc, json_schema_extra={"status": status}, **kwargs)
 
 
+def bounds(llm_kwarg: str) -> dict[str, int]:
+    """ge= and le= of a field, from the bounds the runtime enforces too (fastpath.vocab)."""
+    least, greatest = LLM_INT_BOUNDS[llm_kwarg]
+    return {"ge": least, "le": greatest}
+
+
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 IMPORT_PATH_PATTERN = rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$"
 PACKAGE_NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
 PACKAGE_NAME_MAX = 64
+# Names a generated package may never take, installed here or not: the folders of a generated
+# package and its output folder, and the tools that build and test packages.
+RESERVED_PACKAGES = {
+    "build": "the build folder of every generated package (and PyPA's `build`)",
+    "dist": "the wheelhouse folder that `--build` writes beside the packages",
+    "src": "the C++ source folder of every generated package",
+    "pytest": "the test runner",
+    "_pytest": "the test runner",
+    "conftest": "the test runner's configuration modules",
+    "test": "the standard library's tests and test runners' folders",
+    "tests": "test runners' folders",
+    "pip": "the package installer",
+    "setuptools": "the build backend",
+    "wheel": "the wheel builder",
+    "pybind11": "the C++ bindings every generated package builds with",
+    "scikit_build_core": "the build backend of every generated package",
+    "cmake": "the build tool",
+    "ninja": "the build tool",
+}
 
 
 def _identifier_problem(part: str) -> str:
@@ -72,6 +97,10 @@ def _check_package_name(name: str) -> str:
         raise ValueError(f"{name!r} would make the package {package!r}, a Python keyword")
     if package == "fastpath" or package in sys.stdlib_module_names:
         raise ValueError(f"{name!r} would make the package {package!r}, which shadows an existing module")
+    if package in RESERVED_PACKAGES:
+        raise ValueError(
+            f"{name!r} would make the package {package!r}, a name taken by {RESERVED_PACKAGES[package]}"
+        )
     return name
 
 
@@ -111,7 +140,6 @@ def _exactly_auto_or_bool(value: Any) -> Any:
 
 
 PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
 
 PackageName = Annotated[
     str,
@@ -125,5 +153,6 @@ ImportPath = Annotated[
     WithJsonSchema({"type": "string", "pattern": IMPORT_PATH_PATTERN}),
 ]
 FmhaName = Literal[FMHA_LIBRARIES]
+FmhaOrder = Annotated[tuple[FmhaName, ...], Field(min_length=1)]
 BatchSizes = Annotated[tuple[PositiveInt, ...], Field(min_length=1), AfterValidator(_strictly_increasing)]
 AutoOrBool = Annotated[Literal["auto", True, False], BeforeValidator(_exactly_auto_or_bool)]

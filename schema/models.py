@@ -17,15 +17,16 @@ from .fieldtypes import (
     BatchSizes,
     Checkpoint,
     FmhaName,
+    FmhaOrder,
     ImportPath,
-    NonNegativeInt,
     PackageName,
-    PositiveInt,
+    bounds,
     spec,
 )
 from .names import (
     CATALOG_MODELS,
     DISPATCH_MODES,
+    DISTRIBUTION,
     EXECUTOR_EVENTS,
     GUIDED_BACKENDS,
     LOOP_VS_GUIDED,
@@ -53,8 +54,10 @@ class ModelSpec(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = spec(
         "float32", doc="Precision of weights and activations."
     )
-    seed: NonNegativeInt = spec(
-        0, doc="Seed of the random weights of a `random:` checkpoint; unused otherwise."
+    seed: int = spec(
+        0,
+        **bounds("seed"),
+        doc="Seed of the random weights of a `random:` checkpoint; unused otherwise.",
     )
 
 
@@ -91,12 +94,16 @@ class RuntimeSpec(Section):
     device: Literal["auto", "cuda", "cpu"] = spec(
         "auto", doc="`auto` uses CUDA when it is present at run time."
     )
-    max_batch_size: PositiveInt = spec(16, le=4096, doc="The most sequences decoded together in one step.")
-    max_seq_len: PositiveInt = spec(2048, le=1 << 20, doc="The longest sequence, prompt and output together.")
+    max_batch_size: int = spec(
+        16, **bounds("max_batch_size"), doc="The most sequences decoded together in one step."
+    )
+    max_seq_len: int = spec(
+        2048, **bounds("max_seq_len"), doc="The longest sequence, prompt and output together."
+    )
     cuda_graphs: CudaGraphsSpec = spec(CudaGraphsSpec(), doc="CUDA-graph capture of the decode step.")
-    tensor_parallel_size: PositiveInt = spec(
+    tensor_parallel_size: int = spec(
         1,
-        le=64,
+        **bounds("tensor_parallel_size"),
         status="prototype",
         validation_alias=AliasChoices("tensor_parallel_size", "tp"),
         doc="GPUs that split each layer. More than 1 needs CUDA.",
@@ -192,10 +199,10 @@ class FmhaSpec(Section):
     prepend: tuple[FmhaName, ...] = spec(
         (), strict=False, doc="Libraries tried before the enabled ones, in order."
     )
-    enabled: tuple[FmhaName, ...] | None = spec(
+    enabled: FmhaOrder | None = spec(
         None,
         strict=False,
-        doc="Libraries tried after `prepend`, in order. Unset: the runtime's default order.",
+        doc="Libraries tried after `prepend`, in order, at least one. Unset: the runtime's default order.",
     )
 
     @model_validator(mode="after")
@@ -238,6 +245,11 @@ class Manifest(Section):
     @field_validator("schema_version", mode="before")
     @classmethod
     def _known_version(cls, value: Any) -> Any:
+        if type(value) is int and value > SCHEMA_VERSION:
+            raise ValueError(
+                f"{value} is newer than this fastpath understands (it reads schema_version {SCHEMA_VERSION}); "
+                f"upgrade it: pip install --upgrade {DISTRIBUTION}"
+            )
         if type(value) is not int or value != SCHEMA_VERSION:
             raise ValueError(
                 f"{value!r} is not supported; this fastpath reads schema_version {SCHEMA_VERSION}"

@@ -7,6 +7,8 @@ schema, the compiler, the runtime and the generated C++ all read their spellings
 from __future__ import annotations
 
 SCHEMA_VERSION = 1
+# fastpath's distribution on the package index (`pip install fastpath-llm`); it imports as `fastpath`.
+DISTRIBUTION = "fastpath-llm"
 
 # --- attention (FMHA) libraries -------------------------------------------------------------------
 
@@ -42,6 +44,17 @@ RANDOM_PRESETS: tuple[str, ...] = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "ti
 # Real models by name: their weights ship inside a package on the index (runtime/catalog.py), converted
 # once into a local cache. A checkpoint equal to one of these names means the model, not a folder.
 CATALOG_MODELS: tuple[str, ...] = ("smollm2-135m-instruct",)
+
+# preset -> (num_attention_heads, num_key_value_heads, intermediate_size): what tensor parallelism
+# splits, so the compiler checks a tensor_parallel_size without torch (fastpath.runtime.model.presets
+# holds the full configs; a test keeps the two equal).
+RANDOM_PRESET_SPLITS: dict[str, tuple[int, int, int]] = {
+    "tiny-llama": (4, 2, 160),
+    "tiny-qwen2": (4, 2, 160),
+    "tiny-qwen3": (4, 2, 160),
+    "tiny-mistral": (4, 2, 160),
+    "llama-1b": (32, 8, 8192),
+}
 
 # --- hooks ----------------------------------------------------------------------------------------
 
@@ -81,3 +94,58 @@ def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
     """Powers of two below max_batch_size, then max_batch_size itself: 12 -> (1, 2, 4, 8, 12)."""
     sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
     return (*sizes, max_batch_size)
+
+
+# --- tensor parallelism --------------------------------------------------------------------------
+
+
+def tensor_parallel_problems(
+    num_heads: int, num_kv_heads: int, intermediate_size: int, world: int
+) -> list[str]:
+    """Why a model of these sizes cannot be split across `world` ranks; empty when it can."""
+    if world < 1:
+        return [f"tensor_parallel_size must be >= 1, got {world}"]
+    problems = []
+    if num_heads % world:
+        problems.append(f"num_attention_heads {num_heads} is not divisible by tensor_parallel_size {world}")
+    if num_kv_heads >= world and num_kv_heads % world:
+        problems.append(
+            f"num_key_value_heads {num_kv_heads} is not divisible by tensor_parallel_size {world}"
+        )
+    if num_kv_heads < world and world % num_kv_heads:
+        problems.append(
+            f"tensor_parallel_size {world} is not a multiple of num_key_value_heads {num_kv_heads} "
+            "(needed to replicate KV heads)"
+        )
+    if intermediate_size % world:
+        problems.append(
+            f"intermediate_size {intermediate_size} is not divisible by tensor_parallel_size {world}"
+        )
+    return problems
+
+
+# --- bounds ---------------------------------------------------------------------------------------
+
+# fastpath.runtime.LLM keyword -> (least, greatest) value. The manifest schema and the runtime's
+# argument checks both read this table, so what a manifest may say is what the engine accepts.
+LLM_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "max_batch_size": (1, 4096),
+    "max_seq_len": (2, 1 << 20),
+    "seed": (0, (1 << 63) - 1),  # a signed 64-bit integer, as torch's generators and the kernels take it
+    "tensor_parallel_size": (1, 64),
+}
+
+
+def bound_cases() -> tuple[tuple[dict[str, object], bool], ...]:
+    """(LLM keyword arguments, accepted?) on each side of every bound, for both sides to test.
+
+    The schema's test writes each case as a manifest; the runtime's passes it to its argument
+    checks (before any model loads). Both must agree with `accepted`.
+    """
+    cases: list[tuple[dict[str, object], bool]] = []
+    for key, (least, greatest) in LLM_INT_BOUNDS.items():
+        cases += [({key: least - 1}, False), ({key: least}, True)]
+        cases += [({key: greatest}, True), ({key: greatest + 1}, False)]
+    cases += [({"seed": 1 << 64}, False)]  # past 64 bits
+    cases += [({"fmha_enabled": ()}, False), ({"fmha_enabled": ("sdpa_math",)}, True)]  # none is no order
+    return tuple(cases)

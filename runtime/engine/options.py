@@ -15,9 +15,11 @@ from typing import Any
 
 import torch
 
+from fastpath.vocab import LLM_INT_BOUNDS
+
 from ..model.config import ModelConfig
 from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
-from .sampling_params import MAX_INT64, doc
+from .sampling_params import doc
 
 # alias -> the setting it names
 ALIASES = {"max_model_len": "max_seq_len", "max_num_seqs": "max_batch_size", "tp": "tensor_parallel_size"}
@@ -139,10 +141,14 @@ def model_dtype(o: EngineOptions) -> torch.dtype:
 
 def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -> EngineConfig:
     dev = resolve_device(o.device)
-    max_batch = _int("max_batch_size", o.max_batch_size, 1, 4096)
-    max_seq = _int("max_seq_len", o.max_seq_len or min(4096, cfg.max_position_embeddings), 2)
-    tp = _int("tensor_parallel_size", o.tensor_parallel_size, 1, 64)
-    seed = _int("seed", o.seed, 0, MAX_INT64)
+    max_batch = _int("max_batch_size", o.max_batch_size, *LLM_INT_BOUNDS["max_batch_size"])
+    max_seq = _int(
+        "max_seq_len", o.max_seq_len or min(4096, cfg.max_position_embeddings), *LLM_INT_BOUNDS["max_seq_len"]
+    )
+    tp = _int("tensor_parallel_size", o.tensor_parallel_size, *LLM_INT_BOUNDS["tensor_parallel_size"])
+    seed = _int("seed", o.seed, *LLM_INT_BOUNDS["seed"])
+    if o.fmha_enabled is not None and not tuple(o.fmha_enabled):
+        raise ValueError("fmha_enabled must name at least one attention library (None: the default order)")
     if not (isinstance(o.gpu_memory_utilization, (int, float)) and 0 < o.gpu_memory_utilization <= 1):
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {o.gpu_memory_utilization!r}")
     graphs = False if o.enforce_eager else o.cuda_graphs

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fastpath.vocab import tensor_parallel_problems
+
 from .config import ModelConfig
 
 
@@ -38,27 +40,8 @@ class Partition:
 
 
 def tp_problems(cfg: ModelConfig, world: int) -> list[str]:
-    """Why `cfg` cannot be split across `world` ranks; empty when it can."""
-    if world < 1:
-        return [f"tensor_parallel_size must be >= 1, got {world}"]
-    problems = []
-    if cfg.num_heads % world:
-        problems.append(
-            f"num_attention_heads {cfg.num_heads} is not divisible by tensor_parallel_size {world}"
-        )
-    kv = cfg.num_kv_heads
-    if kv >= world and kv % world:
-        problems.append(f"num_key_value_heads {kv} is not divisible by tensor_parallel_size {world}")
-    if kv < world and world % kv:
-        problems.append(
-            f"tensor_parallel_size {world} is not a multiple of num_key_value_heads {kv} "
-            "(needed to replicate KV heads)"
-        )
-    if cfg.intermediate_size % world:
-        problems.append(
-            f"intermediate_size {cfg.intermediate_size} is not divisible by tensor_parallel_size {world}"
-        )
-    return problems
+    """Why `cfg` cannot be split across `world` ranks; empty when it can (the compiler asks the same rule)."""
+    return tensor_parallel_problems(cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, world)
 
 
 def partition(cfg: ModelConfig, rank: int, world: int) -> Partition:

@@ -135,13 +135,43 @@ def test_a_checkpoint_full_of_quotes_and_braces_is_accepted_as_data():
 
 
 @pytest.mark.parametrize(
-    "path", ['examples/"""quote.yaml', "examples/{{ x }}.yaml", "examples/x */ y.yaml", "examples/é😀.yaml"]
+    "path",
+    [
+        'examples/"""quote.yaml',
+        "examples/{{ x }}.yaml",
+        "examples/x */ y.yaml",
+        "examples/é😀.yaml",
+        "examples/x # -*- coding: utf-7 -*-.yaml",
+        "examples/x # vim: set fileencoding=latin-1 :.yaml",
+    ],
 )
-def test_a_hostile_manifest_path_stays_inside_comments(path):
+def test_a_hostile_manifest_path_reaches_only_the_lock_file(path):
     _, files = compile_text(yaml.safe_dump(BASE), path)
     for file, text in files.items():
-        if file.endswith(".py"):
-            compile(text, file, "exec")
-            assert tokenize.COMMENT in {t.type for t in tokenize.generate_tokens(io.StringIO(text).readline)}
-        if not file.endswith(".json"):
-            assert text.count(path) == 1 and path in text.splitlines()[0], file
+        if file.endswith(".json"):
+            assert json.loads(text)["manifest"]["path"] == path
+        else:
+            assert path not in text, file
+        if file.endswith(".py"):  # PEP 263: what makes Python re-encode a file
+            assert not re.search(r"coding[:=]", "".join(text.splitlines(keepends=True)[:2])), file
+
+
+def test_an_encoding_declaration_in_the_path_cannot_reencode_the_package():
+    # Once, line 1 named the manifest's path: `coding:utf-7` there made Python decode the file as
+    # UTF-7, and this checkpoint (UTF-7 for `"`, newline, `import os`, ...) ran code at import.
+    # Python honours the declaration only when it reads bytes, so parse the files as bytes.
+    payload = "+ACIACgBpAG0AcABvAHIAdAAgAG8AcwAKAHgAIAA9ACAAIg-"
+    for checkpoint in (f"{SENTINEL}/{payload}", f"{SENTINEL}/café"):
+        data = {**BASE, "model": {"checkpoint": checkpoint}}
+        text = yaml.safe_dump(data, allow_unicode=True)
+        plan, files = compile_text(text, "x # -*- coding: utf-7 -*-.yaml")
+        for file, source in files.items():
+            if file.endswith(".py"):
+                tree = ast.parse(source.encode("utf-8"))
+                imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+                assert "os" not in imported, file
+        init = ast.parse(files[f"{plan.package}/__init__.py"].encode("utf-8"))
+        (defaults,) = [
+            n.value for n in init.body if isinstance(n, ast.Assign) and n.targets[0].id == "DEFAULTS"
+        ]
+        assert ast.literal_eval(defaults)["model"] == checkpoint  # café stays café

@@ -188,7 +188,7 @@ def test_tensor_parallel_is_checked_against_the_head_counts():
     (decision,) = [d for d in plan.decisions if "tensor_parallel" in str(d)]
     assert "head counts divide" in str(decision)
     with pytest.raises(
-        ManifestError, match=r"t.yaml:6:1: error: tensor_parallel_size 3: num_attention_heads 32"
+        ManifestError, match=r"t.yaml:6:25: error: tensor_parallel_size 3: num_attention_heads 32"
     ):
         resolve(parse_manifest(_tp_manifest(3), "t.yaml"))
 
@@ -198,3 +198,25 @@ def test_tensor_parallel_on_an_unreadable_checkpoint_is_left_to_load_time():
 
     plan = resolve(parse_manifest(_tp_manifest(3, "/no/such/checkpoint"), "t.yaml"))
     assert any("checked at load" in str(d) for d in plan.decisions)
+
+
+def test_the_torch_free_split_table_matches_the_runtimes_presets():
+    from fastpath.runtime.model.presets import PRESETS
+    from fastpath.vocab import RANDOM_PRESET_SPLITS
+
+    assert set(RANDOM_PRESET_SPLITS) == set(PRESETS)
+    for name, cfg in PRESETS.items():
+        assert RANDOM_PRESET_SPLITS[name] == (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size), name
+
+
+def test_tensor_parallel_reads_a_checkpoints_config_json(tmp_path):
+    from fastpath.schema import ManifestError, parse_manifest
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_attention_heads": 12, "num_key_value_heads": 4, "intermediate_size": 96})
+    )
+    assert resolve(parse_manifest(_tp_manifest(4, str(tmp_path)), "t.yaml"))
+    with pytest.raises(
+        ManifestError, match="num_attention_heads 12 is not divisible by tensor_parallel_size 8"
+    ):
+        resolve(parse_manifest(_tp_manifest(8, str(tmp_path)), "t.yaml"))

@@ -1,0 +1,57 @@
+"""`--build` and `--install`: build each written package, fill the wheelhouse, install when asked."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .build import BuildError, build_package
+from .wheelhouse import DIST_DIR, add_wheel, fastpath_wheel
+
+if TYPE_CHECKING:
+    from .cli import Unit
+
+OK, FAILED = 0, 1
+
+
+def deploy(units: Sequence[Unit], out_dir: Path, *, install: bool, python: str) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)  # for the spinner; results go to stdout unwrapped, paths whole
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    house = out_dir / DIST_DIR
+    built = []
+    try:
+        for u in units:
+            with console.status(f"building {u.plan.distribution} with scikit-build-core..."):
+                result = build_package(u.folder, u.plan.package)
+            wheel = add_wheel(result.wheel, house, u.plan.distribution)
+            built.append((u, wheel))
+            say(f"{u.plan.distribution}: built in {result.seconds:.1f} s; in place: {result.extension}")
+        with console.status("building fastpath's wheel for the wheelhouse..."):
+            fastpath = fastpath_wheel(house)
+        say(f"wheelhouse: {house} ({', '.join(sorted(w.name for _, w in built))}, {fastpath.name})")
+        names = " ".join(u.plan.distribution for u in units)
+        say(f"install it on another machine with: pip install --find-links {shlex.quote(str(house))} {names}")
+        if install:
+            _install(built, house, python, say)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return FAILED
+    return OK
+
+
+def _install(built, house: Path, python: str, say) -> None:
+    from .install import install_wheel
+
+    which = "the interpreter running this command" if python == sys.executable else "--python"
+    for u, wheel in built:
+        done = install_wheel(wheel, house, python)
+        state = "installed into" if done else "already installed in"
+        say(f"{u.plan.distribution}: {state} {python} ({which})")

@@ -1,0 +1,91 @@
+"""Names that cannot collide: a manifest never makes a package that shadows or overwrites a module."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from compile_helpers import REPO
+
+from fastpath.compiler.cli import main
+
+MANIFEST = "schema_version: 1\nname: {name}\nmodel:\n  checkpoint: random:tiny-llama\n"
+
+
+def compile_named(tmp_path, name, *args):
+    manifest = tmp_path / f"{name}.yaml"
+    manifest.write_text(MANIFEST.format(name=name))
+    return main([str(manifest), "-o", str(tmp_path / "out"), *args])
+
+
+@pytest.mark.parametrize(
+    "name, owner",
+    [
+        ("yaml", "the distribution 'PyYAML' installs it at"),
+        ("numpy", "the distribution 'numpy' installs it at"),
+        ("torch", "the distribution 'torch' installs it at"),
+        ("build", "a name taken by the build folder of every generated package"),
+        ("pytest", "a name taken by the test runner"),
+        ("json", "which shadows an existing module"),
+        ("dist", "the wheelhouse folder"),
+    ],
+)
+def test_a_name_that_imports_here_is_refused_with_its_owner_and_nothing_is_written(
+    tmp_path, capsys, name, owner
+):
+    assert compile_named(tmp_path, name) == 2
+    err = capsys.readouterr().err
+    assert f"{name}.yaml:2:7: error: " in err and owner in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_compilers_own_earlier_output_on_sys_path_is_not_a_collision(tmp_path, capsys, monkeypatch):
+    assert compile_named(tmp_path, "mine") == 0
+    monkeypatch.syspath_prepend(str(tmp_path / "out" / "mine"))  # `import mine` now finds the package
+    assert compile_named(tmp_path, "mine") == 0
+    # Another manifest's package of that name, or a plain folder, is someone else's.
+    lock = tmp_path / "out/mine/mine/manifest.lock.json"
+    lock.write_text(json.dumps({**json.loads(lock.read_text()), "name": "other"}))
+    capsys.readouterr()
+    assert compile_named(tmp_path, "mine", "--check") == 2
+    assert "which no installed distribution owns" in capsys.readouterr().err
+
+
+def test_install_into_another_python_checks_that_environment_too(tmp_path, capsys):
+    # The target interpreter is asked in a subprocess (here it is this venv again): `yaml` is PyYAML's there.
+    assert compile_named(tmp_path, "yaml", "--install", "--python", sys.executable) == 2
+    err = capsys.readouterr().err
+    assert f"in {sys.executable}'s environment: the distribution 'PyYAML'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_python_without_install_is_a_usage_error(tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        compile_named(tmp_path, "fine", "--python", sys.executable)
+    assert exit_.value.code == 2
+
+
+def test_importing_a_compiled_but_unbuilt_package_names_the_command_that_builds_it(tmp_path):
+    assert compile_named(tmp_path, "unbuilt") == 0
+    done = subprocess.run(
+        [sys.executable, "-c", "import unbuilt"],
+        cwd=tmp_path / "out" / "unbuilt",
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: unbuilt is compiled but not built")
+    assert f"fastpath-compile {tmp_path / 'unbuilt.yaml'} -o {tmp_path / 'out'} --build" in last
+    assert "No module named" not in done.stderr
+
+
+def test_the_checkouts_examples_are_not_collisions_of_themselves():
+    done = subprocess.run(
+        [sys.executable, "bin/compile", "--check", "examples/baseline.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO / "generated" / "baseline"), "PATH": ""},
+    )
+    assert done.returncode == 0, done.stderr
