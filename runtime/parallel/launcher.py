@@ -121,7 +121,7 @@ def build_state(
         world=world,
         device=device,
         tp=TPContext(rank, world, device_group),
-        channel=Channel(control, rank, pin_memory=device.type == "cuda"),
+        channel=Channel(control, rank, pin_memory=device.type == "cuda", send_timeout_s=timeout_s),
         store=dist.PrefixStore(f"fastpath/engine{engine}", store),
         timeout_s=timeout_s,
         groups=(device_group, control),

@@ -43,16 +43,24 @@ def _unpack_sampling(flat: torch.Tensor, rows: int) -> SamplingTensors:
 
 
 class Channel:
-    def __init__(self, group: Any, rank: int, pin_memory: bool) -> None:
+    def __init__(self, group: Any, rank: int, pin_memory: bool, send_timeout_s: float = 300.0) -> None:
+        """`send_timeout_s` bounds rank 0's sends: a worker that does not take a step within it (a
+        stopped process) fails the send, though workers may wait for rank 0 as long as it is idle."""
         self.group = group
         self.rank = rank
         self.pin_memory = pin_memory
+        self.send_timeout = timedelta(seconds=send_timeout_s)
         self._header = torch.zeros(HEADER, dtype=torch.int64)
         self._flip = 0
         self._buffers: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def _bcast(self, t: torch.Tensor) -> None:
-        dist.broadcast(t, src=0, group=self.group)
+        if self.rank != 0:
+            dist.broadcast(t, src=0, group=self.group)
+        elif not dist.broadcast(t, src=0, group=self.group, async_op=True).wait(timeout=self.send_timeout):
+            raise RuntimeError(
+                f"a worker did not take rank 0's step within {self.send_timeout.total_seconds():g} s"
+            )
 
     # --- rank 0 -----------------------------------------------------------------------------------
 

@@ -55,12 +55,21 @@ def test_a_killed_worker_ends_the_run_with_an_error_naming_it():
     assert report["message"].endswith(") was killed by SIGKILL")
 
 
+def test_a_stopped_worker_is_named_and_nothing_waits_for_it_forever():
+    report = run_scenario("stopped_worker")
+    assert report["error"] == "WorkerLost"
+    assert report["message"].startswith("tensor-parallel rank 1 (pid ")
+    assert report["message"].endswith(") is stopped and does not answer")
+    assert report["worker_exit_codes"]["1"] < 0, "rank 0 ends the stopped rank"
+
+
 def test_a_worker_that_raises_mid_run_is_named_with_its_error():
     report = run_scenario("worker_raises")
     assert report["error"] == "WorkerLost"
     assert "tensor-parallel rank 1 (pid " in report["message"]
     assert report["message"].endswith(
-        "exited with code 1 after it raised RuntimeError: planted decode failure on rank 1"
+        "exited with code 1 after it raised HookError: decode_prologue hook tp_hooks:FailingPrologue "
+        "raised RuntimeError: planted decode failure on rank 1"
     )
 
 
