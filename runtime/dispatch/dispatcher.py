@@ -68,6 +68,7 @@ class ShutdownReport:
     graph_callbacks_alive: int  # held by live graphs; their replays are answered without running
     waited_s: float
     errors: tuple[BaseException, ...]  # raised by callbacks and not yet re-raised by check()
+    still_running: int = 0  # callbacks that had not returned when the bound ran out
 
 
 @dataclass(slots=True)
@@ -323,6 +324,7 @@ class HostDispatcher:
             graph_callbacks_alive=out["graph_callbacks_alive"],
             waited_s=out["waited_s"],
             errors=tuple(exc for exc, _ in errors),
+            still_running=out.get("still_running", 0),
         )
 
     @property

@@ -83,6 +83,26 @@ def test_after_shutdown_nothing_launches_and_the_report_says_all_ran():
         d.launch(print)
 
 
+def test_shutdown_reports_a_callback_that_never_returns_instead_of_claiming_it_drained():
+    import threading
+
+    d = HostDispatcher("auto", device="cpu")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        entered.set()
+        release.wait(30)
+
+    caller = threading.Thread(target=d.launch, args=(stuck,))
+    caller.start()
+    assert entered.wait(10)
+    report = d.shutdown(timeout=0.2)
+    assert not report.drained and report.still_running == 1 and report.waited_s >= 0.2
+    release.set()
+    caller.join(10)
+    assert d.shutdown(timeout=0.2).drained, "once it returns, nothing is left running"
+
+
 def test_token_ready_flag_marked_by_a_cpp_callback():
     d = HostDispatcher("auto", device="cpu")
     flag = d.token_ready_flag()

@@ -58,6 +58,7 @@ struct ShutdownOutcome {
   std::vector<CallbackPtr> not_run;    // eager callbacks that will not run
   std::int64_t graph_callbacks_not_run = 0;  // announced replays' callbacks that will not run
   std::int64_t graph_callbacks_alive = 0;    // held by live graphs: their replays are answered, not run
+  std::int64_t still_running = 0;            // callbacks that had not returned when the bound ran out
   double waited_s = 0;
 };
 

@@ -2,7 +2,9 @@
 // synchronized first, so the callback still sees everything enqueued before it.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <utility>
 
 #include "fastpath/backend.hpp"
@@ -34,10 +36,18 @@ class InlineBackend final : public BackendImpl {
 
   void announce(std::int64_t) override {}
 
-  ShutdownOutcome shutdown(std::chrono::nanoseconds) override {
+  // A callback runs on its launching thread, so shutdown can only wait for one still running there.
+  ShutdownOutcome shutdown(std::chrono::nanoseconds bound) override {
     closed_.store(true, std::memory_order_release);
+    const auto start = std::chrono::steady_clock::now();
+    auto running = [&] { return c_.launched.load() - c_.completed.load(); };
+    while (running() > 0 && std::chrono::steady_clock::now() - start < bound) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
     ShutdownOutcome out;
-    out.drained = true;
+    out.still_running = running();
+    out.drained = out.still_running == 0;
+    out.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return out;
   }
 

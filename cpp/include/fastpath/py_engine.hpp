@@ -167,6 +167,7 @@ class PyEngine {
     d["not_run"] = not_run;
     d["graph_callbacks_not_run"] = out.graph_callbacks_not_run;
     d["graph_callbacks_alive"] = out.graph_callbacks_alive;
+    d["still_running"] = out.still_running;
     d["waited_s"] = out.waited_s;
     return d;
   }
