@@ -193,7 +193,7 @@ class ExecutorCore:
         packed, owners = self._staging_buffer(rows, FIXED_COLUMNS + width)
         stage(packed, seqs, prev.rows if prev is not None else {}, runner.block_size, owners)
         for seq in seqs:
-            seq.num_computed = seq.num_tokens
+            seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending
         guided = runner.guided is not None and any(s.guided is not None for s in seqs)
         greedy = all(s.params.greedy for s in seqs)
         step = DecodeStep(

@@ -152,14 +152,25 @@ class Scheduler:
             return None
         if self.waiting and len(self.running) < self.max_batch_size:
             return None  # room to admit: let the full scheduler run
-        if any(s not in prev.seqs for s in self.running):
+        in_prev = set(map(id, prev.seqs))
+        if any(id(s) not in in_prev for s in self.running):
             return None
-        seqs = [s for s in prev.seqs if not s.finished and s.can_generate_more()]
-        if not seqs:
+        # One pass, as cheap as it can be: this runs once per decode step for every sequence.
+        bs, seqs, growing, need = self.block_size, [], [], 0
+        for s in prev.seqs:
+            if s.status is Status.FINISHED:
+                continue
+            generated = len(s.output_ids) + s.num_pending
+            n = len(s.prompt_ids) + generated
+            if n >= s.max_seq_len or generated >= s.max_new_tokens:
+                continue
+            seqs.append(s)
+            short = -(-n // bs) - len(s.block_table)
+            if short > 0:
+                growing.append((s, short))
+                need += short
+        if not seqs or need > self.allocator.num_free:
             return None
-        need = sum(self._blocks_for(s, s.num_tokens) for s in seqs)
-        if need > self.allocator.num_free:
-            return None
-        for s in seqs:
-            self._grow(s, s.num_tokens)
+        for s, short in growing:
+            s.block_table.extend(self.allocator.allocate(short))
         return ScheduledBatch("decode", seqs, samples=[True] * len(seqs))

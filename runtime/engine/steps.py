@@ -16,6 +16,9 @@ from ..runner.step_inputs import PrefillStep
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
+# stage() writes a row's fixed columns as one tuple in this order.
+assert tuple(range(FIXED_COLUMNS)) == (TOKEN, SRC_ROW, POSITION, SLOT, CONTEXT_LEN)
+
 
 @dataclass(slots=True)
 class InflightStep:
@@ -94,17 +97,14 @@ def stage(
     arr = packed.numpy()
     n, width = len(seqs), packed.shape[1] - FIXED_COLUMNS
     arr[n:, :FIXED_COLUMNS] = (0, -1, 0, 0, 1)
-    pos = [seq.num_tokens - 1 for seq in seqs]
-    src = [src_rows.get(seq.seq_id, -1) if seq.num_pending else -1 for seq in seqs]
-    fixed = arr[:n, :FIXED_COLUMNS]
-    fixed[:, TOKEN] = [-1 if s >= 0 else seq.token_at(p) for seq, p, s in zip(seqs, pos, src, strict=True)]
-    fixed[:, SRC_ROW] = src
-    fixed[:, POSITION] = pos
-    fixed[:, SLOT] = [
-        seq.block_table[p // block_size] * block_size + p % block_size
-        for seq, p in zip(seqs, pos, strict=True)
-    ]
-    fixed[:, CONTEXT_LEN] = [p + 1 for p in pos]
+    rows = []  # one pass, one row tuple in column order per sequence: this runs every decode step
+    for seq in seqs:
+        p = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending - 1
+        src = src_rows.get(seq.seq_id, -1) if seq.num_pending else -1
+        token = -1 if src >= 0 else seq.token_at(p)
+        rows.append((token, src, p, seq.block_table[p // block_size] * block_size + p % block_size, p + 1))
+    if rows:
+        arr[:n, :FIXED_COLUMNS] = rows
     for r, seq in enumerate(seqs):
         table = seq.block_table
         k = min(len(table), width)
