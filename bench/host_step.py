@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The host's share of a decode step: the engine's loop with a runner that returns at once.
+
+    python bench/host_step.py --out bench/results [--batch 1 8 64 256]
+
+The device is taken out (the runner's run_decode and run_prefill return fixed tokens without
+launching anything), so what is left per step is scheduling, staging, read-back bookkeeping and
+completion: the part the host must finish within the GPU's step for the GPU to set the pace.
+Steady-state time per step is the difference of two generations that differ only in length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, markdown_table, write_outputs
+
+
+def _stub(llm) -> None:
+    from fastpath.runtime.runner.sampler import Sampled
+
+    def run(n: int) -> Sampled:
+        return Sampled(torch.full((n,), 7, dtype=torch.int64), torch.zeros(n))
+
+    runner = llm.executor.runner
+    runner.run_decode = lambda step, prev: run(step.num_seqs)
+    runner.run_prefill = lambda step, guided=None: run(step.logits_rows.numel())
+
+
+def host_step_us(batch: int, repeats: int) -> float:
+    from fastpath.runtime import LLM, SamplingParams
+
+    llm = LLM(
+        "random:tiny-llama",
+        device="cpu",
+        max_batch_size=batch,
+        max_seq_len=512,
+        kv_cache_blocks=batch * 16 + 64,
+    )
+    _stub(llm)
+    prompts = [[5 + i % 50] * 16 for i in range(batch)]
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True), use_tqdm=False)
+        return time.perf_counter() - start
+
+    run(4)
+    diffs = [(run(200) - run(40)) / 160 for _ in range(repeats)]
+    llm.close()
+    return statistics.median(diffs) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    rows, payload = [], {"environment": environment(), "rows": []}
+    for batch in args.batch:
+        us = host_step_us(batch, args.repeats)
+        rows.append([batch, f"{us:.0f}", f"{us / batch:.2f}"])
+        payload["rows"].append({"batch": batch, "host_us_per_step": us})
+        print(f"batch {batch}: {us:.0f} us of host work per decode step", flush=True)
+    table = markdown_table(["batch", "host µs/step", "host µs/sequence"], rows)
+    print(table)
+    write_outputs(args.out, "host_step", payload, table)
+
+
+if __name__ == "__main__":
+    main()
