@@ -12,6 +12,8 @@ Template contexts:
 - hostdispatch.cpp.j2: `module_name` ("_hostdispatch"), `dispatch_mode` ("blocking" | "spin" |
   "auto"), `on_unsupported` ("warn_once" | "error").
 - __init__.py.j2: `defaults` (the LLM keyword arguments), `manifest_sha256`, `module_name`.
+- __main__.py.j2: the common names only; `python -m <pkg> serve` reads its defaults from MANIFEST
+  at run time, so no manifest value is pasted there.
 - executor.py.j2: `extension_module` (data), and `hooks`, a HookContext: declared hooks only, each import
   split into validated identifiers. The hooks are compiled into the executor, so __init__
   passes none at run time.
@@ -133,6 +135,7 @@ def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
             "manifest_sha256": plan.manifest_sha256,
             "module_name": MODULE_NAME,
         },
+        "__main__.py.j2": python,
         "executor.py.j2": {
             **python,
             "hooks": hook_context(plan),
