@@ -21,10 +21,18 @@ class GuidedSpec:
 
 
 def parse_spec(guided: Any) -> GuidedSpec:
-    """{'json_schema': schema} | {'json_object': True} | {'regex': pattern} | {'grammar': ebnf} -> GuidedSpec."""
+    """{'json_schema': schema} | {'json_object': True} | {'regex': pattern} | {'grammar': ebnf} |
+    {'choice': [str, ...]} -> GuidedSpec."""
     if not isinstance(guided, dict) or len(guided) != 1:
         raise ValueError(f"guided must be a dict with exactly one of {', '.join(KINDS)}, got {guided!r:.80}")
     ((kind, value),) = guided.items()
+    if kind == "choice":  # one of these strings: a grammar of string literals (JSON escapes are EBNF's)
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise ValueError(
+                f"guided: choice must be a non-empty list of non-empty strings, got {value!r:.80}"
+            )
+        literals = " | ".join(json.dumps(c, ensure_ascii=False) for c in dict.fromkeys(value))
+        return GuidedSpec("grammar", f"root ::= {literals}")
     if kind not in KINDS:
         raise ValueError(f"guided: unknown constraint {kind!r}; expected one of {', '.join(KINDS)}")
     if kind == "json_object":

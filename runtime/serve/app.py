@@ -69,9 +69,10 @@ def _errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
-        first = exc.errors()[0]
+        # The deepest error is the most specific: inside a union, the branch that got furthest.
+        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
         param = validation_param(tuple(first.get("loc", ())))
-        message = first.get("msg", "invalid request")
+        message = first.get("msg", "invalid request").removeprefix("Value error, ")
         return error_response(400, f"{param}: {message}" if param else message, param)
 
     @app.exception_handler(HTTPException)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, request_id
-from .params import sampling_params
+from .params import request_keys, sampling_params
 from .protocol import ChatRequest
 from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, sse
 from .sse import SSEResponse, unless_disconnected
@@ -40,7 +40,7 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
 
     rid = request_id("chatcmpl")
     request.state.request_id = rid
-    gen = await Generation.start(state, prompts, 1, params, rid, body.stream, "messages")
+    gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(body))
     request.state.prompt_tokens = gen.prompt_tokens
     if body.stream:
         env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.model_name)

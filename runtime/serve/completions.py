@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, request_id
-from .params import sampling_params
+from .params import request_keys, sampling_params
 from .protocol import CompletionRequest
 from .responses import SSE_DONE, Envelope, TextOffsets, Usage, completion_choice, sse
 from .sse import SSEResponse, unless_disconnected
@@ -36,7 +36,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     prompts = _prompts(body.prompt)
     rid = request_id("cmpl")
     request.state.request_id = rid
-    gen = await Generation.start(state, lambda: prompts, len(prompts), params, rid, body.stream, "prompt")
+    gen = await Generation.start(
+        state, lambda: prompts, len(prompts), params, rid, body.stream, request_keys(body)
+    )
     request.state.prompt_tokens = gen.prompt_tokens
     env = Envelope(rid, "text_completion", int(time.time()), state.model_name)
     if body.stream:

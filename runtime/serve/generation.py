@@ -18,6 +18,7 @@ from ..engine.outputs import EngineClosedError, RequestOutput
 from ..engine.request import RequestHandle
 from ..engine.sampling_params import SamplingParams
 from .errors import RequestInvalid, ServeError, Unavailable
+from .params import RequestKeys
 
 if TYPE_CHECKING:
     from .state import ServerState
@@ -27,14 +28,6 @@ _ids = itertools.count()
 
 def request_id(prefix: str) -> str:
     return f"{prefix}-{time.time_ns():x}{next(_ids):x}"
-
-
-def _admission_param(message: str, prompt_key: str) -> str:
-    """Which request key an engine admission error blames."""
-    for key in ("max_tokens", "stop_token_ids", "guided"):
-        if key in message:
-            return "response_format" if key == "guided" else key
-    return prompt_key
 
 
 class Generation:
@@ -58,7 +51,7 @@ class Generation:
         params: SamplingParams,
         rid: str,
         stream: bool,
-        prompt_key: str,
+        keys: RequestKeys,
     ) -> Generation:
         """Admit the request (503 at capacity) and submit its prompts; `prompts()` runs in a worker thread."""
         arrival = time.monotonic()
@@ -69,7 +62,7 @@ class Generation:
             state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
             raise
         try:
-            handles = await _submit_in_thread(state, prompts, params, rid, stream, prompt_key)
+            handles = await _submit_in_thread(state, prompts, params, rid, stream, keys)
         except BaseException:
             state.gate.leave(completions)
             raise
@@ -132,7 +125,7 @@ class Generation:
         self.state.gate.leave(self.completions)
 
 
-async def _submit_in_thread(state, prompts, params, rid, stream, prompt_key) -> list[RequestHandle]:
+async def _submit_in_thread(state, prompts, params, rid, stream, keys: RequestKeys) -> list[RequestHandle]:
     loop = asyncio.get_running_loop()
 
     def submit_all() -> list[RequestHandle]:
@@ -161,7 +154,7 @@ async def _submit_in_thread(state, prompts, params, rid, stream, prompt_key) -> 
         raise
     except (ValueError, TypeError) as exc:
         message = str(exc)
-        raise RequestInvalid(message, _admission_param(message, prompt_key)) from None
+        raise RequestInvalid(message, keys.blame(message)) from None
 
 
 async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:

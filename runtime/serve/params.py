@@ -8,6 +8,7 @@ module maps that name back to what the client sent (`max_completion_tokens`, `to
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine.sampling_params import GuidedDecodingParams, SamplingParams
@@ -16,6 +17,29 @@ from .protocol import ChatRequest, CompletionRequest, SamplingFields
 
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKeys:
+    """The request keys that an engine admission error may blame (engine messages name their own)."""
+
+    prompt: str  # "prompt" or "messages"
+    max_tokens: str  # "max_tokens" or "max_completion_tokens"
+    guided: str  # "response_format" or the guided_* key that set the constraint
+
+    def blame(self, message: str) -> str:
+        if "max_tokens" in message:
+            return self.max_tokens
+        if "stop_token_ids" in message:
+            return "stop_token_ids"
+        if "guided" in message:
+            return self.guided
+        return self.prompt
+
+
+def request_keys(req: SamplingFields) -> RequestKeys:
+    prompt = "messages" if isinstance(req, ChatRequest) else "prompt"
+    return RequestKeys(prompt, _max_tokens(req)[0], _guided(req)[0])
 
 
 def sampling_params(req: SamplingFields, max_tokens_limit: int | None) -> SamplingParams:
@@ -101,4 +125,5 @@ def _guided(req: SamplingFields) -> tuple[str, GuidedDecodingParams | None]:
     try:
         return key, GuidedDecodingParams(**spec)
     except ValueError as exc:
-        raise RequestInvalid(f"{key}: {exc}", key) from None
+        kind = next(iter(spec))
+        raise RequestInvalid(str(exc).replace(f"GuidedDecodingParams.{kind}", key), key) from None

@@ -77,14 +77,14 @@ class SamplingFields(Body):
     @classmethod
     def _no_logit_bias(cls, value: Any) -> Any:
         if value:
-            raise ValueError("logit_bias is not supported")
+            raise ValueError("is not supported")
         return value
 
     @field_validator("stream_options")
     @classmethod
     def _options_need_a_stream(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and not info.data.get("stream"):
-            raise ValueError("stream_options needs stream: true")
+            raise ValueError("needs stream: true")
         return value
 
 
@@ -99,21 +99,21 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _not_empty(cls, value: Any) -> Any:
         if isinstance(value, list) and not value:
-            raise ValueError("prompt is an empty list")
+            raise ValueError("is an empty list")
         return value
 
     @field_validator("best_of")
     @classmethod
     def _best_of_is_n(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and value != info.data.get("n"):
-            raise ValueError("best_of other than n is not supported")
+            raise ValueError("other than n is not supported")
         return value
 
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, value: Any) -> Any:
         if value:
-            raise ValueError("suffix is not supported")
+            raise ValueError("is not supported")
         return value
 
 
@@ -155,28 +155,28 @@ class ChatRequest(SamplingFields):
     @classmethod
     def _one_max(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("max_tokens") not in (None, value):
-            raise ValueError("max_tokens and max_completion_tokens disagree; set one")
+            raise ValueError("disagrees with max_tokens; set one")
         return value
 
     @field_validator("top_logprobs")
     @classmethod
     def _top_needs_logprobs(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and not info.data.get("logprobs"):
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise ValueError("needs logprobs: true")
         return value
 
     @field_validator("tools")
     @classmethod
     def _no_tools(cls, value: Any) -> Any:
         if value:
-            raise ValueError("tools are not supported")
+            raise ValueError("are not supported")
         return value
 
     @field_validator("continue_final_message")
     @classmethod
     def _continue_without_prompt(cls, value: Any, info: ValidationInfo) -> Any:
         if value and info.data.get("add_generation_prompt"):
-            raise ValueError("continue_final_message needs add_generation_prompt: false")
+            raise ValueError("needs add_generation_prompt: false")
         return value
 
     def template_messages(self) -> list[dict[str, Any]]:
