@@ -222,7 +222,7 @@ class ServeSpec(Section):
     which command-line flags override."""
 
     host: Host = spec("127.0.0.1", doc="The address to listen on; loopback unless set.")
-    port: NonNegativeInt = spec(8000, le=65535, doc="The TCP port (0: any free port).")
+    port: PositiveInt = spec(8000, le=65535, doc="The TCP port.")
     served_model_name: ServedModelName | None = spec(
         None, doc="The model name `/v1/models` lists and requests name. Unset: the manifest's name."
     )

@@ -16,8 +16,11 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .errors import error_body, error_response
 from .generation import Generation
+from .responses import sse
 
+DRAIN_CUT = "the server shut down before this request finished (its drain bound ran out)"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -29,12 +32,21 @@ class SSEResponse(StreamingResponse):
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cut = False
         try:
             await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            if not self.generation.state.gate.draining:
+                raise
+            cut = True  # the drain's bound ran out: end the stream with a reason, not a traceback
         finally:
             with contextlib.suppress(Exception):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
             self.generation.close()
+        if cut:
+            event = sse(error_body(503, DRAIN_CUT))
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
 async def until_disconnect(receive: Receive) -> None:
@@ -52,6 +64,10 @@ async def unless_disconnected(receive: Receive, generation: Generation, work: Aw
             return task.result()
         generation.abort()
         return Response(status_code=499)
+    except asyncio.CancelledError:
+        if not generation.state.gate.draining:
+            raise
+        return error_response(503, DRAIN_CUT)
     finally:
         watcher.cancel()
         task.cancel()

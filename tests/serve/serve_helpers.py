@@ -77,22 +77,17 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05) -> 
 
 
 @contextlib.contextmanager
-def subprocess_server(argv: list[str], port: int, env: dict | None = None, cwd: Path | None = None):
-    """A server process (`python -m ...`) on `port`, ready once /health answers; yields the Popen."""
-    proc = subprocess.Popen(
-        [sys.executable, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=cwd,
-    )
+def subprocess_server(argv: list[str], port: int, log: Path, env: dict | None = None):
+    """A server process (`python -m ...`) on `port`, ready once /health answers; yields the Popen.
+    Its output goes to `log` (a pipe nobody reads could fill and stall it)."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_S
         while True:
-            assert proc.poll() is None, f"the server exited early:\n{proc.stdout.read()}"
-            assert time.monotonic() < deadline, "the server did not start"
+            assert proc.poll() is None, f"the server exited early:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"the server did not start:\n{log.read_text()}"
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                     break
