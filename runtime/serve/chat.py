@@ -13,7 +13,7 @@ from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, request_id
 from .params import request_keys, sampling_params
 from .protocol import ChatRequest
-from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, sse
+from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 
@@ -68,11 +68,11 @@ async def _events(
     try:
         async for _, out in gen.outputs():
             for c in out.outputs:
+                usage.completion_tokens += len(c.token_ids)
                 first = c.index not in started
-                if not (first or c.text or c.token_ids or c.finish_reason):
+                if not (first or worth_sending(c, body.return_token_ids)):
                     continue
                 started.add(c.index)
-                usage.completion_tokens += len(c.token_ids)
                 yield sse(env.body([chat_delta(c.index, c, first, body.return_token_ids)], **more))
         if include_usage:
             yield sse(env.body([], usage=usage.as_dict()))

@@ -13,7 +13,7 @@ from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, request_id
 from .params import request_keys, sampling_params
 from .protocol import CompletionRequest
-from .responses import SSE_DONE, Envelope, TextOffsets, Usage, completion_choice, sse
+from .responses import SSE_DONE, Envelope, TextOffsets, Usage, completion_choice, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 
@@ -70,10 +70,10 @@ async def _events(
     try:
         async for i, out in gen.outputs():
             for c in out.outputs:
-                if not (c.text or c.token_ids or c.finish_reason):
+                usage.completion_tokens += len(c.token_ids)
+                if not worth_sending(c, body.return_token_ids):
                     continue
                 index = i * n + c.index
-                usage.completion_tokens += len(c.token_ids)
                 choice = completion_choice(
                     index, c, body.return_token_ids, offsets.setdefault(index, TextOffsets())
                 )

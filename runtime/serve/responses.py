@@ -160,3 +160,9 @@ def chat_delta(index: int, c: CompletionOutput, first: bool, return_token_ids: b
     if return_token_ids:
         choice["token_ids"] = list(c.token_ids)
     return choice
+
+
+def worth_sending(c: CompletionOutput, token_ids: bool) -> bool:
+    """Whether a stream sends this delta now. Tokens whose text is held back (part of a character, a
+    possible stop string) wait for the next chunk, unless the client asked for token ids or logprobs."""
+    return bool(c.text or c.finish_reason or (c.token_ids and (token_ids or c.logprobs)))
