@@ -40,6 +40,7 @@ class Generation:
         self.arrival = arrival
         self.completions = completions
         self._last: dict[int, float] = {}
+        self._reasons: list[str] = []  # finish reasons as they arrive, for metrics
         self._closed = False
 
     @classmethod
@@ -79,6 +80,7 @@ class Generation:
                 raise Unavailable(f"the request failed: {out.error}")
             if self.stream:
                 self._observe(i, out)
+            self._reasons += [c.finish_reason for c in out.outputs if c.finish_reason is not None]
             yield i, out
 
     def _observe(self, i: int, out: RequestOutput) -> None:
@@ -117,10 +119,8 @@ class Generation:
         metrics = self.state.metrics
         if unfinished:
             metrics.aborted.inc()
-        for h in self.handles:
-            if h.finished and h.error is None:
-                for c in h.result().outputs:
-                    metrics.finished.labels(c.finish_reason or "abort").inc()
+        for reason in self._reasons:
+            metrics.finished.labels(reason).inc()
         metrics.e2e.observe(time.monotonic() - self.arrival)
         self.state.gate.leave(self.completions)
 

@@ -48,6 +48,8 @@ def sampling_params(req: SamplingFields, max_tokens_limit: int | None) -> Sampli
     if max_tokens_limit is not None:
         if max_tokens is None:
             max_tokens = max_tokens_limit
+        elif max_key not in req.model_fields_set:  # a default (completions' 16) fits under the limit
+            max_tokens = min(max_tokens, max_tokens_limit)
         elif max_tokens > max_tokens_limit:
             raise RequestInvalid(
                 f"{max_key} is {max_tokens}, above this server's limit of {max_tokens_limit}", max_key

@@ -90,6 +90,7 @@ class SamplingFields(Body):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: int | None = 16  # OpenAI's default for completions (chat's is the rest of the context)
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None

@@ -6,7 +6,7 @@ Plain dicts: a stream sends one per step per request, and building them must sta
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine.outputs import CompletionOutput, PositionLogprobs
@@ -37,7 +37,6 @@ class Envelope:
     object: str
     created: int
     model: str
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def body(self, choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
         return {
@@ -47,7 +46,6 @@ class Envelope:
             "model": self.model,
             "choices": choices,
             **more,
-            **self.extra,
         }
 
 

@@ -98,6 +98,16 @@ def test_a_body_that_is_not_json_gets_400(http):
     assert "JSON" in r.json()["error"]["message"]
 
 
+def test_the_default_max_tokens_fits_under_the_limit(llm):
+    with running(llm, max_tokens=5) as url:
+        r = client(url).completions.create(model="tiny", prompt="hi", extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5  # completions' default, 16, capped by the server's limit
+        chat = client(url).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], extra_body={"ignore_eos": True}
+        )
+        assert chat.usage.completion_tokens == 5  # chat's default: the limit
+
+
 def test_an_unknown_model_gets_404(http):
     r = http.post("/v1/completions", json={**COMPLETION, "model": "gpt-9"})
     assert r.status_code == 404
