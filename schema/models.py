@@ -16,10 +16,15 @@ from .fieldtypes import (
     AutoOrBool,
     BatchSizes,
     Checkpoint,
+    EnvVarName,
     FmhaName,
     FmhaOrder,
+    Host,
     ImportPath,
+    NonNegativeInt,
     PackageName,
+    PositiveInt,
+    ServedModelName,
     bounds,
     spec,
 )
@@ -225,6 +230,40 @@ class GuidedDecodingSpec(Section):
     backend: Literal[GUIDED_BACKENDS] = spec("none", doc="The backend, or `none`.")
 
 
+class ServeSpec(Section):
+    """The OpenAI-compatible HTTP server (`fastpath serve MANIFEST`, `python -m <package> serve`): its defaults,
+    which command-line flags override."""
+
+    host: Host = spec("127.0.0.1", doc="The address to listen on; loopback unless set.")
+    port: PositiveInt = spec(8000, le=65535, doc="The TCP port.")
+    served_model_name: ServedModelName | None = spec(
+        None, doc="The model name `/v1/models` lists and requests name. Unset: the manifest's name."
+    )
+    api_key_env: EnvVarName | None = spec(
+        None,
+        doc="The environment variable holding the API key clients must send as a bearer token. "
+        "Unset: FASTPATH_API_KEY; no key set there (nor --api-key) means no auth.",
+    )
+    max_queued_requests: NonNegativeInt = spec(
+        1024, le=1 << 20, doc="Completions that may wait beyond a full batch; more are refused with 503."
+    )
+    max_tokens: PositiveInt | None = spec(
+        None,
+        le=1 << 20,
+        doc="The most tokens one request may ask for, and what it gets when it asks for none. "
+        "Unset: up to the sequence limit.",
+    )
+    max_request_bytes: PositiveInt = spec(
+        8 << 20, ge=1024, le=1 << 30, doc="A larger request body is refused with 413."
+    )
+    drain_timeout_s: float = spec(
+        30.0,
+        ge=0,
+        le=3600,
+        doc="After SIGTERM, seconds running requests may take to finish before they are cut; then it exits 0.",
+    )
+
+
 class Manifest(Section):
     """A fastpath manifest, version 1: one model deployment and the fast paths it opts into."""
 
@@ -241,6 +280,7 @@ class Manifest(Section):
     host_dispatch: HostDispatchSpec = spec(HostDispatchSpec(), doc="How host callbacks are launched.")
     fmha: FmhaSpec = spec(FmhaSpec(), doc="Attention library precedence.")
     guided_decoding: GuidedDecodingSpec = spec(GuidedDecodingSpec(), doc="Constrained decoding.")
+    serve: ServeSpec = spec(ServeSpec(), doc="The HTTP server's defaults.")
 
     @field_validator("schema_version", mode="before")
     @classmethod

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LAYERS = ("vocab", "schema", "compiler", "runtime")
+LAYERS = ("vocab", "schema", "compiler", "runtime", "serve")
 LINT = "import sys\nfrom importlinter.cli import lint_imports\nsys.exit(lint_imports(config_filename=sys.argv[1], no_cache=True))\n"
 
 

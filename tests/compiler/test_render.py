@@ -24,6 +24,7 @@ def test_the_package_has_the_designed_layout(all_hooks):
         "CMakeLists.txt",
         "src/hostdispatch.cpp",
         "all_hooks/__init__.py",
+        "all_hooks/__main__.py",
         "all_hooks/executor.py",
         "all_hooks/manifest.lock.json",
     }

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""The HTTP server beside offline generation, on one fixed set of requests, at several concurrencies.
+
+    python bench/serve.py [--out DIR] [--model M] [--tokenizer DIR] [--concurrency 1 16 64] [--quick]
+
+One run, two phases, the same engine options and the same requests (token-id prompts of a fixed
+length, `ignore_eos` and a fixed `max_tokens`, so every request makes the same work):
+
+- offline: an in-process LLM; at concurrency c, c threads each submit one request at a time through
+  the engine API (`LLM.submit`, no HTTP), so c requests are always in flight; plus one `generate`
+  of all the requests at once, the engine's own ceiling.
+- server: `python -m fastpath.serve` in a subprocess, driven by an asyncio client over loopback that
+  keeps c streaming requests in flight (vLLM's benchmark_serving with --max-concurrency c).
+
+Reported per row, as vLLM's benchmark reports them: output throughput, time to first token and
+inter-token latency (p50, p99; a chunk of k tokens counts as k gaps of its interval / k). The
+issue's target: at concurrency 64 the server's throughput is at least 95% of offline `generate`'s.
+`--quick` runs a tiny random model on the CPU in about a minute (a smoke test of the bench itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, markdown_table, write_outputs
+
+
+@dataclass(slots=True)
+class Timing:
+    """One request: when it was sent, when each chunk of tokens arrived, and how many each held."""
+
+    sent: float
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+    def ttft(self) -> float:
+        return self.chunks[0][0] - self.sent
+
+    def gaps(self) -> list[float]:
+        out, last = [], self.chunks[0][0]
+        for t, n in self.chunks[1:]:
+            out += [(t - last) / n] * n
+            last = t
+        return out
+
+
+def summarize(label: str, concurrency: int | str, timings: list[Timing], seconds: float) -> dict:
+    tokens = sum(t.tokens for t in timings)
+    ttft = sorted(t.ttft() for t in timings if t.chunks)
+    itl = sorted(g for t in timings if t.chunks for g in t.gaps())
+    return {
+        "mode": label,
+        "concurrency": concurrency,
+        "requests": len(timings),
+        "output_tokens": tokens,
+        "seconds": seconds,
+        "output_tok_s": tokens / seconds,
+        "ttft_p50_ms": _pct(ttft, 50) * 1e3,
+        "ttft_p99_ms": _pct(ttft, 99) * 1e3,
+        "itl_p50_ms": _pct(itl, 50) * 1e3,
+        "itl_p99_ms": _pct(itl, 99) * 1e3,
+    }
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[min(98, max(0, round(p) - 1))]
+
+
+def make_prompts(n: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(n)]
+
+
+# --- offline: the engine API, no HTTP ---------------------------------------------------------------
+
+
+def offline(llm, prompts: list[list[int]], output_len: int, concurrency: int) -> tuple[list[Timing], float]:
+    """c threads, each submitting its next request when the last one finished."""
+    from fastpath.runtime import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    queue = list(enumerate(prompts))
+    timings: list[Timing | None] = [None] * len(prompts)
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i, prompt = queue.pop(0)
+            t = Timing(time.perf_counter())
+            for out in llm.submit(prompt, params):
+                n = len(out.outputs[0].token_ids)
+                if n:
+                    t.chunks.append((time.perf_counter(), n))
+            timings[i] = t
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return [t for t in timings if t is not None], time.perf_counter() - start
+
+
+def offline_generate(llm, prompts: list[list[int]], output_len: int) -> dict:
+    """Every request in one `generate` call: no per-token timing, throughput only."""
+    from fastpath.runtime import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    nan = float("nan")
+    return {"mode": "offline generate (all at once)", "concurrency": "all", "requests": len(prompts),
+            "output_tokens": tokens, "seconds": seconds, "output_tok_s": tokens / seconds,
+            "ttft_p50_ms": nan, "ttft_p99_ms": nan, "itl_p50_ms": nan, "itl_p99_ms": nan}  # fmt: skip
+
+
+# --- the server: a subprocess, a streaming client on loopback ------------------------------------
+
+
+async def one_request(http: httpx.AsyncClient, prompt: list[int], output_len: int) -> Timing:
+    body = {"prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
+            "stream": True, "return_token_ids": True}  # fmt: skip
+    t = Timing(time.perf_counter())
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"]["message"])
+            n = sum(len(c.get("token_ids", ())) for c in event["choices"])
+            if n:
+                t.chunks.append((time.perf_counter(), n))
+    return t
+
+
+async def drive(url: str, prompts: list[list[int]], output_len: int, concurrency: int):
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=httpx.Timeout(600)) as http:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def bounded(p):
+            async with gate:
+                return await one_request(http, p, output_len)
+
+        start = time.perf_counter()
+        timings = await asyncio.gather(*(bounded(p) for p in prompts))
+        return list(timings), time.perf_counter() - start
+
+
+def start_server(args, port: int, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "fastpath.serve", args.model, "--port", str(port), "--no-access-log",
+           "--log-level", "warning", *engine_flags(args)]  # fmt: skip
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + args.start_timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(
+                f"the server did not start in {args.start_timeout} s:\n{log.read_text()[-4000:]}"
+            )
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def engine_options(args) -> dict:
+    o = {"device": args.device, "max_batch_size": max(args.concurrency), "max_seq_len": args.max_seq_len}
+    if args.dtype:
+        o["dtype"] = args.dtype
+    if args.tokenizer:
+        o["tokenizer"] = str(args.tokenizer)
+    return o
+
+
+def engine_flags(args) -> list[str]:
+    flags = []
+    for key, value in engine_options(args).items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    return flags
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_offline(args, prompts: list[list[int]]) -> list[dict]:
+    from fastpath.runtime import LLM
+
+    rows = []
+    with LLM(args.model, **engine_options(args)) as llm:
+        offline(llm, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency))  # warm-up
+        for c in args.concurrency:
+            timings, seconds = offline(llm, prompts, args.output_len, c)
+            rows.append(summarize("offline (engine API)", c, timings, seconds))
+            print(rows[-1], flush=True)
+        rows.append(offline_generate(llm, prompts, args.output_len))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
+    port = free_port()
+    args.out.mkdir(parents=True, exist_ok=True)
+    proc = start_server(args, port, args.out / "serve-server.log")
+    url = f"http://127.0.0.1:{port}"
+    rows = []
+    try:
+        asyncio.run(drive(url, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency)))
+        for c in args.concurrency:
+            timings, seconds = asyncio.run(drive(url, prompts, args.output_len, c))
+            rows.append(summarize("server (HTTP, streamed)", c, timings, seconds))
+            print(rows[-1], flush=True)
+    finally:
+        code = stop_server(proc)
+    return rows, code
+
+
+def table(rows: list[dict], generate_tok_s: float) -> str:
+    headers = ["mode", "concurrency", "requests", "output tok/s", "vs offline generate",
+               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]  # fmt: skip
+    body = [
+        [r["mode"], r["concurrency"], r["requests"], f"{r['output_tok_s']:.0f}",
+         f"{r['output_tok_s'] / generate_tok_s:.1%}", f"{r['ttft_p50_ms']:.1f}", f"{r['ttft_p99_ms']:.1f}",
+         f"{r['itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f}"]
+        for r in rows
+    ]  # fmt: skip
+    return markdown_table(headers, body)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--model", default="random:llama-1b")
+    ap.add_argument("--tokenizer", type=Path, help="a tokenizer folder (the random 1.2B Llama has none)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--requests", type=int, default=256, help="requests per concurrency")
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-seq-len", type=int, default=1024)
+    ap.add_argument("--start-timeout", type=float, default=600)
+    ap.add_argument(
+        "--quick", action="store_true", help="a tiny random model on the CPU: the bench's smoke test"
+    )
+    args = ap.parse_args()
+    if args.quick:
+        args.model, args.device, args.requests = "random:tiny-llama", "cpu", 32
+        args.input_len, args.output_len, args.max_seq_len = 16, 16, 128
+        args.concurrency = [1, 16]
+    os.environ.setdefault("FASTPATH_PROGRESS", "0")
+    prompts = make_prompts(args.requests, args.input_len, vocab=500 if args.quick else 30000)
+
+    offline_rows = run_offline(args, prompts)
+    server_rows, exit_code = run_server(args, prompts)
+    generate_tok_s = offline_rows[-1]["output_tok_s"]
+    by_c = {r["concurrency"]: r for r in offline_rows}
+    rows = [
+        row for c in args.concurrency for row in (by_c[c], *(r for r in server_rows if r["concurrency"] == c))
+    ]
+    rows.append(offline_rows[-1])
+    top = max(args.concurrency)
+    server_top = next(r for r in server_rows if r["concurrency"] == top)
+    ratio = server_top["output_tok_s"] / generate_tok_s
+    verdict = (
+        f"At concurrency {top} the server's output throughput is {ratio:.1%} of offline generate's "
+        f"(target: at least 95%); the server exited with {exit_code} after SIGTERM."
+    )
+    setup = (f"model {args.model}, device {args.device}, {args.requests} requests of {args.input_len} prompt "
+             f"tokens and {args.output_len} output tokens (ignore_eos, greedy), max_batch_size {top}")  # fmt: skip
+    payload = {"env": environment(), "setup": vars(args) | {"out": str(args.out)}, "rows": rows,
+               "server_vs_generate": ratio, "server_exit_code": exit_code}  # fmt: skip
+    payload["setup"]["tokenizer"] = str(args.tokenizer) if args.tokenizer else None
+    text = f"{table(rows, generate_tok_s)}\n\n{setup}.\n\n{verdict}"
+    write_outputs(args.out, "serve-quick" if args.quick else "serve", payload, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The FastAPI app over one engine: OpenAI's /v1 routes, /health and /metrics.
+
+`build_app(llm, config)` is all a caller needs; `fastpath.runtime.serve.server.serve` runs it under
+uvicorn with the drain on SIGTERM. Errors of every kind leave as OpenAI error bodies.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from ..engine.outputs import EngineClosedError
+from .chat import create_chat_completion
+from .completions import create_completion
+from .config import AdmissionGate, ServeConfig
+from .errors import ServeError, error_response, validation_param
+from .metrics import ServerMetrics
+from .middleware import RequestMiddleware
+from .state import ServerState
+
+# What metrics label requests by; any other path counts as "other", so a scan cannot grow the labels.
+ROUTES = frozenset(
+    {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/docs", "/openapi.json"}
+)
+
+
+def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | None = None) -> FastAPI:
+    """An app serving `llm` (a fastpath.runtime.LLM). The served model name is config.served_model_name,
+    else `model_name` (what the command line named), else the engine's model."""
+    config = config or ServeConfig()
+    name = config.served_model_name or model_name or _engine_model_name(llm)
+    state = ServerState(
+        llm=llm,
+        config=config,
+        model_name=name,
+        gate=AdmissionGate(llm.config.max_batch_size, config.max_queued_requests),
+        metrics=ServerMetrics(llm.stats),
+        created=int(time.time()),
+        routes=ROUTES,
+    )
+    app = FastAPI(title="fastpath", summary="An OpenAI-compatible server for a fastpath engine")
+    app.state.fastpath = state
+    app.add_middleware(RequestMiddleware, state=state)
+    _errors(app)
+    app.include_router(_public_routes())
+    app.include_router(_v1_routes(), prefix="/v1", dependencies=[Depends(_require_api_key)])
+    return app
+
+
+def _engine_model_name(llm: Any) -> str:
+    cfg = llm.config
+    return str(cfg.checkpoint) if cfg.checkpoint is not None else f"random:{cfg.model.name}"
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(ServeError)
+    async def serve_error(request: Request, exc: ServeError) -> Response:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+        if exc.status == 503:
+            headers["Retry-After"] = "1"
+        return error_response(exc.status, exc.message, exc.param, **headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        # The deepest error is the most specific: inside a union, the branch that got furthest.
+        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
+        param = validation_param(tuple(first.get("loc", ())))
+        message = first.get("msg", "invalid request").removeprefix("Value error, ")
+        return error_response(400, f"{param}: {message}" if param else message, param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(EngineClosedError)
+    async def closed(request: Request, exc: EngineClosedError) -> Response:
+        return error_response(503, str(exc))
+
+
+async def _require_api_key(request: Request) -> None:
+    key = request.app.state.fastpath.config.api_key
+    if key is None:
+        return
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        raise ServeError("a valid API key is needed: Authorization: Bearer <key>", None, 401)
+
+
+def _public_routes() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health(request: Request) -> Response:
+        state: ServerState = request.app.state.fastpath
+        if state.gate.draining:
+            return error_response(503, "the server is shutting down")
+        reason = state.closed_reason()
+        if reason is not None:
+            return error_response(503, f"the engine is closed: {reason}")
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        registry = request.app.state.fastpath.metrics.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def _v1_routes() -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/models")
+    async def models(request: Request) -> Response:
+        state: ServerState = request.app.state.fastpath
+        card = {
+            "id": state.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "fastpath",
+            "max_model_len": state.llm.config.max_seq_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    router.add_api_route("/completions", create_completion, methods=["POST"])
+    router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])
+    return router

@@ -1,0 +1,83 @@
+"""POST /v1/chat/completions: messages rendered by the tokenizer's chat template, streamed or not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from .errors import RequestInvalid, ServeError, error_body
+from .generation import Generation, request_id
+from .params import request_keys, sampling_params
+from .protocol import ChatRequest
+from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, sse, worth_sending
+from .sse import SSEResponse, unless_disconnected
+from .state import ServerState
+
+
+async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.fastpath
+    state.check_model(body.model)
+    params = sampling_params(body, state.config.max_tokens)
+    messages = body.template_messages()
+
+    def prompts() -> list[Any]:
+        try:
+            return [
+                state.llm.render_chat(
+                    messages,
+                    body.chat_template,
+                    body.add_generation_prompt,
+                    body.continue_final_message,
+                    body.chat_template_kwargs,
+                )
+            ]
+        except Exception as exc:  # the template's own error (raise_exception, a bad role order) names it
+            raise RequestInvalid(f"messages: the chat template failed: {exc}", "messages") from None
+
+    rid = request_id("chatcmpl")
+    request.state.request_id = rid
+    gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(body))
+    request.state.prompt_tokens = gen.prompt_tokens
+    if body.stream:
+        env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.model_name)
+        return SSEResponse(_events(gen, env, body, request), gen)
+    env = Envelope(rid, "chat.completion", int(time.time()), state.model_name)
+    return await unless_disconnected(request.receive, gen, _respond(gen, env, body, request))
+
+
+async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: Request):
+    (out,) = await gen.collect()
+    usage = Usage(gen.prompt_tokens, sum(len(c.token_ids) for c in out.outputs))
+    request.state.completion_tokens = usage.completion_tokens
+    choices = [chat_choice(c.index, c, body.return_token_ids) for c in out.outputs]
+    extra = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
+    return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
+
+
+async def _events(
+    gen: Generation, env: Envelope, body: ChatRequest, request: Request
+) -> AsyncIterator[bytes]:
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    more = {"usage": None} if include_usage else {}
+    started: set[int] = set()
+    usage = Usage(gen.prompt_tokens)
+    try:
+        async for _, out in gen.outputs():
+            for c in out.outputs:
+                usage.completion_tokens += len(c.token_ids)
+                first = c.index not in started
+                if not (first or worth_sending(c, body.return_token_ids)):
+                    continue
+                started.add(c.index)
+                yield sse(env.body([chat_delta(c.index, c, first, body.return_token_ids)], **more))
+        if include_usage:
+            yield sse(env.body([], usage=usage.as_dict()))
+    except ServeError as exc:
+        yield sse(error_body(exc.status, exc.message, exc.param))
+    finally:
+        request.state.completion_tokens = usage.completion_tokens
+    yield SSE_DONE

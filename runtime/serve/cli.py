@@ -1,0 +1,154 @@
+"""Command-line options shared by `fastpath serve` and every generated package's `python -m <pkg> serve`.
+
+`run(llm_factory, args)` builds the engine from the engine options the command line gave (the rest
+keep the factory's defaults: a manifest's, for a package), serves it, and closes it after the drain.
+A manifest's `serve:` section arrives as parser defaults, so a flag still overrides it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .config import DEFAULT_PORT, ServeConfig
+
+DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
+
+# flag -> (LLM keyword, type, help); only flags given on the command line reach the factory.
+ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "--device": ("device", str, "auto | cuda | cpu"),
+    "--dtype": ("dtype", str, "float32 | bfloat16 | float16"),
+    "--seed": ("seed", int, "engine seed (random weights, unseeded requests)"),
+    "--max-batch-size": ("max_batch_size", int, "most sequences in one step (vLLM: --max-num-seqs)"),
+    "--max-seq-len": ("max_seq_len", int, "longest sequence, prompt and output (vLLM: --max-model-len)"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "most prompt tokens one prefill step takes"),
+    "--kv-cache-blocks": ("kv_cache_blocks", int, "KV-cache blocks (default: from free memory)"),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", float, "share of GPU memory the engine may use"),
+    "--guided-backend": ("guided_backend", str, "auto | xgrammar | none"),
+    "--tensor-parallel-size": ("tensor_parallel_size", int, "GPUs that split each layer"),
+    "--tokenizer": ("tokenizer", str, "a tokenizer folder, when the model's has none"),
+}
+ALIASES = {
+    "--max-num-seqs": "--max-batch-size",
+    "--max-model-len": "--max-seq-len",
+    "--tp": "--tensor-parallel-size",
+}
+
+SERVE_DEFAULTS: dict[str, Any] = {
+    "host": "127.0.0.1",
+    "port": DEFAULT_PORT,
+    "served_model_name": None,
+    "api_key_env": DEFAULT_API_KEY_ENV,
+    "max_queued_requests": 1024,
+    "max_tokens": None,
+    "max_request_bytes": 8 << 20,
+    "drain_timeout_s": 30.0,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None) -> None:
+    """The server's and the engine's options; `defaults` (a manifest's serve section) replace ours."""
+    d = {**SERVE_DEFAULTS, **{k: v for k, v in (defaults or {}).items() if v is not None}}
+    s = parser.add_argument_group("server")
+    s.add_argument("--host", default=d["host"], help="address to listen on (default: %(default)s)")
+    s.add_argument("--port", type=int, default=d["port"], help="port (default: %(default)s)")
+    s.add_argument("--served-model-name", default=d["served_model_name"], help="the name /v1/models lists")
+    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    s.add_argument(
+        "--api-key-env", default=d["api_key_env"], help="environment variable read when --api-key is absent"
+    )
+    s.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=d["max_queued_requests"],
+        help="beyond a full batch; more get 503",
+    )
+    s.add_argument(
+        "--max-tokens", type=int, default=d["max_tokens"], help="the most tokens a request may ask for"
+    )
+    s.add_argument(
+        "--max-request-bytes", type=int, default=d["max_request_bytes"], help="larger bodies get 413"
+    )
+    s.add_argument(
+        "--drain-timeout", dest="drain_timeout_s", type=float, default=d["drain_timeout_s"], help="seconds"
+    )
+    s.add_argument("--no-access-log", dest="access_log", action="store_false", help="no per-request log line")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    e = parser.add_argument_group("engine")
+    for flag, (key, kind, text) in ENGINE_FLAGS.items():
+        names = [flag, *(a for a, target in ALIASES.items() if target == flag)]
+        e.add_argument(*names, dest=f"engine_{key}", type=kind, default=None, help=text)
+    e.add_argument(
+        "--enforce-eager", dest="engine_enforce_eager", action="store_const", const=True, default=None
+    )
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    api_key = args.api_key if args.api_key is not None else os.environ.get(args.api_key_env) or None
+    return ServeConfig(
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        api_key=api_key,
+        max_queued_requests=args.max_queued_requests,
+        max_tokens=args.max_tokens,
+        max_request_bytes=args.max_request_bytes,
+        drain_timeout_s=args.drain_timeout_s,
+        access_log=args.access_log,
+    )
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        key.removeprefix("engine_"): value
+        for key, value in vars(args).items()
+        if key.startswith("engine_") and value is not None
+    }
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name: str | None = None) -> int:
+    """Build the engine, serve until SIGTERM, drain, close the engine; 0, or 2 for a bad option."""
+    from .server import serve
+
+    configure_logging(args.log_level)
+    try:
+        config = serve_config(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    llm = llm_factory(**engine_kwargs(args))
+    try:
+        serve(llm, config, model_name=model_name)
+    finally:
+        llm.close()
+    return 0
+
+
+def package_main(
+    argv: Sequence[str] | None, *, prog: str, llm_factory: Callable[..., Any], lock: Mapping[str, Any]
+) -> int:
+    """`python -m <package> serve [...]`: a generated package serves its compiled executor.
+    `lock` is the package's MANIFEST: its serve section gives the defaults, its name the model's."""
+    serve_section = dict(lock.get("serve") or {})
+    parser = argparse.ArgumentParser(
+        prog=prog, description=f"{lock['name']}: fastpath's engine as compiled from its manifest"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_arguments(
+        commands.add_parser("serve", help="an OpenAI-compatible HTTP server for this package's engine"),
+        serve_section,
+    )
+    args = parser.parse_args(argv)
+    return run(llm_factory, args, model_name=serve_section.get("served_model_name") or lock["name"])

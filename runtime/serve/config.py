@@ -1,0 +1,113 @@
+"""ServeConfig: how the server listens and what it admits; every value checked where it enters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import RequestInvalid, Unavailable
+
+DEFAULT_PORT = 8000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """- `served_model_name`: the name /v1/models lists and requests must use (None: the model as given).
+    - `api_key`: when set, /v1/* needs `Authorization: Bearer <api_key>`.
+    - `max_queued_requests`: completions that may wait beyond a full batch; more get 503.
+    - `max_tokens`: the most a request may ask for, and the default when it asks for none.
+    - `max_request_bytes`: a larger body gets 413.
+    - `drain_timeout_s`: after SIGTERM, how long running requests may finish before they are cut.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_queued_requests: int = 1024
+    max_tokens: int | None = None
+    max_request_bytes: int = 8 << 20
+    drain_timeout_s: float = 30.0
+    access_log: bool = True
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.host, str) and self.host.strip() == self.host != "",
+            "host",
+            "a host name",
+            self.host,
+        )
+        _check(_int(self.port) and 0 <= self.port <= 65535, "port", "an int in [0, 65535]", self.port)
+        if self.served_model_name is not None:
+            ok = isinstance(self.served_model_name, str) and self.served_model_name.isprintable()
+            _check(
+                ok and self.served_model_name != "",
+                "served_model_name",
+                "a printable name",
+                self.served_model_name,
+            )
+        if self.api_key is not None:
+            _check(
+                isinstance(self.api_key, str) and self.api_key != "",
+                "api_key",
+                "a non-empty string",
+                "<hidden>",
+            )
+        _check(
+            _int(self.max_queued_requests) and self.max_queued_requests >= 0,
+            "max_queued_requests",
+            "an int >= 0",
+            self.max_queued_requests,
+        )
+        if self.max_tokens is not None:
+            _check(
+                _int(self.max_tokens) and self.max_tokens >= 1,
+                "max_tokens",
+                "None or an int >= 1",
+                self.max_tokens,
+            )
+        _check(
+            _int(self.max_request_bytes) and self.max_request_bytes >= 1024,
+            "max_request_bytes",
+            "an int >= 1024",
+            self.max_request_bytes,
+        )
+        t = self.drain_timeout_s
+        ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= 3600
+        _check(ok, "drain_timeout_s", "seconds in [0, 3600]", t)
+
+
+def _int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check(ok: bool, name: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"serve option {name} must be {allowed}, got {value!r:.80}")
+
+
+class AdmissionGate:
+    """Counts completions in flight: a full batch plus `max_queued` may wait; beyond that, 503.
+
+    Touched only from the server's event loop, so it needs no lock.
+    """
+
+    def __init__(self, batch_slots: int, max_queued: int) -> None:
+        self.capacity = batch_slots + max_queued
+        self.in_flight = 0
+        self.draining = False
+
+    def enter(self, completions: int) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down")
+        if completions > self.capacity:
+            raise RequestInvalid(f"n is {completions}, above this server's bound of {self.capacity}", "n")
+        if self.in_flight + completions > self.capacity:
+            raise Unavailable(
+                f"the server is at capacity ({self.in_flight} completions in flight, bound {self.capacity}); "
+                "retry later"
+            )
+        self.in_flight += completions
+
+    def leave(self, completions: int) -> None:
+        self.in_flight -= completions

@@ -1,0 +1,189 @@
+"""One HTTP request's engine requests: submitted together, streamed or collected, aborted together.
+
+Submission (tokenizing, rendering a chat template, compiling a grammar) runs in a worker thread so
+the event loop keeps streaming other requests meanwhile. Whatever ends the HTTP request (its last
+token, its client leaving, the server shutting down) passes through `close()`, which aborts what is
+still running, so its KV blocks are freed at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from ..engine.outputs import EngineClosedError, RequestOutput
+from ..engine.request import RequestHandle
+from ..engine.sampling_params import SamplingParams
+from .errors import RequestInvalid, ServeError, Unavailable
+from .params import RequestKeys
+
+if TYPE_CHECKING:
+    from .state import ServerState
+
+_ids = itertools.count()
+
+
+def request_id(prefix: str) -> str:
+    return f"{prefix}-{time.time_ns():x}{next(_ids):x}"
+
+
+class Generation:
+    def __init__(
+        self, state: ServerState, handles: list[RequestHandle], arrival: float, completions: int, stream: bool
+    ):
+        self.state = state
+        self.stream = stream  # latencies are measured on streams: a whole reply has no first token
+        self.handles = handles
+        self.arrival = arrival
+        self.completions = completions
+        self._last: dict[int, float] = {}
+        self._reasons: list[str] = []  # finish reasons as they arrive, for metrics
+        self._closed = False
+
+    @classmethod
+    async def start(
+        cls,
+        state: ServerState,
+        prompts: Callable[[], list[Any]],
+        prompt_count: int,
+        params: SamplingParams,
+        rid: str,
+        stream: bool,
+        keys: RequestKeys,
+    ) -> Generation:
+        """Admit the request (503 at capacity) and submit its prompts; `prompts()` runs in a worker thread."""
+        arrival = time.monotonic()
+        completions = params.n * prompt_count
+        try:
+            state.gate.enter(completions)
+        except Unavailable:
+            state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
+            raise
+        try:
+            handles = await _submit_in_thread(state, prompts, params, rid, stream, keys)
+        except BaseException:
+            state.gate.leave(completions)
+            raise
+        return cls(state, handles, arrival, completions, stream)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(h.prompt_ids) for h in self.handles)
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, incremental output) as steps complete; records TTFT and inter-token latency."""
+        async for i, out in _merged(self.handles):
+            if out.error is not None:
+                raise Unavailable(f"the request failed: {out.error}")
+            if self.stream:
+                self._observe(i, out)
+            self._reasons += [c.finish_reason for c in out.outputs if c.finish_reason is not None]
+            yield i, out
+
+    def _observe(self, i: int, out: RequestOutput) -> None:
+        tokens = max((len(c.token_ids) for c in out.outputs), default=0)
+        if not tokens:
+            return
+        now = time.monotonic()
+        last = self._last.get(i)
+        metrics = self.state.metrics
+        if last is None:
+            metrics.ttft.observe(now - self.arrival)
+        else:
+            per_token = (now - last) / tokens
+            for _ in range(tokens):
+                metrics.itl.observe(per_token)
+        self._last[i] = now
+
+    async def collect(self) -> list[RequestOutput]:
+        """Every prompt's whole output, once all have finished."""
+        async for _ in self.outputs():
+            pass
+        return [h.result() for h in self.handles]
+
+    def abort(self) -> None:
+        for h in self.handles:
+            h.abort()
+
+    def close(self) -> None:
+        """Abort what still runs, record the request, give back its place at the gate. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        unfinished = [h for h in self.handles if not h.poll()]
+        for h in unfinished:
+            h.abort()
+        metrics = self.state.metrics
+        if unfinished:
+            metrics.aborted.inc()
+        for reason in self._reasons:
+            metrics.finished.labels(reason).inc()
+        metrics.e2e.observe(time.monotonic() - self.arrival)
+        self.state.gate.leave(self.completions)
+
+
+async def _submit_in_thread(state, prompts, params, rid, stream, keys: RequestKeys) -> list[RequestHandle]:
+    loop = asyncio.get_running_loop()
+
+    def submit_all() -> list[RequestHandle]:
+        handles: list[RequestHandle] = []
+        try:
+            for i, prompt in enumerate(prompts()):
+                handles.append(
+                    state.llm.submit(prompt, params, request_id=f"{rid}-{i}", loop=loop, stream=stream)
+                )
+        except BaseException:
+            for h in handles:
+                h.abort()
+            raise
+        return handles
+
+    future = loop.run_in_executor(None, submit_all)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        # The client left while its prompts were submitted: abort them once they are in.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception() or [h.abort() for h in f.result()])
+        raise
+    except EngineClosedError as exc:
+        raise Unavailable(str(exc)) from None
+    except ServeError:
+        raise
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        raise RequestInvalid(message, keys.blame(message)) from None
+
+
+async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    if len(handles) == 1:
+        async for out in handles[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, handle: RequestHandle) -> None:
+        try:
+            async for out in handle:
+                queue.put_nowait((i, out))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            queue.put_nowait((i, exc))
+        finally:
+            queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()

@@ -1,0 +1,92 @@
+"""Prometheus metrics: the engine's state read at scrape time, request latencies observed as they happen.
+
+Each app has its own registry, so several servers (tests, a bench) share a process without clashing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..engine.core import EngineStats
+
+# Seconds; vLLM's buckets, from a graph-replayed step to a long queue.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.2, 0.4, 0.8, 1.6)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300)
+
+
+class EngineCollector:
+    """Requests running and waiting, KV-cache blocks, token and preemption counts, from `stats()`."""
+
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        yield _gauge("fastpath_requests_running", "Sequences in the running batch.", s.running)
+        yield _gauge("fastpath_requests_waiting", "Sequences waiting for a batch slot.", s.waiting)
+        yield _gauge("fastpath_kv_cache_blocks_total", "KV-cache blocks the engine owns.", s.kv_blocks_total)
+        yield _gauge(
+            "fastpath_kv_cache_blocks_free", "KV-cache blocks not held by any sequence.", s.kv_blocks_free
+        )
+        used = 1 - s.kv_blocks_free / s.kv_blocks_total if s.kv_blocks_total else 0.0
+        yield _gauge("fastpath_kv_cache_usage_ratio", "Share of KV-cache blocks in use (0 to 1).", used)
+        yield _counter("fastpath_prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens)
+        yield _counter("fastpath_generation_tokens", "Tokens generated.", s.generation_tokens)
+        yield _counter("fastpath_preemptions", "Sequences preempted to free KV cache.", s.preemptions)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class ServerMetrics:
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(EngineCollector(stats))
+        r = self.registry
+        self.ttft = Histogram(
+            "fastpath_time_to_first_token_seconds",
+            "From a request's arrival to its first token, streamed requests.",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "fastpath_inter_token_latency_seconds",
+            "Between a streamed request's successive tokens.",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "fastpath_e2e_request_latency_seconds",
+            "From a request's arrival to its last token.",
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "fastpath_http_requests",
+            "HTTP requests answered, by route and status.",
+            ["route", "status"],
+            registry=r,
+        )
+        self.finished = Counter(
+            "fastpath_request_finished", "Completions finished, by reason.", ["finish_reason"], registry=r
+        )
+        self.rejected = Counter(
+            "fastpath_requests_rejected",
+            "Requests refused before the engine, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.aborted = Counter(
+            "fastpath_requests_aborted",
+            "Requests cut before they finished: the client left, or the drain ran out.",
+            registry=r,
+        )

@@ -1,0 +1,131 @@
+"""An OpenAI request's fields -> SamplingParams; a bad value is a RequestInvalid naming the request field.
+
+SamplingParams checks every range once (engine/sampling_params.py) and names its own field; this
+module maps that name back to what the client sent (`max_completion_tokens`, `top_logprobs`,
+`response_format`, ...), so the 400 points at the client's key.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.sampling_params import GuidedDecodingParams, SamplingParams
+from .errors import RequestInvalid
+from .protocol import ChatRequest, CompletionRequest, SamplingFields
+
+_FIELD = re.compile(r"SamplingParams\.(\w+)")
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKeys:
+    """The request keys that an engine admission error may blame (engine messages name their own)."""
+
+    prompt: str  # "prompt" or "messages"
+    max_tokens: str  # "max_tokens" or "max_completion_tokens"
+    guided: str  # "response_format" or the guided_* key that set the constraint
+
+    def blame(self, message: str) -> str:
+        if "max_tokens" in message:
+            return self.max_tokens
+        if "stop_token_ids" in message:
+            return "stop_token_ids"
+        if "guided" in message:
+            return self.guided
+        return self.prompt
+
+
+def request_keys(req: SamplingFields) -> RequestKeys:
+    prompt = "messages" if isinstance(req, ChatRequest) else "prompt"
+    return RequestKeys(prompt, _max_tokens(req)[0], _guided(req)[0])
+
+
+def sampling_params(req: SamplingFields, max_tokens_limit: int | None) -> SamplingParams:
+    """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field."""
+    max_key, max_tokens = _max_tokens(req)
+    if max_tokens_limit is not None:
+        if max_tokens is None:
+            max_tokens = max_tokens_limit
+        elif max_key not in req.model_fields_set:  # a default (completions' 16) fits under the limit
+            max_tokens = min(max_tokens, max_tokens_limit)
+        elif max_tokens > max_tokens_limit:
+            raise RequestInvalid(
+                f"{max_key} is {max_tokens}, above this server's limit of {max_tokens_limit}", max_key
+            )
+    logprob_key, logprobs = _logprobs(req)
+    guided_key, guided = _guided(req)
+    names = {"max_tokens": max_key, "logprobs": logprob_key, "guided_decoding": guided_key}
+    try:
+        return SamplingParams(
+            n=req.n,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            stop=req.stop,
+            stop_token_ids=req.stop_token_ids or (),
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            ignore_eos=req.ignore_eos,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logprobs=logprobs,
+            skip_special_tokens=req.skip_special_tokens,
+            guided_decoding=guided,
+        )
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        match = _FIELD.search(message)
+        field = match.group(1) if match else ("guided_decoding" if "Guided" in message else None)
+        param = names.get(field, field) if field else None
+        raise RequestInvalid(_respell(message, field, param), param) from None
+
+
+def _respell(message: str, field: str | None, param: str | None) -> str:
+    """The engine's message in the client's words: `SamplingParams.top_p` -> `top_p`."""
+    message = message.replace(f"SamplingParams.{field}", param or "") if field else message
+    return message.replace("GuidedDecodingParams", param or "guided decoding")
+
+
+def _max_tokens(req: SamplingFields) -> tuple[str, int | None]:
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        return "max_completion_tokens", req.max_completion_tokens
+    return "max_tokens", req.max_tokens
+
+
+def _logprobs(req: SamplingFields) -> tuple[str, int | None]:
+    if isinstance(req, CompletionRequest):
+        return "logprobs", req.logprobs
+    assert isinstance(req, ChatRequest)
+    if not req.logprobs:
+        return "logprobs", None
+    return ("top_logprobs", req.top_logprobs) if req.top_logprobs is not None else ("logprobs", 0)
+
+
+def _guided(req: SamplingFields) -> tuple[str, GuidedDecodingParams | None]:
+    given: dict[str, dict[str, Any]] = {}
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        given["response_format"] = {"json_object": True}
+    elif fmt is not None and fmt.type == "json_schema":
+        assert fmt.json_schema is not None
+        given["response_format"] = {"json": fmt.json_schema.json_schema or {"type": "object"}}
+    for key, kind in zip(_GUIDED_FIELDS, ("json", "regex", "choice", "grammar"), strict=True):
+        value = getattr(req, key)
+        if value is not None:
+            given[key] = {kind: value}
+    if not given:
+        return "response_format", None
+    if len(given) > 1:
+        raise RequestInvalid(f"{' and '.join(given)} each set a constraint; set one", next(iter(given)))
+    key, spec = next(iter(given.items()))
+    try:
+        return key, GuidedDecodingParams(**spec)
+    except ValueError as exc:
+        kind = next(iter(spec))
+        raise RequestInvalid(str(exc).replace(f"GuidedDecodingParams.{kind}", key), key) from None

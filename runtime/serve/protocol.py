@@ -1,0 +1,184 @@
+"""The OpenAI request bodies the server accepts, as pydantic models (vLLM's extras included).
+
+Types are checked here, strictly (`"8"` is not 8, `1` is not `true`); value ranges are checked once,
+by SamplingParams (params.py), and both kinds of error name the request field. Unknown fields are
+refused rather than ignored, so a misspelt option never silently does nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+TokenIds = list[Annotated[int, Field(ge=0)]]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class StreamOptions(Body):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class JsonSchema(Body):
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a json_schema object")
+        return self
+
+
+class SamplingFields(Body):
+    """The fields completions and chat share: OpenAI's, then vLLM's extras."""
+
+    model: str | None = None
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None  # None: 1.0, as OpenAI
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: TokenIds | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: Any) -> Any:
+        if value:
+            raise ValueError("is not supported")
+        return value
+
+    @field_validator("stream_options")
+    @classmethod
+    def _options_need_a_stream(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("needs stream: true")
+        return value
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: int | None = 16  # OpenAI's default for completions (chat's is the rest of the context)
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("is an empty list")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and value != info.data.get("n"):
+            raise ValueError("other than n is not supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: Any) -> Any:
+        if value:
+            raise ValueError("is not supported")
+        return value
+
+
+class TextPart(Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_dict(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: bool | None = None
+    # vLLM's chat extras
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_max(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("max_tokens") not in (None, value):
+            raise ValueError("disagrees with max_tokens; set one")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: Any) -> Any:
+        if value:
+            raise ValueError("are not supported")
+        return value
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_without_prompt(cls, value: Any, info: ValidationInfo) -> Any:
+        if value and info.data.get("add_generation_prompt"):
+            raise ValueError("needs add_generation_prompt: false")
+        return value
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [m.as_template_dict() for m in self.messages]

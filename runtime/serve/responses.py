@@ -1,0 +1,166 @@
+"""Response bodies and stream chunks in OpenAI's shapes, from the engine's RequestOutputs.
+
+Plain dicts: a stream sends one per step per request, and building them must stay cheap.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.outputs import CompletionOutput, PositionLogprobs
+
+# JSON has no -inf; a token the model rules out entirely gets vLLM's floor instead.
+LOGPROB_FLOOR = -9999.0
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        total = self.prompt_tokens + self.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": total,
+        }
+
+
+@dataclass(slots=True)
+class Envelope:
+    """What every body of one response carries."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+    def body(self, choices: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **more,
+        }
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _lp(value: float) -> float:
+    return value if value > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+def _text(entry: Any) -> str:
+    return entry.decoded_token if entry.decoded_token is not None else ""
+
+
+@dataclass(slots=True)
+class TextOffsets:
+    """Completions logprobs carry each token's offset in the text; a stream continues where it left off."""
+
+    offset: int = 0
+
+
+def completion_logprobs(
+    c: CompletionOutput, offsets: TextOffsets | None = None
+) -> dict[str, list[Any]] | None:
+    """The legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset."""
+    if c.logprobs is None:
+        return None
+    offsets = offsets or TextOffsets()
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for token, position in zip(c.token_ids, c.logprobs, strict=False):
+        chosen = position[token]
+        text = _text(chosen)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(_lp(chosen.logprob))
+        # vLLM's shape: the top-k and the chosen token (when it is not among them)
+        top = {_text(e): _lp(e.logprob) for e in _ranked(position)}
+        top.setdefault(text, _lp(chosen.logprob))
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offsets.offset)
+        offsets.offset += len(text)
+    return out
+
+
+def chat_logprobs(c: CompletionOutput) -> dict[str, list[Any]] | None:
+    """The chat shape: per token its text, logprob, UTF-8 bytes and the top alternatives."""
+    if c.logprobs is None:
+        return None
+    content = []
+    for token, position in zip(c.token_ids, c.logprobs, strict=False):
+        chosen = position[token]
+        content.append(
+            {
+                **_token(chosen),
+                "top_logprobs": [_token(e) for e in _ranked(position)],
+            }
+        )
+    return {"content": content}
+
+
+def _ranked(position: PositionLogprobs) -> list[Any]:
+    return sorted((e for e in position.values() if e.rank is not None), key=lambda e: e.rank)
+
+
+def _token(entry: Any) -> dict[str, Any]:
+    text = _text(entry)
+    return {"token": text, "logprob": _lp(entry.logprob), "bytes": list(text.encode("utf-8"))}
+
+
+def completion_choice(
+    index: int, c: CompletionOutput, return_token_ids: bool, offsets: TextOffsets | None = None
+) -> dict[str, Any]:
+    choice = {
+        "index": index,
+        "text": c.text,
+        "logprobs": completion_logprobs(c, offsets),
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+    }
+    if return_token_ids:
+        choice["token_ids"] = list(c.token_ids)
+    return choice
+
+
+def chat_choice(index: int, c: CompletionOutput, return_token_ids: bool) -> dict[str, Any]:
+    choice = {
+        "index": index,
+        "message": {"role": "assistant", "content": c.text},
+        "logprobs": chat_logprobs(c),
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+    }
+    if return_token_ids:
+        choice["token_ids"] = list(c.token_ids)
+    return choice
+
+
+def chat_delta(index: int, c: CompletionOutput, first: bool, return_token_ids: bool) -> dict[str, Any]:
+    delta: dict[str, Any] = {"role": "assistant", "content": c.text} if first else {"content": c.text}
+    choice = {
+        "index": index,
+        "delta": delta,
+        "logprobs": chat_logprobs(c),
+        "finish_reason": c.finish_reason,
+        "stop_reason": c.stop_reason,
+    }
+    if return_token_ids:
+        choice["token_ids"] = list(c.token_ids)
+    return choice
+
+
+def worth_sending(c: CompletionOutput, token_ids: bool) -> bool:
+    """Whether a stream sends this delta now. Tokens whose text is held back (part of a character, a
+    possible stop string) wait for the next chunk, unless the client asked for token ids or logprobs."""
+    return bool(c.text or c.finish_reason or (c.token_ids and (token_ids or c.logprobs)))

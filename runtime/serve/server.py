@@ -1,0 +1,88 @@
+"""Run an app under uvicorn; SIGTERM (or Ctrl-C) drains it and returns, so the process exits 0.
+
+On the signal the gate refuses new requests (503) and /health turns 503; uvicorn stops listening
+and lets running responses finish for up to `drain_timeout_s`, then cancels the rest, whose
+requests the engine aborts. Unlike plain uvicorn, the signal is not raised again afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+
+from .app import build_app
+from .config import ServeConfig
+from .state import ServerState
+
+log = logging.getLogger("fastpath.serve")
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if not self.state.gate.draining:
+            log.info(
+                "signal %s: draining %d completion(s) for up to %.1f s",
+                signal.Signals(sig).name,
+                self.state.gate.in_flight,
+                self.state.config.drain_timeout_s,
+            )
+        self.state.gate.draining = True
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in _SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def make_server(
+    llm: Any, config: ServeConfig, *, model_name: str | None = None, log_level: str = "info"
+) -> DrainingServer:
+    app = build_app(llm, config, model_name=model_name)
+    uv = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=log_level,
+        access_log=False,  # ours is structured (middleware.py)
+        timeout_graceful_shutdown=config.drain_timeout_s,
+        lifespan="off",
+    )
+    return DrainingServer(uv, app.state.fastpath)
+
+
+def serve(
+    llm: Any, config: ServeConfig, *, model_name: str | None = None, sock: socket.socket | None = None
+) -> None:
+    """Serve until SIGTERM or SIGINT, drain, return. The caller closes `llm`."""
+    server = make_server(llm, config, model_name=model_name)
+    executor = type(getattr(llm, "executor", None))
+    log.info(
+        "serving %r on http://%s:%d (OpenAI API under /v1; executor %s.%s)",
+        server.state.model_name,
+        config.host,
+        config.port,
+        executor.__module__,
+        executor.__qualname__,
+    )
+    server.run(sockets=[sock] if sock is not None else None)

@@ -1,0 +1,32 @@
+"""What every handler of one server shares: the engine, the settings, the gate, the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .config import AdmissionGate, ServeConfig
+from .errors import ServeError
+from .metrics import ServerMetrics
+
+
+@dataclass(slots=True)
+class ServerState:
+    llm: Any  # fastpath.runtime.LLM, or a generated package's
+    config: ServeConfig
+    model_name: str
+    gate: AdmissionGate
+    metrics: ServerMetrics
+    created: int  # when the server started (unix seconds), for /v1/models
+    routes: frozenset[str] = frozenset()  # the paths metrics label by; any other is "other"
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ServeError(
+                f"the model {model!r} does not exist; this server serves {self.model_name!r}", "model", 404
+            )
+
+    def closed_reason(self) -> str | None:
+        """Why the engine no longer takes requests, or None while it does."""
+        core = getattr(self.llm, "core", None)
+        return getattr(core, "closed_reason", None)

@@ -1,0 +1,168 @@
+"""The OpenAI routes through the official client: models, completions and chat, streamed and not."""
+
+import pytest
+from serve_helpers import client, running
+
+from fastpath.runtime import SamplingParams
+
+PROMPTS = ["The quick brown fox", "Decode steps replay", '{"name": "fastpath"']
+TOKENS = {"return_token_ids": True, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def url(llm):
+    with running(llm) as url:
+        yield url
+
+
+def _offline(llm, prompt, max_tokens, **kw):
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)
+    return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+
+
+def test_models_names_the_served_model(url, llm):
+    (model,) = client(url).models.list().data
+    assert model.id == "tiny"
+    assert model.owned_by == "fastpath"
+    assert model.max_model_len == llm.config.max_seq_len
+
+
+def test_greedy_completion_equals_offline_generate(url, llm):
+    for prompt in PROMPTS:
+        r = client(url).completions.create(
+            model="tiny", prompt=prompt, max_tokens=12, temperature=0, extra_body=TOKENS
+        )
+        expected = _offline(llm, prompt, 12)
+        (choice,) = r.choices
+        assert choice.token_ids == expected.token_ids
+        assert choice.text == expected.text
+        assert choice.finish_reason == "length"
+        assert r.usage.completion_tokens == 12
+        assert r.usage.prompt_tokens == len(llm.get_tokenizer()(prompt)["input_ids"])
+        assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+
+
+def test_streamed_completion_equals_the_whole_one(url, llm):
+    chunks = list(
+        client(url).completions.create(
+            model="tiny",
+            prompt=PROMPTS[0],
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=TOKENS,
+        )
+    )
+    expected = _offline(llm, PROMPTS[0], 10)
+    body = [c for c in chunks if c.choices]
+    assert len(body) > 1, "a stream sends tokens as steps complete, not all at the end"
+    assert "".join(c.choices[0].text for c in body) == expected.text
+    assert [t for c in body for t in c.choices[0].token_ids] == expected.token_ids
+    assert body[-1].choices[0].finish_reason == "length"
+    assert all(c.usage is None for c in body)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_token_id_prompts_and_several_prompts_in_one_request(url, llm):
+    tok = llm.get_tokenizer()
+    ids = [tok(p)["input_ids"] for p in PROMPTS[1:]]
+    for prompt in (ids, PROMPTS[1:]):
+        r = client(url).completions.create(
+            model="tiny", prompt=prompt, max_tokens=6, temperature=0, n=2, extra_body=TOKENS
+        )
+        assert [c.index for c in r.choices] == [0, 1, 2, 3]
+        assert r.choices[0].token_ids == r.choices[1].token_ids == _offline(llm, ids[0], 6).token_ids
+        assert r.choices[2].token_ids == _offline(llm, ids[1], 6).token_ids
+        assert r.usage.completion_tokens == 24
+        assert r.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+
+
+def test_chat_uses_the_template_and_equals_offline_chat(url, llm):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    r = client(url).chat.completions.create(
+        model="tiny", messages=messages, max_tokens=9, temperature=0, extra_body=TOKENS
+    )
+    expected = llm.chat(messages, SamplingParams(max_tokens=9, ignore_eos=True), use_tqdm=False)[0]
+    (choice,) = r.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.outputs[0].text
+    assert choice.token_ids == expected.outputs[0].token_ids
+    assert r.prompt_token_ids == expected.prompt_token_ids
+    assert r.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert r.object == "chat.completion"
+
+
+def test_streamed_chat_sends_the_role_first_then_content(url, llm):
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}
+    ]
+    stream = client(url).chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True, extra_body=TOKENS
+    )
+    chunks = list(stream)
+    expected = llm.chat(
+        [{"role": "user", "content": "hello there"}],
+        SamplingParams(max_tokens=8, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.choices[0].delta.role is None for c in chunks[1:])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[0].object == "chat.completion.chunk"
+
+
+def test_seeded_sampling_is_reproducible_and_n_completions_differ(url):
+    def sample():
+        return client(url).completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=1.0, seed=7, n=3, extra_body=TOKENS
+        )
+
+    first, second = sample(), sample()
+    assert [c.token_ids for c in first.choices] == [c.token_ids for c in second.choices]
+    assert len({tuple(c.token_ids) for c in first.choices}) > 1
+
+
+def test_stop_strings_end_the_text(url, llm):
+    full = _offline(llm, PROMPTS[0], 16).text
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    r = client(url).completions.create(
+        model="tiny",
+        prompt=PROMPTS[0],
+        max_tokens=16,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
+    assert r.choices[0].text == full[: full.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_logprobs_in_both_shapes(url):
+    # The shapes only: what the top-k holds is the sampler's to test.
+    r = client(url).completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=3, extra_body=TOKENS
+    )
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert logprob <= 0
+        assert top[token] == logprob and 1 <= len(top) <= 4
+
+    chat = client(url).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+    assert all(t.logprob <= 0 and len(t.top_logprobs) <= 2 for t in content)
+    assert all(bytes(t.bytes) == t.token.encode() for t in content)

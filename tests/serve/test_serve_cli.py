@@ -1,0 +1,92 @@
+"""The command lines: `fastpath serve MODEL_OR_MANIFEST` and a package's `serve`, their defaults and overrides."""
+
+import argparse
+
+import pytest
+
+import fastpath.runtime.serve.cli as runtime_cli
+from fastpath.serve.cli import main, serve_main
+
+MANIFEST = """\
+schema_version: 1
+name: cli-model
+model: {checkpoint: "random:tiny-llama"}
+serve: {port: 9123, served_model_name: acme/m, api_key_env: ACME_KEY, max_tokens: 64}
+"""
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        runtime_cli,
+        "run",
+        lambda factory, args, model_name=None: seen.append((factory, args, model_name)) or 0,
+    )
+    return seen
+
+
+def test_a_manifest_gives_the_defaults_and_flags_win(tmp_path, calls, monkeypatch):
+    path = tmp_path / "m.yaml"
+    path.write_text(MANIFEST)
+    monkeypatch.setenv("ACME_KEY", "sesame")
+    assert serve_main([str(path), "--max-tokens", "8", "--max-batch-size", "2"]) == 0
+    ((_, args, name),) = calls
+    config = runtime_cli.serve_config(args)
+    assert name == "acme/m"
+    assert (config.port, config.max_tokens, config.api_key) == (9123, 8, "sesame")
+    assert runtime_cli.engine_kwargs(args) == {"max_batch_size": 2}
+
+
+def test_a_model_is_served_under_its_own_name_with_flag_aliases(calls, monkeypatch):
+    monkeypatch.delenv("FASTPATH_API_KEY", raising=False)
+    assert (
+        main(["serve", "random:tiny-llama", "--max-num-seqs", "3", "--max-model-len", "128", "--port", "0"])
+        == 0
+    )
+    ((_, args, name),) = calls
+    assert name == "random:tiny-llama"
+    assert runtime_cli.engine_kwargs(args) == {"max_batch_size": 3, "max_seq_len": 128}
+    config = runtime_cli.serve_config(args)
+    assert config.api_key is None and config.port == 0 and config.host == "127.0.0.1"
+
+
+def test_a_bad_manifest_is_reported_with_its_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(MANIFEST.replace("port: 9123", "port: 99999"))
+    assert serve_main([str(path)]) == 2
+    assert "bad.yaml:4:" in capsys.readouterr().err
+
+
+def test_unknown_commands_and_bad_options(capsys):
+    assert main(["compile"]) == 2
+    assert "unknown command 'compile'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "random:tiny-llama", "--max-batch-size", "many"])
+
+
+def test_a_package_serves_with_its_lock_as_defaults(calls):
+    lock = {
+        "name": "pkg-name",
+        "serve": {"port": 9200, "served_model_name": "acme/p", "drain_timeout_s": 3.0},
+    }
+    assert (
+        runtime_cli.package_main(
+            ["serve", "--host", "0.0.0.0"], prog="python -m pkg", llm_factory=dict, lock=lock
+        )
+        == 0
+    )
+    ((factory, args, name),) = calls
+    config = runtime_cli.serve_config(args)
+    assert factory is dict and name == "acme/p"
+    assert (config.host, config.port, config.drain_timeout_s) == ("0.0.0.0", 9200, 3.0)
+    with pytest.raises(SystemExit):
+        runtime_cli.package_main([], prog="python -m pkg", llm_factory=dict, lock=lock)
+
+
+def test_a_bad_serve_option_is_refused_before_the_engine_starts(capsys):
+    parser = argparse.ArgumentParser()
+    runtime_cli.add_arguments(parser)
+    args = parser.parse_args(["--max-request-bytes", "5"])
+    assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), args) == 2
+    assert "max_request_bytes" in capsys.readouterr().err

@@ -1,0 +1,146 @@
+"""Bad requests get 400 with an OpenAI error body naming the field; auth, size and model errors likewise."""
+
+import httpx
+import openai
+import pytest
+from serve_helpers import client, running
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def url(llm):
+    with running(llm, max_tokens=64, max_request_bytes=4096, api_key="sesame") as url:
+        yield url
+
+
+@pytest.fixture
+def http(url):
+    with httpx.Client(base_url=url, timeout=30, headers={"Authorization": "Bearer sesame"}) as http:
+        yield http
+
+
+BAD = [
+    # (route body, changes, the param the error names, words in its message)
+    (COMPLETION, {"temperature": -1}, "temperature", ">= 0"),
+    (COMPLETION, {"top_p": 5}, "top_p", "(0, 1]"),
+    (COMPLETION, {"n": 0}, "n", "[1, 256]"),
+    (COMPLETION, {"max_tokens": 0}, "max_tokens", "max_tokens"),
+    (COMPLETION, {"max_tokens": 65}, "max_tokens", "limit of 64"),
+    (COMPLETION, {"logprobs": 50}, "logprobs", "[0, 20]"),
+    (COMPLETION, {"presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
+    (COMPLETION, {"top_k": -2}, "top_k", "top_k"),
+    (COMPLETION, {"min_p": 1.5}, "min_p", "[0, 1]"),
+    (COMPLETION, {"repetition_penalty": 0}, "repetition_penalty", "(0, 100]"),
+    (COMPLETION, {"seed": -1}, "seed", "seed"),
+    (COMPLETION, {"stop": [""]}, "stop", "non-empty"),
+    (COMPLETION, {"min_tokens": 5}, "min_tokens", "must not exceed"),
+    (COMPLETION, {"temperature": "hot"}, "temperature", "valid number"),
+    (COMPLETION, {"n": True}, "n", "valid integer"),
+    (COMPLETION, {"prompt": []}, "prompt", "empty list"),
+    (COMPLETION, {"prompt": [[1, 2], []]}, "prompt", "empty prompt"),
+    (COMPLETION, {"prompt": [1, 99999]}, "prompt", "out of range"),
+    (COMPLETION, {"stop_token_ids": [99999]}, "stop_token_ids", "out of range"),
+    (COMPLETION, {"temprature": 1}, "temprature", "Extra inputs"),
+    (COMPLETION, {"echo": True}, "echo", "not supported"),
+    (COMPLETION, {"logit_bias": {"5": 1}}, "logit_bias", "not supported"),
+    (COMPLETION, {"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
+    (COMPLETION, {"guided_regex": "[a-z]+", "guided_choice": ["a"]}, "guided_regex", "set one"),
+    (COMPLETION, {"guided_choice": []}, "guided_choice", "non-empty"),
+    (COMPLETION, {"guided_regex": "([a-z"}, "guided_regex", "regex"),
+    (
+        CHAT,
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}},
+        "response_format",
+        "",
+    ),
+    (COMPLETION, {"prompt": "hi " * 600}, "prompt", "max_seq_len"),
+    (CHAT, {"messages": []}, "messages", "at least 1"),
+    (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role", "system"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "messages.0.content.0.type",
+        "'text'",
+    ),
+    (CHAT, {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens", "[1, "),
+    (CHAT, {"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens", "disagree"),
+    (CHAT, {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
+    (CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+    (CHAT, {"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
+    (CHAT, {"response_format": {"type": "yaml"}}, "response_format.type", "json_object"),
+    (CHAT, {"tools": [{"type": "function"}]}, "tools", "not supported"),
+]
+
+
+@pytest.mark.parametrize(("base", "change", "param", "words"), BAD, ids=[f"{b[2]}" for b in BAD])
+def test_a_bad_field_gets_400_naming_it(http, base, change, param, words):
+    route = "/v1/chat/completions" if "messages" in base else "/v1/completions"
+    r = http.post(route, json={**base, **change})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error" and error["code"] == 400
+    assert words in error["message"]
+    assert "SamplingParams" not in error["message"], "the message speaks the client's words"
+
+
+def test_the_openai_client_sees_a_bad_request_error(url):
+    with pytest.raises(openai.BadRequestError) as info:
+        client(url, "sesame").completions.create(model="tiny", prompt="hi", top_p=7)
+    assert info.value.body["param"] == "top_p"
+
+
+def test_a_body_that_is_not_json_gets_400(http):
+    r = http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert "JSON" in r.json()["error"]["message"]
+
+
+def test_the_default_max_tokens_fits_under_the_limit(llm):
+    with running(llm, max_tokens=5) as url:
+        r = client(url).completions.create(model="tiny", prompt="hi", extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 5  # completions' default, 16, capped by the server's limit
+        chat = client(url).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], extra_body={"ignore_eos": True}
+        )
+        assert chat.usage.completion_tokens == 5  # chat's default: the limit
+
+
+def test_an_unknown_model_gets_404(http):
+    r = http.post("/v1/completions", json={**COMPLETION, "model": "gpt-9"})
+    assert r.status_code == 404
+    assert r.json()["error"]["param"] == "model"
+
+
+def test_a_body_over_the_size_limit_gets_413(http, url):
+    big = {**COMPLETION, "prompt": "x" * 5000}
+    assert http.post("/v1/completions", json=big).status_code == 413
+
+    def chunks():  # no Content-Length: the limit is counted as the body arrives
+        yield b'{"prompt": "'
+        yield b"x" * 5000
+        yield b'"}'
+
+    r = http.post("/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert "4096" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic sesame", "Bearer sesame2", "Bearer"])
+def test_a_missing_or_wrong_api_key_gets_401(url, header):
+    headers = {"Authorization": header} if header else {}
+    r = httpx.post(f"{url}/v1/completions", json=COMPLETION, headers=headers, timeout=30)
+    assert r.status_code == 401
+    assert r.json()["error"]["type"] == "authentication_error"
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert httpx.get(f"{url}/v1/models", headers=headers, timeout=30).status_code == 401
+
+
+def test_the_right_key_passes_and_health_and_metrics_need_none(url):
+    with pytest.raises(openai.AuthenticationError):
+        client(url, "wrong").models.list()
+    assert [m.id for m in client(url, "sesame").models.list().data] == ["tiny"]
+    assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok"}
+    assert httpx.get(f"{url}/metrics", timeout=30).status_code == 200
