@@ -27,12 +27,11 @@ from ..runner.decode_inputs import FIXED_COLUMNS, DecodeInputs
 from ..runner.kv_cache import BlockAllocator
 from ..runner.runner import ModelRunner
 from ..runner.sampler import Sampled
-from ..runner.step_inputs import DecodeStep
 from .readback import Readback
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
-from .steps import InflightStep, StepRecord, prefill_step, sampling_tensors, stage
+from .steps import InflightStep, StepRecord, decode_step, prefill_step, stage
 
 log = logging.getLogger("fastpath.executor")
 
@@ -195,10 +194,7 @@ class ExecutorCore:
         for seq in seqs:
             seq.num_computed = seq.num_tokens
         guided = runner.guided is not None and any(s.guided is not None for s in seqs)
-        greedy = all(s.params.greedy for s in seqs)
-        step = DecodeStep(
-            len(seqs), packed, None if greedy else sampling_tensors(seqs, rows), prev is not None, guided
-        )
+        step = decode_step(seqs, packed, rows, prev is not None, guided, runner.penalty_slots)
         if guided:
             runner.guided.enqueue(list(seqs), rows)
         if self.parallel is not None:
@@ -206,7 +202,7 @@ class ExecutorCore:
         return runner.run_decode(step, prev.tokens if prev is not None else None), seqs
 
     def launch_prefill(self, batch: ScheduledBatch):
-        step, sampled = prefill_step(batch, self.runner.block_size)
+        step, sampled = prefill_step(batch, self.runner.block_size, self.runner.penalty_slots)
         if self.parallel is not None:
             self.parallel.send(Op.PREFILL, step)
         guided = self.runner.guided is not None and any(s.guided is not None for s in sampled)

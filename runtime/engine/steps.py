@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
+from ..runner.penalties import PenaltyFill, PenaltySlots
 from ..runner.sampler import Sampled, SamplingTensors
-from ..runner.step_inputs import PrefillStep
+from ..runner.step_inputs import DecodeStep, PrefillStep
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -37,29 +38,101 @@ class StepRecord:
     new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
 
 
-def sampling_tensors(seqs: list[Sequence], rows: int) -> SamplingTensors:
-    """The sampling parameters of `seqs`, padded to `rows` with greedy rows, on the host."""
-    pad = rows - len(seqs)
-    return SamplingTensors(
-        torch.tensor([s.params.temperature for s in seqs] + [0.0] * pad, dtype=torch.float32),
-        torch.tensor([s.params.top_k for s in seqs] + [0] * pad, dtype=torch.int64),
-        torch.tensor([s.params.top_p for s in seqs] + [1.0] * pad, dtype=torch.float32),
-        torch.tensor([s.seed for s in seqs] + [0] * pad, dtype=torch.int64),
-        torch.tensor([s.num_generated for s in seqs] + [0] * pad, dtype=torch.int64),
+def needs_general(seq: Sequence) -> bool:
+    """Whether the sequence's next token needs the general sampler rather than the greedy one."""
+    p = seq.params
+    return (
+        not p.greedy
+        or p.penalized
+        or seq.num_generated < p.min_tokens
+        or (p.logprobs is not None and p.logprobs > 0)
     )
 
 
-def prefill_step(batch: ScheduledBatch, block_size: int) -> tuple[PrefillStep, list[Sequence]]:
+def keeps_penalty_state(seq: Sequence) -> bool:
+    """Whether the sequence needs a penalty-table slot (runner/penalties.py)."""
+    return seq.params.penalized or seq.params.min_tokens > 0
+
+
+def wants_top_logprobs(seqs: list[Sequence]) -> bool:
+    return any(s.params.logprobs is not None and s.params.logprobs > 0 for s in seqs)
+
+
+def _int64(v: int) -> int:
+    # Seeds are 64-bit: a derived seed past 2**63 - 1 wraps instead of overflowing the tensor.
+    return (v + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def sampling_tensors(seqs: list[Sequence], rows: int, slots: PenaltySlots | None = None) -> SamplingTensors:
+    """The sampling parameters of `seqs`, padded to `rows` with greedy rows, on the host."""
+    ps = [s.params for s in seqs]
+    return SamplingTensors.neutral(
+        rows,
+        temperature=[p.temperature for p in ps],
+        top_k=[p.top_k for p in ps],
+        top_p=[p.top_p for p in ps],
+        min_p=[p.min_p for p in ps],
+        seeds=[_int64(s.seed) for s in seqs],
+        counters=[s.num_generated for s in seqs],
+        slots=[slots.slot_of(s) if slots is not None else 0 for s in seqs],
+        repetition=[p.repetition_penalty for p in ps],
+        presence=[p.presence_penalty for p in ps],
+        frequency=[p.frequency_penalty for p in ps],
+        min_tokens=[p.min_tokens for p in ps],
+    )
+
+
+def decode_step(
+    seqs: list[Sequence],
+    packed: torch.Tensor,
+    rows: int,
+    uses_prev: bool,
+    guided: bool,
+    slots: PenaltySlots | None = None,
+) -> DecodeStep:
+    """A decode step's payload: the greedy fast path unless some row needs the general sampler."""
+    general = any(needs_general(s) for s in seqs)
+    sampling = sampling_tensors(seqs, rows, slots) if general else None
+    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, wants_top_logprobs(seqs))
+
+
+def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | None:
+    """The table work of a prefill batch; a sequence whose chunk starts at token 0 gets its slot."""
+    entries = []
+    for seq, start in zip(batch.seqs, batch.starts, strict=True):
+        if not keeps_penalty_state(seq):
+            entries.append((0, 0, 0, []))
+            continue
+        slot = slots.assign(seq) if start == 0 else slots.slot_of(seq)
+        stop = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else sorted(seq.eos_ids))
+        entries.append((slot, len(seq.prompt_ids), int(start == 0), stop if seq.params.min_tokens else []))
+    if not any(slot for slot, *_ in entries):
+        return None
+    width = max(len(e[3]) for e in entries)
+    return PenaltyFill(
+        torch.tensor([e[0] for e in entries], dtype=torch.int64),
+        torch.tensor([e[1] for e in entries], dtype=torch.int64),
+        torch.tensor([e[2] for e in entries], dtype=torch.int64),
+        torch.tensor([e[3] + [-1] * (width - len(e[3])) for e in entries], dtype=torch.int64).view(
+            len(entries), width
+        ),
+    )
+
+
+def prefill_step(
+    batch: ScheduledBatch, block_size: int, slots: PenaltySlots | None = None
+) -> tuple[PrefillStep, list[Sequence]]:
     """A prefill batch's inputs, and the sequences that sample a token (in row order)."""
-    ids, positions, slots, tables, logits_rows, sampled = [], [], [], [], [], []
+    ids, positions, cache_slots, tables, logits_rows, sampled = [], [], [], [], [], []
     bs = block_size
     ends = [start + n for start, n in zip(batch.starts, batch.lens, strict=True)]
     width = max(-(-end // bs) for end in ends)
     offset = 0
+    fill = penalty_fill(batch, slots) if slots is not None else None
     for seq, start, n, samples in zip(batch.seqs, batch.starts, batch.lens, batch.samples, strict=True):
         ids.extend(seq.token_at(i) for i in range(start, start + n))
         positions.extend(range(start, start + n))
-        slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
+        cache_slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
         table = seq.block_table[:width]
         tables.append(table + [0] * (width - len(table)))
         offset += n
@@ -67,13 +140,15 @@ def prefill_step(batch: ScheduledBatch, block_size: int) -> tuple[PrefillStep, l
             logits_rows.append(offset - 1)
             sampled.append(seq)
         seq.num_computed = start + n
-    greedy = all(s.params.greedy for s in sampled)
+    general = any(needs_general(s) for s in sampled)
     step = PrefillStep(
         *(
             torch.tensor(v, dtype=torch.int64)
-            for v in (ids, positions, slots, tables, ends, batch.lens, logits_rows)
+            for v in (ids, positions, cache_slots, tables, ends, batch.lens, logits_rows)
         ),
-        sampling=None if greedy else sampling_tensors(sampled, len(sampled)),
+        sampling=sampling_tensors(sampled, len(sampled), slots) if general else None,
+        top_logprobs=wants_top_logprobs(sampled),
+        penalty=fill,
     )
     return step, sampled
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..runner.penalties import PenaltyFill
 from ..runner.sampler import SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
@@ -32,13 +33,21 @@ Message = tuple[Op, DecodeStep | PrefillStep | None]
 
 def _pack_sampling(s: SamplingTensors) -> torch.Tensor:
     # float32 -> float64 is exact, and its bits travel as int64 beside the integer fields.
-    floats = torch.stack([s.temperature.double(), s.top_p.double()]).view(torch.int64)
-    return torch.cat([floats.flatten(), s.top_k, s.seeds, s.counters])
+    return torch.cat([t.double().view(torch.int64) if t.is_floating_point() else t for t in s.tensors()])
 
 
 def _unpack_sampling(flat: torch.Tensor, rows: int) -> SamplingTensors:
-    t, p, k, seeds, counters = flat.view(5, rows)
-    return SamplingTensors(t.view(torch.float64).float(), k, p.view(torch.float64).float(), seeds, counters)
+    like = SamplingTensors.neutral(0).tensors()
+    return SamplingTensors(
+        *(
+            t.view(torch.float64).float() if ref.is_floating_point() else t
+            for t, ref in zip(flat.view(len(like), rows), like, strict=True)
+        )
+    )
+
+
+def _sampling_size(rows: int) -> int:
+    return len(SamplingTensors.neutral(0).tensors()) * rows
 
 
 class Channel:
@@ -60,11 +69,13 @@ class Channel:
         payload: list[torch.Tensor] = []
         if isinstance(step, DecodeStep):
             rows, cols = step.packed.shape
-            fields = [step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev]
+            fields = [step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev, step.top_logprobs]
             payload.append(step.packed)
         elif isinstance(step, PrefillStep):
             (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
-            fields = [t, s, w, r, step.sampling is not None]
+            fill = step.penalty
+            width = fill.stop_ids.shape[1] + 1 if fill is not None else 0  # 0: no penalty work
+            fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, width]
             parts = (
                 step.ids,
                 step.positions,
@@ -75,6 +86,8 @@ class Channel:
                 step.logits_rows,
             )
             payload.append(torch.cat([f.flatten() for f in parts]))
+            if fill is not None:
+                payload.append(torch.cat([f.flatten() for f in fill.tensors()]))
         if step is not None and step.sampling is not None:
             payload.append(_pack_sampling(step.sampling))
         header = [int(op), *map(int, fields)]
@@ -86,33 +99,39 @@ class Channel:
 
     def recv(self) -> Message:
         self._bcast(self._header)
-        op, a, b, c, d, e = (int(v) for v in self._header[:6])
+        op, a, b, c, d, e, f, g = (int(v) for v in self._header[:HEADER])
         op = Op(op)
         if op is Op.DECODE:
-            num_seqs, rows, cols, has_sampling, uses_prev = a, b, c, d, e
+            num_seqs, rows, cols, has_sampling, uses_prev, top = a, b, c, d, e, f
             packed = self._pinned(rows, cols)
             self._bcast(packed)
-            return op, DecodeStep(
-                num_seqs, packed, self._sampling(rows) if has_sampling else None, bool(uses_prev)
-            )
+            sampling = self._sampling(rows) if has_sampling else None
+            return op, DecodeStep(num_seqs, packed, sampling, bool(uses_prev), top_logprobs=bool(top))
         if op in (Op.PREFILL, Op.PREFILL_LOGITS):
-            t, s, w, r, has_sampling = a, b, c, d, e
+            t, s, w, r, has_sampling, top, width = a, b, c, d, e, f, g
             flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)
             self._bcast(flat)
             ids, positions, slots, tables, ends, query_lens, logits_rows = flat.split(
                 [t, t, t, s * w, s, s, r]
             )
+            fill = self._penalty_fill(s, width - 1) if width else None
             step = PrefillStep(
                 ids, positions, slots, tables.view(s, w), ends, query_lens, logits_rows,
-                self._sampling(r) if has_sampling else None,
+                self._sampling(r) if has_sampling else None, bool(top), fill,
             )  # fmt: skip
             return op, step
         return op, None
 
     def _sampling(self, rows: int) -> SamplingTensors:
-        flat = torch.empty(5 * rows, dtype=torch.int64)
+        flat = torch.empty(_sampling_size(rows), dtype=torch.int64)
         self._bcast(flat)
         return _unpack_sampling(flat, rows)
+
+    def _penalty_fill(self, seqs: int, width: int) -> PenaltyFill:
+        flat = torch.empty(seqs * (3 + width), dtype=torch.int64)
+        self._bcast(flat)
+        slots, prompt_lens, resets, stop_ids = flat.split([seqs, seqs, seqs, seqs * width])
+        return PenaltyFill(slots, prompt_lens, resets, stop_ids.view(seqs, width))
 
     def _pinned(self, rows: int, cols: int) -> torch.Tensor:
         self._flip ^= 1

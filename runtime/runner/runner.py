@@ -24,6 +24,7 @@ from .config import EngineConfig
 from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
 from .graphs import DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
+from .penalties import PenaltySlots, PenaltyTable
 from .sampler import Sampled, sample
 from .step_inputs import DecodeStep, PrefillStep
 
@@ -84,6 +85,9 @@ class ModelRunner:
         self.guided_stream = (
             torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None
         )
+        # Penalty state: a slot per running sequence, plus the empty slot 0. Rank 0 hands out slots.
+        self.penalties = PenaltyTable(config.max_batch_size + 1, config.model.vocab_size, config.device)
+        self.penalty_slots = PenaltySlots(config.max_batch_size)
         self.graphs: DecodeGraphs | None = None
         for line in self.fmha.explain():
             log.info("fmha %s", line)
@@ -162,9 +166,9 @@ class ModelRunner:
             else:
                 lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
                 sampled = self.decode_forward(
-                    buffers, sampling, capturing=False, lens=lens, guided=step.guided
+                    buffers, sampling, capturing=False, lens=lens, guided=step.guided, top=step.top_logprobs
                 )
-        return sampled.head(step.num_seqs)
+        return sampled.head(step.num_seqs, top=step.top_logprobs)
 
     def native_prologue(self, inputs: DecodeInputs) -> None:
         # Buffers that take embeddings take this rank's share of them; decode_forward sums the shares.
@@ -177,8 +181,10 @@ class ModelRunner:
         capturing: bool,
         lens: list[int] | None = None,
         guided: bool = False,
+        top: bool = True,
     ):
-        """The pure decode step: inputs in static buffers -> the sampled rows.
+        """The pure decode step: inputs in static buffers -> the sampled rows (with top-k logprobs
+        when `top` and the general sampler runs: graphs always compute them, steps decide).
 
         With `guided`, the grammar work runs beside the forward on a side stream: copy the fed tokens
         to the host, a host callback fills the bitmask, copy it back; the logits wait for it.
@@ -202,7 +208,7 @@ class ModelRunner:
         if joined is not None:
             joined()
             logits = self.guided.apply(logits, self.guided.device_mask, self.guided.device_rows)
-        return sample(logits, sampling, self.model.ops.greedy)
+        return sample(logits, sampling, self.model.ops, self.penalties, top)
 
     def _guided_mask_async(self, fed_tokens: torch.Tensor):
         """Start the bitmask work for this step; returns the join to call before the logits are masked."""
@@ -232,6 +238,8 @@ class ModelRunner:
         """
         sampling = step.sampling.to(self.device) if step.sampling is not None else None
         with self.forward_order():
+            if step.penalty is not None:
+                self.penalties.fill(step.penalty, step.ids, step.positions, step.query_lens)
             logits = self.prefill_forward(step)
             if not step.logits_rows.numel():
                 empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -242,7 +250,7 @@ class ModelRunner:
                 mask = g.host_mask[:n].to(self.device, non_blocking=True)
                 rows = g.host_rows[:n].to(self.device, non_blocking=True)
                 logits = g.apply(logits, mask, rows)
-            return sample(logits, sampling, self.model.ops.greedy)
+            return sample(logits, sampling, self.model.ops, self.penalties, step.top_logprobs)
 
     def prefill_forward(self, step: PrefillStep) -> torch.Tensor:
         """The model over a prefill step's tokens; logits of its `logits_rows`."""

@@ -1,50 +1,44 @@
-"""Sampling as pure tensor ops: greedy, temperature, top-k, top-p, per-request seeds; capturable in a graph.
+"""Sampling as pure tensor ops, capturable in a graph: greedy, or the general sampler (penalties,
+min_tokens, temperature, top-k, top-p, min_p, per-request seeds, top-k logprobs).
 
-Randomness comes from a counter-based hash of (seed, output index, token id), not from a generator's
-state, so a request's tokens do not depend on what else is in its batch, on preemption, or on whether
-the step ran eagerly or from a CUDA graph.
+The general sampler's definition is kernels/sampling.py; `ops.sample` runs it (plain torch, or
+fused Triton kernels on CUDA). Randomness comes from a counter-based hash of (seed, output index,
+token id), not from a generator's state, so a request's tokens do not depend on what else is in its
+batch, on preemption, or on whether the step ran eagerly or from a CUDA graph.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-# splitmix64 constants as signed int64 (torch has no uint64 arithmetic on every device).
-_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
-_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
-_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
-_MASK24 = (1 << 24) - 1
+from ..kernels.sampling import uniform_noise
 
+__all__ = ["TOP_LOGPROBS", "Sampled", "SamplingTensors", "sample", "uniform_noise"]
 
-def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> n) & ((1 << (64 - n)) - 1)
-
-
-def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B, V] floats in (0, 1), a pure function of (seed, counter, column)."""
-    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    x = (seeds * _GOLDEN + counters)[:, None] * _GOLDEN + cols[None, :]
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    x = x ^ _shr(x, 31)
-    return ((_shr(x, 40) & _MASK24).float() + 0.5) * (1.0 / (1 << 24))
+TOP_LOGPROBS = 20  # top-k logprobs a step returns when any row asks (SamplingParams' MAX_LOGPROBS)
 
 
 @dataclass(slots=True)
 class SamplingTensors:
-    """Per-row parameters on the device; static buffers when a graph replays them."""
+    """Per-row parameters, all [B]; static buffers when a graph replays them. Neutral values
+    (temperature 0, top_k 0, top_p 1, min_p 0, penalties off, slot 0) leave a row greedy."""
 
-    temperature: torch.Tensor  # [B] float32, 0 = greedy
-    top_k: torch.Tensor  # [B] int64, 0 = off
-    top_p: torch.Tensor  # [B] float32, 1 = off
-    seeds: torch.Tensor  # [B] int64
-    counters: torch.Tensor  # [B] int64: index of the token being sampled
+    temperature: torch.Tensor  # float32, 0 = greedy
+    top_k: torch.Tensor  # int64, 0 = off
+    top_p: torch.Tensor  # float32, 1 = off
+    min_p: torch.Tensor  # float32, 0 = off
+    seeds: torch.Tensor  # int64
+    counters: torch.Tensor  # int64: tokens generated before this one (pending ones included)
+    slots: torch.Tensor  # int64: the row's penalty-table slot, 0 = none
+    repetition: torch.Tensor  # float32, 1 = off
+    presence: torch.Tensor  # float32, 0 = off
+    frequency: torch.Tensor  # float32, 0 = off
+    min_tokens: torch.Tensor  # int64: stop tokens are banned while counters < min_tokens
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.temperature, self.top_k, self.top_p, self.seeds, self.counters)
+        return tuple(getattr(self, f.name) for f in fields(self))
 
     def to(self, device: torch.device) -> SamplingTensors:
         return SamplingTensors(*(x.to(device, non_blocking=True) for x in self.tensors()))
@@ -55,14 +49,31 @@ class SamplingTensors:
             d.copy_(s)
 
     @classmethod
+    def neutral(cls, n: int, device: torch.device | str = "cpu", **columns) -> SamplingTensors:
+        """n greedy rows; `columns` give the first rows' values of some fields (lists or tensors)."""
+        unknown = set(columns) - set(_NEUTRAL)
+        if unknown:
+            raise TypeError(f"SamplingTensors has no fields {sorted(unknown)}")
+        out = []
+        for name, neutral in _NEUTRAL.items():
+            t = torch.full((n,), neutral, dtype=torch.int64 if name in _INT_FIELDS else torch.float32)
+            if name in columns:
+                values = torch.as_tensor(columns[name], dtype=t.dtype)
+                t[: len(values)] = values
+            out.append(t.to(device))
+        return cls(*out)
+
+    @classmethod
     def empty(cls, n: int, device: torch.device) -> SamplingTensors:
-        return cls(
-            torch.zeros(n, device=device),
-            torch.zeros(n, dtype=torch.int64, device=device),
-            torch.ones(n, device=device),
-            torch.zeros(n, dtype=torch.int64, device=device),
-            torch.zeros(n, dtype=torch.int64, device=device),
-        )
+        return cls.neutral(n, device)
+
+
+_INT_FIELDS = frozenset({"top_k", "seeds", "counters", "slots", "min_tokens"})
+_NEUTRAL = {
+    "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seeds": 0, "counters": 0, "slots": 0,
+    "repetition": 1.0, "presence": 0.0, "frequency": 0.0, "min_tokens": 0,
+}  # fmt: skip
+assert tuple(_NEUTRAL) == tuple(f.name for f in fields(SamplingTensors))
 
 
 @dataclass(slots=True)
@@ -75,42 +86,21 @@ class Sampled:
     top_ids: torch.Tensor | None = None  # [B, K] int64
     top_logprobs: torch.Tensor | None = None  # [B, K] float32
 
-    def head(self, n: int) -> Sampled:
-        """The first n rows (the live ones; the rest are graph padding)."""
-        top_ids = None if self.top_ids is None else self.top_ids[:n]
-        top_logprobs = None if self.top_logprobs is None else self.top_logprobs[:n]
+    def head(self, n: int, top: bool = True) -> Sampled:
+        """The first n rows (the live ones; the rest are graph padding); without top-k unless `top`."""
+        top_ids = None if self.top_ids is None or not top else self.top_ids[:n]
+        top_logprobs = None if self.top_logprobs is None or not top else self.top_logprobs[:n]
         return Sampled(self.tokens[:n], self.logprobs[:n], top_ids, top_logprobs)
 
 
-def sample(logits: torch.Tensor, params: SamplingTensors | None, greedy=None) -> Sampled:
-    """logits [B, V] -> the sampled rows. params None: all greedy.
+def sample(
+    logits: torch.Tensor, params: SamplingTensors | None, ops, penalties=None, top: bool = False
+) -> Sampled:
+    """logits [B, V] -> the sampled rows. params None: all greedy (`ops.greedy`, the fast path).
 
-    `greedy(logits) -> (tokens, logprobs)` is the all-greedy fast path (a fused kernel on CUDA).
+    Otherwise `ops.sample` runs the general sampler and counts each token in its row's slot of
+    `penalties` (a PenaltyTable); `top` adds the TOP_LOGPROBS most likely tokens of each row.
     """
-    if params is None and greedy is not None:
-        return Sampled(*greedy(logits))
-    logits = logits.float()
-    greedy = logits.argmax(dim=-1)
     if params is None:
-        tokens = greedy
-    else:
-        tokens = torch.where(params.temperature > 0, _sample_random(logits, params), greedy)
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    return Sampled(tokens, logprobs)
-
-
-def _sample_random(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
-    scaled = logits / p.temperature.clamp_min(1e-6)[:, None]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(p.top_k > 0, p.top_k.clamp_max(vocab), vocab)
-    drop = ranks >= k[:, None]
-    probs = torch.softmax(sorted_logits, dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p; the first token always stays.
-    drop |= (probs.cumsum(-1) - probs) >= p.top_p[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    filtered = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
-    # Gumbel-max with counter-based noise: argmax(logit - log(-log u)) samples softmax(logit).
-    u = uniform_noise(p.seeds, p.counters, vocab)
-    return (filtered - torch.log(-torch.log(u))).argmax(dim=-1)
+        return Sampled(*ops.greedy(logits))
+    return Sampled(*ops.sample(logits, params, penalties.entries, penalties.bits, TOP_LOGPROBS if top else 0))
