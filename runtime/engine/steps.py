@@ -97,22 +97,24 @@ def decode_step(
 
 
 def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | None:
-    """The table work of a prefill batch; a sequence whose chunk starts at token 0 gets its slot."""
+    """The table work of a prefill batch: a sequence whose chunk starts at token 0 (admitted, or
+    recomputed after preemption) gets its slot and enters every token it has."""
     entries = []
     for seq, start in zip(batch.seqs, batch.starts, strict=True):
-        if not keeps_penalty_state(seq):
-            entries.append((0, 0, 0, []))
+        if start != 0 or not keeps_penalty_state(seq):
             continue
-        slot = slots.assign(seq) if start == 0 else slots.slot_of(seq)
-        stop = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else sorted(seq.eos_ids))
-        entries.append((slot, len(seq.prompt_ids), int(start == 0), stop if seq.params.min_tokens else []))
-    if not any(slot for slot, *_ in entries):
+        p = seq.params
+        stop = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(seq.eos_ids))
+        tokens = seq.prompt_ids + seq.output_ids
+        entries.append((slots.assign(seq), len(seq.prompt_ids), tokens, stop if p.min_tokens else []))
+    if not entries:
         return None
     width = max(len(e[3]) for e in entries)
     return PenaltyFill(
         torch.tensor([e[0] for e in entries], dtype=torch.int64),
         torch.tensor([e[1] for e in entries], dtype=torch.int64),
-        torch.tensor([e[2] for e in entries], dtype=torch.int64),
+        torch.tensor([len(e[2]) for e in entries], dtype=torch.int64),
+        torch.tensor([t for e in entries for t in e[2]], dtype=torch.int64),
         torch.tensor([e[3] + [-1] * (width - len(e[3])) for e in entries], dtype=torch.int64).view(
             len(entries), width
         ),

@@ -17,7 +17,7 @@ from ..runner.penalties import PenaltyFill
 from ..runner.sampler import SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
-HEADER = 8
+HEADER = 10
 
 
 class Op(enum.IntEnum):
@@ -74,8 +74,9 @@ class Channel:
         elif isinstance(step, PrefillStep):
             (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
             fill = step.penalty
-            width = fill.stop_ids.shape[1] + 1 if fill is not None else 0  # 0: no penalty work
-            fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, width]
+            # (sequences, tokens, stop-id width) of the penalty work; 0 sequences: none.
+            shape = [0, 0, 0] if fill is None else [len(fill.slots), len(fill.tokens), fill.stop_ids.shape[1]]
+            fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, *shape]
             parts = (
                 step.ids,
                 step.positions,
@@ -99,7 +100,7 @@ class Channel:
 
     def recv(self) -> Message:
         self._bcast(self._header)
-        op, a, b, c, d, e, f, g = (int(v) for v in self._header[:HEADER])
+        op, a, b, c, d, e, f, g, h, i = (int(v) for v in self._header[:HEADER])
         op = Op(op)
         if op is Op.DECODE:
             num_seqs, rows, cols, has_sampling, uses_prev, top = a, b, c, d, e, f
@@ -108,13 +109,13 @@ class Channel:
             sampling = self._sampling(rows) if has_sampling else None
             return op, DecodeStep(num_seqs, packed, sampling, bool(uses_prev), top_logprobs=bool(top))
         if op in (Op.PREFILL, Op.PREFILL_LOGITS):
-            t, s, w, r, has_sampling, top, width = a, b, c, d, e, f, g
+            t, s, w, r, has_sampling, top = a, b, c, d, e, f
             flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)
             self._bcast(flat)
             ids, positions, slots, tables, ends, query_lens, logits_rows = flat.split(
                 [t, t, t, s * w, s, s, r]
             )
-            fill = self._penalty_fill(s, width - 1) if width else None
+            fill = self._penalty_fill(g, h, i) if g else None
             step = PrefillStep(
                 ids, positions, slots, tables.view(s, w), ends, query_lens, logits_rows,
                 self._sampling(r) if has_sampling else None, bool(top), fill,
@@ -127,11 +128,11 @@ class Channel:
         self._bcast(flat)
         return _unpack_sampling(flat, rows)
 
-    def _penalty_fill(self, seqs: int, width: int) -> PenaltyFill:
-        flat = torch.empty(seqs * (3 + width), dtype=torch.int64)
+    def _penalty_fill(self, seqs: int, tokens: int, width: int) -> PenaltyFill:
+        flat = torch.empty(seqs * (3 + width) + tokens, dtype=torch.int64)
         self._bcast(flat)
-        slots, prompt_lens, resets, stop_ids = flat.split([seqs, seqs, seqs, seqs * width])
-        return PenaltyFill(slots, prompt_lens, resets, stop_ids.view(seqs, width))
+        slots, prompt_lens, lens, ids, stop_ids = flat.split([seqs, seqs, seqs, tokens, seqs * width])
+        return PenaltyFill(slots, prompt_lens, lens, ids, stop_ids.view(seqs, width))
 
     def _pinned(self, rows: int, cols: int) -> torch.Tensor:
         self._flip ^= 1

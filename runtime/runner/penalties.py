@@ -23,15 +23,18 @@ from ..kernels.sampling import PROMPT_BIT, STOP_BIT
 
 @dataclass(slots=True)
 class PenaltyFill:
-    """A prefill step's table work, one entry per sequence of the step (host int64 tensors)."""
+    """The sequences of a prefill step whose state is (re)built: those starting at token 0, on
+    admission or after preemption. Each enters every token it has, whatever the chunk covers: the
+    last one may reach the cache through a decode step. Host int64 tensors."""
 
-    slots: torch.Tensor  # [S] 0: the sequence keeps no penalty state
-    prompt_lens: torch.Tensor  # [S] tokens before this position are prompt, after it generated
-    resets: torch.Tensor  # [S] 1: the chunk starts at token 0; the slot is cleared first
-    stop_ids: torch.Tensor  # [S, E] tokens banned under min_tokens (set on reset), -1 padded
+    slots: torch.Tensor  # [N]
+    prompt_lens: torch.Tensor  # [N] a sequence's first prompt_len tokens are its prompt
+    lens: torch.Tensor  # [N] tokens each sequence has (prompt and generated)
+    tokens: torch.Tensor  # [sum(lens)] those tokens, sequence after sequence
+    stop_ids: torch.Tensor  # [N, E] tokens banned under min_tokens, -1 padded
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.slots, self.prompt_lens, self.resets, self.stop_ids
+        return self.slots, self.prompt_lens, self.lens, self.tokens, self.stop_ids
 
 
 class PenaltyTable:
@@ -48,31 +51,27 @@ class PenaltyTable:
             device
         )
 
-    def fill(self, fill: PenaltyFill, ids: torch.Tensor, positions: torch.Tensor, lens: torch.Tensor) -> None:
-        """Enter a prefill chunk's tokens (host tensors [T], and each sequence's token count [S])."""
-        live = [i for i, s in enumerate(fill.slots.tolist()) if s != 0]
-        if not live:
-            return
+    def fill(self, fill: PenaltyFill) -> None:
+        """Clear the sequences' slots and enter their tokens and stop tokens."""
         dev = self.entries.device
-        slots = sorted({int(fill.slots[i]) for i in live})
-        resets = [int(fill.slots[i]) for i in live if fill.resets[i]]
-        if resets:
-            self.entries[resets] = 0
-            self.bits[resets] = 0
+        slots = fill.slots.tolist()
+        self.entries[slots] = 0
+        self.bits[slots] = 0
         stop = fill.stop_ids
-        banned = (stop >= 0) & (stop < self.vocab) & (fill.resets[:, None] != 0) & (fill.slots[:, None] != 0)
+        banned = (stop >= 0) & (stop < self.vocab)
         if bool(banned.any()):
-            rows = fill.slots[:, None].expand_as(stop)[banned].to(dev)
-            self._set(rows, stop[banned].to(dev), STOP_BIT)
-        tok_slots = fill.slots.repeat_interleave(lens)
-        prompt = positions < fill.prompt_lens.repeat_interleave(lens)
-        mine = tok_slots != 0
-        rows, toks = tok_slots[mine & prompt].to(dev), ids[mine & prompt].to(dev)
-        if rows.numel():
-            self._set(rows, toks, PROMPT_BIT)
-        rows, toks = tok_slots[mine & ~prompt].to(dev), ids[mine & ~prompt].to(dev)
-        if rows.numel():
-            self.entries.index_put_((rows, toks), torch.ones_like(toks, dtype=torch.int32), accumulate=True)
+            rows = fill.slots[:, None].expand_as(stop)[banned]
+            self._set(rows.to(dev), stop[banned].to(dev), STOP_BIT)
+        rows = fill.slots.repeat_interleave(fill.lens)
+        starts = torch.cumsum(fill.lens, 0) - fill.lens
+        position = torch.arange(len(fill.tokens)) - starts.repeat_interleave(fill.lens)
+        prompt = position < fill.prompt_lens.repeat_interleave(fill.lens)
+        if bool(prompt.any()):
+            self._set(rows[prompt].to(dev), fill.tokens[prompt].to(dev), PROMPT_BIT)
+        generated = fill.tokens[~prompt].to(dev)
+        if generated.numel():
+            ones = torch.ones_like(generated, dtype=torch.int32)
+            self.entries.index_put_((rows[~prompt].to(dev), generated), ones, accumulate=True)
         self.bits[slots] = self._pack(slots)
 
     def _set(self, rows: torch.Tensor, toks: torch.Tensor, flag: int) -> None:

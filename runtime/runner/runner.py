@@ -239,7 +239,7 @@ class ModelRunner:
         sampling = step.sampling.to(self.device) if step.sampling is not None else None
         with self.forward_order():
             if step.penalty is not None:
-                self.penalties.fill(step.penalty, step.ids, step.positions, step.query_lens)
+                self.penalties.fill(step.penalty)
             logits = self.prefill_forward(step)
             if not step.logits_rows.numel():
                 empty = torch.empty(0, dtype=torch.int64, device=self.device)
