@@ -90,20 +90,35 @@ def _gumbel(seed, counter, cols):
     return -tl.log(-tl.log(_uniform(seed, counter, cols)))
 
 
+# A row's parameters: SamplingTensors' fields, in its order; float ones hold float32 bits.
+NFIELDS = 11
+_NF = tl.constexpr(NFIELDS)
+
+
+@triton.jit
+def _f(prow, field):
+    return tl.load(prow + field).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _i(prow, field):
+    return tl.load(prow + field)
+
+
 @triton.jit
 def _scores(row, cols, V, logits_ptr, stride_l, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b):
     """(in bounds, raw fp32 logits, penalized scores over the temperature) of one row's `cols`.
 
-    `p_ptr` points at the row-major float32 parameter block (see `_params`).
+    `p_ptr` points at the row's parameters (SamplingTensors' layout: `_f`, `_i`).
     """
     inb = cols < V
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_l + cols, mask=inb, other=float("-inf")).to(tl.float32)
-    temp = tl.load(p_ptr + 0)
-    rep = tl.load(p_ptr + 3)
-    pres = tl.load(p_ptr + 4)
-    freq = tl.load(p_ptr + 5)
-    slot = tl.load(p_ptr + 6).to(tl.int32, bitcast=True).to(tl.int64)
-    ban = tl.load(p_ptr + 7).to(tl.int32, bitcast=True) != 0
+    temp = _f(p_ptr, 0)
+    rep = _f(p_ptr, 3)
+    pres = _f(p_ptr, 4)
+    freq = _f(p_ptr, 5)
+    slot = _i(p_ptr, 9)
+    ban = _i(p_ptr, 8) < _i(p_ptr, 10)
     word = tl.load(bits_ptr + slot * stride_b + (cols >> 5), mask=inb, other=0)
     hit = ((word >> (cols & 31)) & 1) != 0
     e = tl.load(ent_ptr + slot * stride_e + cols, mask=inb & hit, other=0)
@@ -117,11 +132,6 @@ def _scores(row, cols, V, logits_ptr, stride_l, p_ptr, ent_ptr, stride_e, bits_p
     return inb, x, tl.where(inb, s, float("-inf"))
 
 
-# Per-row float32 parameter block: temperature, top_p, min_p, repetition, presence, frequency,
-# slot (int32 bits), banned-now (int32 bits). Row stride 8.
-NPARAM = 8
-
-
 @triton.jit
 def _stats_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr, P,
@@ -129,7 +139,7 @@ def _stats_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     part = tl.program_id(1)
-    prow = p_ptr + row * 8
+    prow = p_ptr + row * _NF
     rmax = tl.full([BLOCK], float("-inf"), tl.float32)
     rsum = tl.zeros([BLOCK], tl.float32)
     smax = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -171,7 +181,7 @@ def _hist_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     part = tl.program_id(1)
-    prow = p_ptr + row * 8
+    prow = p_ptr + row * _NF
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     key_top = _key(top)
     key_raw = _key(top_raw)
@@ -237,7 +247,7 @@ def _gather_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     part = tl.program_id(1)
-    prow = p_ptr + row * 8
+    prow = p_ptr + row * _NF
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     key_top = _key(top)
     key_raw = _key(top_raw)
@@ -442,14 +452,14 @@ def _draw_slow(
 
 @triton.jit
 def _final_kernel(
-    logits_ptr, stride_l, V, p_ptr, ip_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
     zpart_ptr, P, sel_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
     tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr,
     BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr,
     NPIV: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
-    prow = p_ptr + row * 8
+    prow = p_ptr + row * _NF
     p = tl.arange(0, PMAX)
     pm = p < P
     stats = stat_ptr + (row * P + p) * 3
@@ -466,13 +476,13 @@ def _final_kernel(
     )
     first = tl.where(first < V, first, 0)
     total = tl.sum(tl.load(zpart_ptr + row * P + p, mask=pm, other=0), 0)
-    temp = tl.load(prow + 0)
-    top_p = tl.load(prow + 1).to(tl.float64)
-    min_q = tl.load(prow + 2).to(tl.float64) * 4294967296.0
-    k = tl.load(ip_ptr + row * 4 + 0)
-    seed = tl.load(ip_ptr + row * 4 + 1)
-    counter = tl.load(ip_ptr + row * 4 + 2)
-    slot = tl.load(ip_ptr + row * 4 + 3)
+    temp = _f(prow, 0)
+    top_p = _f(prow, 1).to(tl.float64)
+    min_q = _f(prow, 2).to(tl.float64) * 4294967296.0
+    k = _i(prow, 6)
+    seed = _i(prow, 7)
+    counter = _i(prow, 8)
+    slot = _i(prow, 9)
     k_on = (k > 0) & (k < V)
     k = tl.where(k_on, k, V + 1).to(tl.int32)
     p_on = top_p < 1.0
@@ -605,20 +615,9 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     parts = -(-vocab // chunk)
     pmax = _pow2(parts)
-    fparams = torch.stack(
-        [
-            p.temperature,
-            p.top_p,
-            p.min_p,
-            p.repetition,
-            p.presence,
-            p.frequency,
-            p.slots.to(torch.int32).view(torch.float32),
-            (p.counters < p.min_tokens).to(torch.int32).view(torch.float32),
-        ],
-        dim=1,
-    ).contiguous()
-    iparams = torch.stack([p.top_k.clamp(0, 1 << 31), p.seeds, p.counters, p.slots], dim=1).contiguous()
+    params = p.data.contiguous()
+    if params.shape[1] != NFIELDS:
+        raise ValueError(f"sampling parameters have {params.shape[1]} fields; the kernels read {NFIELDS}")
     f32, i32, i64 = torch.float32, torch.int32, torch.int64
     stats = torch.empty(rows, parts, 3, dtype=f32, device=dev)
     sidx = torch.empty(rows, parts, dtype=i32, device=dev)
@@ -637,7 +636,7 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     logprobs = torch.empty(rows, dtype=f32, device=dev)
     top_ids = torch.empty(rows, max(num_top, 1), dtype=i64, device=dev)
     top_lp = torch.empty(rows, max(num_top, 1), dtype=f32, device=dev)
-    row_args = (logits, logits.stride(0), vocab, fparams, entries, entries.stride(0), bits, bits.stride(0))
+    row_args = (logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0))
     grid = (rows, parts)
     _stats_kernel[grid](*row_args, stats, sidx, parts, CHUNK=chunk, BLOCK=block)
     _hist_kernel[grid](
@@ -653,7 +652,7 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
         BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top,
     )  # fmt: skip
     _final_kernel[(rows,)](
-        logits, logits.stride(0), vocab, fparams, iparams, entries, entries.stride(0), bits, bits.stride(0),
+        logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0),
         stats, sidx, zpart, parts, sel, cand, cidx, rcand, ridx, below, span, tokens, logprobs, top_ids, top_lp,
         BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top, NPIV=PIVOTS,
     )  # fmt: skip

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..runner.penalties import PenaltyFill
-from ..runner.sampler import SamplingTensors
+from ..runner.sampler import FIELDS, SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
 HEADER = 10
@@ -29,25 +29,6 @@ class Op(enum.IntEnum):
 
 
 Message = tuple[Op, DecodeStep | PrefillStep | None]
-
-
-def _pack_sampling(s: SamplingTensors) -> torch.Tensor:
-    # float32 -> float64 is exact, and its bits travel as int64 beside the integer fields.
-    return torch.cat([t.double().view(torch.int64) if t.is_floating_point() else t for t in s.tensors()])
-
-
-def _unpack_sampling(flat: torch.Tensor, rows: int) -> SamplingTensors:
-    like = SamplingTensors.neutral(0).tensors()
-    return SamplingTensors(
-        *(
-            t.view(torch.float64).float() if ref.is_floating_point() else t
-            for t, ref in zip(flat.view(len(like), rows), like, strict=True)
-        )
-    )
-
-
-def _sampling_size(rows: int) -> int:
-    return len(SamplingTensors.neutral(0).tensors()) * rows
 
 
 class Channel:
@@ -90,7 +71,7 @@ class Channel:
             if fill is not None:
                 payload.append(torch.cat([f.flatten() for f in fill.tensors()]))
         if step is not None and step.sampling is not None:
-            payload.append(_pack_sampling(step.sampling))
+            payload.append(step.sampling.data)
         header = [int(op), *map(int, fields)]
         self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
         for t in payload:
@@ -124,9 +105,9 @@ class Channel:
         return op, None
 
     def _sampling(self, rows: int) -> SamplingTensors:
-        flat = torch.empty(_sampling_size(rows), dtype=torch.int64)
-        self._bcast(flat)
-        return _unpack_sampling(flat, rows)
+        data = torch.empty(rows, len(FIELDS), dtype=torch.int64)
+        self._bcast(data)
+        return SamplingTensors(data)
 
     def _penalty_fill(self, seqs: int, tokens: int, width: int) -> PenaltyFill:
         flat = torch.empty(seqs * (3 + width) + tokens, dtype=torch.int64)

@@ -25,7 +25,7 @@ from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInpu
 from .graphs import DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
 from .penalties import PenaltySlots, PenaltyTable
-from .sampler import Sampled, sample
+from .sampler import Sampled, SamplingTensors, sample
 from .step_inputs import DecodeStep, PrefillStep
 
 log = logging.getLogger("fastpath.runner")
@@ -157,18 +157,26 @@ class ModelRunner:
         prev = prev_tokens if step.uses_prev else None
         self.prologue(DecodeInputs(step.num_seqs, step.packed, buffers, prev))
         kind = ("guided_" if step.guided else "") + ("greedy" if step.sampling is None else "general")
-        sampling = step.sampling.to(self.device) if step.sampling is not None else None
+        sampling = self._pinned(step.sampling)
         with self.forward_order():
             if graphed and (rows, kind) in self.graphs.graphs:
                 if sampling is not None:
                     self.graphs.sampling[rows].copy_(sampling)
                 sampled = self.graphs.replay(rows, kind)
             else:
+                sampling = sampling.to(self.device) if sampling is not None else None
                 lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
                 sampled = self.decode_forward(
                     buffers, sampling, capturing=False, lens=lens, guided=step.guided, top=step.top_logprobs
                 )
         return sampled.head(step.num_seqs, top=step.top_logprobs)
+
+    def _pinned(self, sampling: SamplingTensors | None) -> SamplingTensors | None:
+        """The step's parameters in pinned memory (the host allocator caches it), so their one copy
+        to the device does not block the host."""
+        if sampling is None or not self.is_cuda or sampling.data.is_pinned():
+            return sampling
+        return SamplingTensors(sampling.data.pin_memory())
 
     def native_prologue(self, inputs: DecodeInputs) -> None:
         # Buffers that take embeddings take this rank's share of them; decode_forward sums the shares.
@@ -236,7 +244,8 @@ class ModelRunner:
         `guided`: the sampling sequences, when some are guided; their bitmask is filled on the host
         (every token they have is known there) and applied before sampling.
         """
-        sampling = step.sampling.to(self.device) if step.sampling is not None else None
+        sampling = self._pinned(step.sampling)
+        sampling = sampling.to(self.device) if sampling is not None else None
         with self.forward_order():
             if step.penalty is not None:
                 self.penalties.fill(step.penalty)

@@ -9,7 +9,7 @@ batch, on preemption, or on whether the step ran eagerly or from a CUDA graph.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -20,60 +20,77 @@ __all__ = ["TOP_LOGPROBS", "Sampled", "SamplingTensors", "sample", "uniform_nois
 TOP_LOGPROBS = 20  # top-k logprobs a step returns when any row asks (SamplingParams' MAX_LOGPROBS)
 
 
+# Per-row parameters, in the packed order; neutral values leave a row greedy.
+FLOAT_FIELDS = {
+    "temperature": 0.0,  # 0 = greedy
+    "top_p": 1.0,  # 1 = off
+    "min_p": 0.0,  # 0 = off
+    "repetition": 1.0,  # 1 = off
+    "presence": 0.0,
+    "frequency": 0.0,
+}
+INT_FIELDS = {
+    "top_k": 0,  # 0 = off
+    "seeds": 0,
+    "counters": 0,  # tokens generated before this one (pending ones included)
+    "slots": 0,  # the row's penalty-table slot, 0 = none
+    "min_tokens": 0,  # stop tokens are banned while counters < min_tokens
+}
+FIELDS = (*FLOAT_FIELDS, *INT_FIELDS)
+
+
 @dataclass(slots=True)
 class SamplingTensors:
-    """Per-row parameters, all [B]; static buffers when a graph replays them. Neutral values
-    (temperature 0, top_k 0, top_p 1, min_p 0, penalties off, slot 0) leave a row greedy."""
+    """Every row's sampling parameters in one int64 tensor [B, len(FIELDS)], so a step moves them
+    in one copy (into a graph's static buffer, across ranks) and a kernel finds a row's together;
+    float fields hold their float32 bits. Read them by name: `p.temperature`, `p.top_k`, ... ([B])."""
 
-    temperature: torch.Tensor  # float32, 0 = greedy
-    top_k: torch.Tensor  # int64, 0 = off
-    top_p: torch.Tensor  # float32, 1 = off
-    min_p: torch.Tensor  # float32, 0 = off
-    seeds: torch.Tensor  # int64
-    counters: torch.Tensor  # int64: tokens generated before this one (pending ones included)
-    slots: torch.Tensor  # int64: the row's penalty-table slot, 0 = none
-    repetition: torch.Tensor  # float32, 1 = off
-    presence: torch.Tensor  # float32, 0 = off
-    frequency: torch.Tensor  # float32, 0 = off
-    min_tokens: torch.Tensor  # int64: stop tokens are banned while counters < min_tokens
+    data: torch.Tensor
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(getattr(self, f.name) for f in fields(self))
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
 
     def to(self, device: torch.device) -> SamplingTensors:
-        return SamplingTensors(*(x.to(device, non_blocking=True) for x in self.tensors()))
+        return SamplingTensors(self.data.to(device, non_blocking=True))
 
     def copy_(self, src: SamplingTensors) -> None:
         """Into static buffers, as a graph replay reads them."""
-        for d, s in zip(self.tensors(), src.tensors(), strict=True):
-            d.copy_(s)
+        self.data.copy_(src.data, non_blocking=True)
 
     @classmethod
     def neutral(cls, n: int, device: torch.device | str = "cpu", **columns) -> SamplingTensors:
         """n greedy rows; `columns` give the first rows' values of some fields (lists or tensors)."""
-        unknown = set(columns) - set(_NEUTRAL)
+        unknown = set(columns) - set(FIELDS)
         if unknown:
             raise TypeError(f"SamplingTensors has no fields {sorted(unknown)}")
-        out = []
-        for name, neutral in _NEUTRAL.items():
-            t = torch.full((n,), neutral, dtype=torch.int64 if name in _INT_FIELDS else torch.float32)
+        data = torch.empty(n, len(FIELDS), dtype=torch.int64)
+        for i, (name, neutral) in enumerate({**FLOAT_FIELDS, **INT_FIELDS}.items()):
+            dtype = torch.float32 if name in FLOAT_FIELDS else torch.int64
+            values = torch.full((n,), neutral, dtype=dtype)
             if name in columns:
-                values = torch.as_tensor(columns[name], dtype=t.dtype)
-                t[: len(values)] = values
-            out.append(t.to(device))
-        return cls(*out)
+                given = torch.as_tensor(columns[name], dtype=dtype)
+                values[: len(given)] = given
+            data[:, i] = _to_bits(values) if name in FLOAT_FIELDS else values
+        return cls(data.to(device))
 
     @classmethod
     def empty(cls, n: int, device: torch.device) -> SamplingTensors:
         return cls.neutral(n, device)
 
 
-_INT_FIELDS = frozenset({"top_k", "seeds", "counters", "slots", "min_tokens"})
-_NEUTRAL = {
-    "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seeds": 0, "counters": 0, "slots": 0,
-    "repetition": 1.0, "presence": 0.0, "frequency": 0.0, "min_tokens": 0,
-}  # fmt: skip
-assert tuple(_NEUTRAL) == tuple(f.name for f in fields(SamplingTensors))
+def _to_bits(values: torch.Tensor) -> torch.Tensor:
+    return values.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def _field(i: int, is_float: bool) -> property:
+    if is_float:
+        return property(lambda self: self.data[:, i].to(torch.int32).view(torch.float32))
+    return property(lambda self: self.data[:, i])
+
+
+for _i, _name in enumerate(FIELDS):
+    setattr(SamplingTensors, _name, _field(_i, _name in FLOAT_FIELDS))
 
 
 @dataclass(slots=True)
