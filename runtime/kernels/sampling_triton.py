@@ -638,10 +638,11 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     top_lp = torch.empty(rows, max(num_top, 1), dtype=f32, device=dev)
     row_args = (logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0))
     grid = (rows, parts)
-    _stats_kernel[grid](*row_args, stats, sidx, parts, CHUNK=chunk, BLOCK=block)
+    exact = dict(enable_fp_fusion=False)  # no FMA: penalties round as the torch definition does
+    _stats_kernel[grid](*row_args, stats, sidx, parts, CHUNK=chunk, BLOCK=block, **exact)
     _hist_kernel[grid](
         *row_args, stats, parts, hist, rhist, zpart, CHUNK=chunk, BLOCK=block, PMAX=pmax, NB=BUCKETS,
-        TOPK=num_top,
+        TOPK=num_top, **exact,
     )  # fmt: skip
     _select_kernel[(rows,)](
         hist, rhist, parts, sel, off, roff, rnext, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, PMAX=pmax, NB=BUCKETS,
@@ -649,12 +650,12 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     )  # fmt: skip
     _gather_kernel[grid](
         *row_args, stats, parts, sel, off, roff, rnext, cand, cidx, rcand, ridx, below, span, CHUNK=chunk,
-        BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top,
+        BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top, **exact,
     )  # fmt: skip
     _final_kernel[(rows,)](
         logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0),
         stats, sidx, zpart, parts, sel, cand, cidx, rcand, ridx, below, span, tokens, logprobs, top_ids, top_lp,
-        BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top, NPIV=PIVOTS,
+        BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top, NPIV=PIVOTS, **exact,
     )  # fmt: skip
     if paths is not None:
         paths.copy_(sel[:, 5])

@@ -18,3 +18,44 @@ def test_fused_sampler_equals_its_definition_under_the_interpreter():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "FAIL" not in result.stdout and result.stdout.count("ok ") >= 15
+
+
+POINTERS = dict(
+    logits_ptr="*bf16", p_ptr="*i64", ent_ptr="*i32", bits_ptr="*i32", stat_ptr="*fp32", sidx_ptr="*i32",
+    hist_ptr="*i32", rhist_ptr="*i32", zpart_ptr="*i64", sel_ptr="*i32", off_ptr="*i32", roff_ptr="*i32",
+    rnext_ptr="*i32", cand_ptr="*fp32", cidx_ptr="*i32", rcand_ptr="*fp32", ridx_ptr="*i32", below_ptr="*fp32",
+    span_ptr="*i64", tok_ptr="*i64", lp_ptr="*fp32", top_ids_ptr="*i64", top_lp_ptr="*fp32",
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("top", [0, 20])
+def test_fused_sampler_compiles_for_the_h200_without_spills(top, tmp_path):
+    """Ahead-of-time compilation for sm_90 needs no GPU: it catches what the interpreter lets through."""
+    from triton import compile as compile_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fastpath.runtime.kernels import sampling_triton as S
+
+    pmax = 32  # a 128k vocabulary in 4096-logit chunks
+    shapes = dict(
+        CHUNK=S.CHUNK, BLOCK=S.BLOCK, PMAX=pmax, NB=S.BUCKETS, CAP=S.CANDIDATES, RCAP=S.RAW_CANDIDATES
+    )
+    consts = {**shapes, "TOPK": top, "NPIV": S.PIVOTS}
+    for kernel in (S._stats_kernel, S._hist_kernel, S._select_kernel, S._gather_kernel, S._final_kernel):
+        mine = {name: consts[name] for name in kernel.arg_names if name in consts}
+        signature = {
+            name: "constexpr" if name in mine else POINTERS.get(name, "i32") for name in kernel.arg_names
+        }
+        source = ASTSource(kernel, signature, constexprs=mine)
+        compiled = compile_kernel(
+            source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}
+        )
+        ptx = tmp_path / f"{kernel.__name__}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        cmd = [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+        assert "0 bytes spill stores" in log, f"{kernel.__name__} spills registers:\n{log}"
