@@ -12,8 +12,9 @@ import torch
 
 from ..runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
 from ..runner.penalties import PenaltyFill, PenaltySlots
-from ..runner.sampler import Sampled, SamplingTensors
+from ..runner.sampler import Sampled, SamplingTensors, float_bits
 from ..runner.step_inputs import DecodeStep, PrefillStep
+from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -65,21 +66,33 @@ def _int64(v: int) -> int:
 
 def sampling_tensors(seqs: list[Sequence], rows: int, slots: PenaltySlots | None = None) -> SamplingTensors:
     """The sampling parameters of `seqs`, padded to `rows` with greedy rows, on the host."""
-    ps = [s.params for s in seqs]
-    return SamplingTensors.neutral(
-        rows,
-        temperature=[p.temperature for p in ps],
-        top_k=[p.top_k for p in ps],
-        top_p=[p.top_p for p in ps],
-        min_p=[p.min_p for p in ps],
-        seeds=[_int64(s.seed) for s in seqs],
-        counters=[s.num_generated for s in seqs],
-        slots=[slots.slot_of(s) if slots is not None else 0 for s in seqs],
-        repetition=[p.repetition_penalty for p in ps],
-        presence=[p.presence_penalty for p in ps],
-        frequency=[p.frequency_penalty for p in ps],
-        min_tokens=[p.min_tokens for p in ps],
+    flat: list[int] = []
+    for s in seqs:
+        p = s.params
+        flat += _request_fields(p)
+        flat += (_int64(s.seed), s.num_generated, slots.slot_of(s) if slots is not None else 0, p.min_tokens)
+    return SamplingTensors.from_flat(rows, flat)
+
+
+_FIELDS_OF: dict[int, tuple[SamplingParams, tuple[int, ...]]] = {}
+
+
+def _request_fields(p: SamplingParams) -> tuple[int, ...]:
+    """A request's float fields (as float32 bits) and top_k, cached by identity: requests share
+    their SamplingParams, and a step packs every row."""
+    hit = _FIELDS_OF.get(id(p))
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    fields = (
+        *float_bits(
+            p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+        ),
+        p.top_k,
     )
+    if len(_FIELDS_OF) >= 4096:
+        _FIELDS_OF.clear()
+    _FIELDS_OF[id(p)] = (p, fields)  # holds p, so its id is not reused while cached
+    return fields
 
 
 def decode_step(

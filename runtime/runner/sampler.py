@@ -9,6 +9,7 @@ batch, on preemption, or on whether the step ran eagerly or from a CUDA graph.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -75,12 +76,29 @@ class SamplingTensors:
         return cls(data.to(device))
 
     @classmethod
+    def from_flat(cls, n: int, values: list[int]) -> SamplingTensors:
+        """The first rows' fields, row after row (floats as float32 bits: `float_bits`), then neutral
+        rows up to n; on the host. One struct.pack: a step packs every row (64 rows: ~5 us)."""
+        count = len(values) // len(FIELDS)
+        values = values + _NEUTRAL_ROW * (n - count)
+        data = bytearray(struct.pack(f"{len(values)}q", *values))
+        return cls(torch.frombuffer(data, dtype=torch.int64).view(n, len(FIELDS)))
+
+    @classmethod
     def empty(cls, n: int, device: torch.device) -> SamplingTensors:
         return cls.neutral(n, device)
 
 
 def _to_bits(values: torch.Tensor) -> torch.Tensor:
     return values.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def float_bits(*values: float) -> tuple[int, ...]:
+    """Python floats as the float32 bits SamplingTensors keeps."""
+    return struct.unpack(f"{len(values)}I", struct.pack(f"{len(values)}f", *values))
+
+
+_NEUTRAL_ROW = [*float_bits(*FLOAT_FIELDS.values()), *INT_FIELDS.values()]
 
 
 def _field(i: int, is_float: bool) -> property:
