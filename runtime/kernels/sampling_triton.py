@@ -128,7 +128,7 @@ def _scores(row, cols, V, logits_ptr, stride_l, p_ptr, ent_ptr, stride_e, bits_p
     pen = pen - freq * count.to(tl.float32)
     pen = pen - pres * (count > 0).to(tl.float32)
     pen = tl.where(ban, tl.where((e & _STOP) != 0, float("-inf"), pen), pen)
-    s = tl.math.div_rn(pen, tl.where(temp > 0, temp, 1.0))
+    s = pen * tl.math.div_rn(1.0, tl.where(temp > 0, temp, 1.0))
     return inb, x, tl.where(inb, s, float("-inf"))
 
 
