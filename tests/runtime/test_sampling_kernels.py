@@ -45,7 +45,7 @@ def test_fused_sampler_compiles_for_the_h200_and_its_passes_do_not_spill(top, tm
         CHUNK=S.CHUNK, BLOCK=S.BLOCK, PMAX=pmax, NB=S.BUCKETS, CAP=S.CANDIDATES, RCAP=S.RAW_CANDIDATES
     )
     consts = {**shapes, "TOPK": top, "NPIV": S.PIVOTS}
-    for kernel in (S._stats_kernel, S._hist_kernel, S._select_kernel, S._gather_kernel, S._final_kernel):
+    for kernel in (S.stats_kernel, S.hist_kernel, S.select_kernel, S.gather_kernel, S.final_kernel):
         mine = {name: consts[name] for name in kernel.arg_names if name in consts}
         signature = {
             name: "constexpr" if name in mine else POINTERS.get(name, "i32") for name in kernel.arg_names
@@ -60,5 +60,5 @@ def test_fused_sampler_compiles_for_the_h200_and_its_passes_do_not_spill(top, tm
         log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
         # The passes run a program per 4096 logits: they must keep everything in registers. (The
         # per-row kernels may spill around the slow path's calls.)
-        if kernel in (S._stats_kernel, S._hist_kernel, S._gather_kernel):
+        if kernel in (S.stats_kernel, S.hist_kernel, S.gather_kernel):
             assert "0 bytes spill stores" in log, f"{kernel.__name__} spills registers:\n{log}"

@@ -1,0 +1,324 @@
+"""The fused sampler's last kernel, a program per row (sampling_triton.py): the draw from the
+candidates, or by the exact slow path over the whole row; the top-k logprobs; the penalty count."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .sampling_jit import (
+    NF,
+    fixed_mass,
+    float_field,
+    float_key,
+    gumbel,
+    int_field,
+    key_float,
+    order_key,
+    scores,
+)
+
+# --- the slow path: whole-row passes inside the final kernel ------------------------------------------
+
+
+@triton.jit
+def _above_pass(
+    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, piv,
+    RAW: tl.constexpr, BLOCK: tl.constexpr, NPIV: tl.constexpr,
+):  # fmt: skip
+    """How many tokens, and how much mass, come before each pivot of the order (uint64 [NPIV]).
+    (Called with a quarter of the passes' block: [BLOCK, NPIV] accumulators stay in registers.)"""
+    f = tl.zeros([BLOCK, NPIV], tl.int32)
+    g = tl.zeros([BLOCK, NPIV], tl.int64)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        v = x if RAW else s
+        c = order_key(float_key(v), cols)
+        hit = inb[:, None] & (c[:, None] > piv[None, :])
+        f += hit.to(tl.int32)
+        g += tl.where(hit, fixed_mass(s, top)[:, None], 0)
+    return tl.sum(f, 0), tl.sum(g, 0)
+
+
+@triton.jit
+def _search(
+    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, k,
+    RAW: tl.constexpr, BLOCK: tl.constexpr, NPIV: tl.constexpr,
+):  # fmt: skip
+    """The order position (uint64) of the k-th token: the smallest u with fewer than k above it."""
+    lo = tl.zeros([], tl.uint64)  # k or more above
+    hi = tl.full([], 0xFFFFFFFFFFFFFFFF, tl.uint64)  # fewer than k above
+    j = tl.arange(0, NPIV).to(tl.uint64)
+    while hi - lo > 1:
+        step = tl.maximum((hi - lo) // (NPIV + 1), 1)
+        piv = tl.minimum(lo + step * (j + 1), hi - 1)
+        f, _ = _above_pass(
+            row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, piv, RAW, BLOCK // 4,
+            NPIV,
+        )  # fmt: skip
+        lo = tl.maximum(lo, tl.max(tl.where(f >= k, piv, 0), 0))
+        hi = tl.minimum(hi, tl.min(tl.where(f < k, piv, 0xFFFFFFFFFFFFFFFF), 0))
+    return hi
+
+
+@triton.jit
+def _reject_pass(
+    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, min_q, seed, counter,
+    cj, mid, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Tokens and mass before `cj` and before `mid`, and the Gumbel argmax of the min_p-kept tokens
+    before each (their order position and index)."""
+    fj = tl.zeros([BLOCK], tl.int32)
+    gj = tl.zeros([BLOCK], tl.int64)
+    fm = tl.zeros([BLOCK], tl.int32)
+    gm = tl.zeros([BLOCK], tl.int64)
+    zj = tl.full([BLOCK], float("-inf"), tl.float32)
+    ij = tl.full([BLOCK], 2147483647, tl.int32)
+    zm = tl.full([BLOCK], float("-inf"), tl.float32)
+    im = tl.full([BLOCK], 2147483647, tl.int32)
+    for start in range(0, V, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb, _x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        c = order_key(float_key(s), cols)
+        q = fixed_mass(s, top)
+        z = tl.where(q.to(tl.float64) >= min_q, s + gumbel(seed, counter, cols), float("-inf"))
+        a = inb & (c > cj)
+        fj += a.to(tl.int32)
+        gj += tl.where(a, q, 0)
+        better = a & (z > zj)
+        ij = tl.where(better, cols, ij)
+        zj = tl.where(better, z, zj)
+        a = inb & (c > mid)
+        fm += a.to(tl.int32)
+        gm += tl.where(a, q, 0)
+        better = a & (z > zm)
+        im = tl.where(better, cols, im)
+        zm = tl.where(better, z, zm)
+    best_j = tl.max(zj, 0)
+    best_m = tl.max(zm, 0)
+    ij = tl.min(tl.where(zj == best_j, ij, 2147483647), 0)
+    im = tl.min(tl.where(zm == best_m, im, 2147483647), 0)
+    return tl.sum(fj, 0), tl.sum(gj, 0), ij, tl.sum(fm, 0), tl.sum(gm, 0), im
+
+
+@triton.jit
+def _order_of(row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, idx):
+    cols = tl.full([1], 0, tl.int32) + idx
+    _inb, _x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+    return tl.max(order_key(float_key(s), cols), 0)
+
+
+@triton.jit
+def _draw_slow(
+    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, first, k, big_p,
+    min_q, seed, counter, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """The exact draw over the whole row. The candidate, the Gumbel argmax of the min_p-kept tokens
+    after `lo` in the order, is the answer once few and light enough tokens come before it; else it
+    and all after it are out, and the next candidate comes from the same pass. Each pass also tests
+    the middle of the undecided range (lo, hi], so the range halves at every pass."""
+    lo = tl.zeros([], tl.uint64)  # tokens at or after lo in the order (c <= lo) are out
+    hi = (
+        _order_of(row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, first) - 1
+    )  # tokens before hi (c > hi) are in: the top token
+    _, _, cand, _, _, _ = _reject_pass(
+        row,
+        V,
+        logits_ptr,
+        stride_l,
+        prow,
+        ent_ptr,
+        stride_e,
+        bits_ptr,
+        stride_b,
+        top,
+        min_q,
+        seed,
+        counter,
+        lo,
+        lo,
+        BLOCK,
+    )
+    done = lo != lo  # a block-typed False: the loop carries it
+    while not done:
+        at = _order_of(row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, cand)
+        mid = lo + (hi - lo) // 2
+        fj, gj, after_cand, fm, gm, after_mid = _reject_pass(
+            row,
+            V,
+            logits_ptr,
+            stride_l,
+            prow,
+            ent_ptr,
+            stride_e,
+            bits_ptr,
+            stride_b,
+            top,
+            min_q,
+            seed,
+            counter,
+            at,
+            mid,
+            BLOCK,
+        )
+        done = (fj == 0) | ((fj < k) & (gj.to(tl.float64) < big_p))
+        if not done:
+            lo = at
+            cand = after_cand
+            mid_out = (fm >= k) | (gm.to(tl.float64) >= big_p)
+            if mid_out:
+                if mid > lo:
+                    lo = mid
+                    cand = after_mid
+            else:
+                hi = tl.minimum(hi, mid)
+            hi = tl.maximum(hi, lo)
+    return cand
+
+
+@triton.jit
+def final_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
+    zpart_ptr, P, sel_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
+    tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr,
+    BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr,
+    NPIV: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    prow = p_ptr + row * NF
+    p = tl.arange(0, PMAX)
+    pm = p < P
+    stats = stat_ptr + (row * P + p) * 3
+    part_raw = tl.load(stats + 0, mask=pm, other=float("-inf"))
+    top_raw = tl.max(part_raw, 0)
+    raw_sum = tl.sum(
+        tl.where(pm, tl.load(stats + 1, mask=pm, other=0.0) * tl.exp(part_raw - top_raw), 0.0), 0
+    )
+    lse = top_raw + tl.log(raw_sum)
+    part_top = tl.load(stats + 2, mask=pm, other=float("-inf"))
+    top = tl.max(part_top, 0)
+    first = tl.min(
+        tl.where(pm & (part_top == top), tl.load(sidx_ptr + row * P + p, mask=pm, other=0), 2147483647), 0
+    )
+    first = tl.where(first < V, first, 0)
+    total = tl.sum(tl.load(zpart_ptr + row * P + p, mask=pm, other=0), 0)
+    temp = float_field(prow, 0)
+    top_p = float_field(prow, 1).to(tl.float64)
+    min_q = float_field(prow, 2).to(tl.float64) * 4294967296.0
+    k = int_field(prow, 6)
+    seed = int_field(prow, 7)
+    counter = int_field(prow, 8)
+    slot = int_field(prow, 9)
+    k_on = (k > 0) & (k < V)
+    k = tl.where(k_on, k, V + 1).to(tl.int32)
+    p_on = top_p < 1.0
+    token = first
+    if temp > 0:
+        n = tl.load(sel_ptr + row * 6 + 1)
+        j = tl.arange(0, CAP)
+        valid = j < n
+        v = tl.load(cand_ptr + row * CAP + j, mask=valid, other=float("-inf"))
+        idx = tl.load(cidx_ptr + row * CAP + j, mask=valid, other=0)
+        c = tl.sort(tl.where(valid, order_key(float_key(v), idx), 0), descending=True)
+        idx = (4294967295 - (c & 0xFFFFFFFF)).to(tl.int32)
+        v = tl.where(valid, key_float(c >> 32), float("-inf"))
+        q = fixed_mass(v, top)
+        before = tl.cumsum(q, 0) - q
+        mass = tl.sum(q, 0)
+        # The top-k mass is exact when the candidates hold the top k; else it lies in [mass, total].
+        z_lo = tl.where(k_on, tl.where(k <= n, tl.sum(tl.where(j < k, q, 0), 0), mass), total).to(tl.float64)
+        z_hi = tl.where(k_on & (k > n), total, z_lo.to(tl.int64)).to(tl.float64)
+        b = before.to(tl.float64)
+        # (Scalar-with-block logic is spelled as blocks: Triton's interpreter refuses the mix.)
+        p_off = (b * 0.0 + top_p) >= 1.0
+        sure_in = p_off | (b < top_p * z_lo)
+        sure_out = ~p_off & (b >= top_p * z_hi)
+        in_k = j < k
+        in_m = q.to(tl.float64) >= min_q
+        kept = valid & ((in_k & sure_in & in_m) | (j == 0))
+        unsure = valid & (j != 0) & in_k & in_m & ~sure_in & ~sure_out
+        # The best token left out stands next in the order: it must not be kept.
+        below = tl.max(tl.load(below_ptr + row * P + p, mask=pm, other=float("-inf")), 0)
+        q_below = fixed_mass(below, top).to(tl.float64)
+        out = (n >= V) | (n >= k) | (p_on & (mass.to(tl.float64) >= top_p * z_hi)) | (q_below < min_q)
+        if (n > 0) & (tl.max(unsure.to(tl.int32), 0) == 0) & out:
+            z = tl.where(kept, v + gumbel(seed, counter, idx), float("-inf"))
+            best = tl.max(z, 0)
+            token = tl.min(tl.where(kept & (z == best), idx, 2147483647), 0)
+            tl.store(sel_ptr + row * 6 + 5, 1)
+        else:
+            big_p = tl.where(p_on, top_p * z_lo, 1e300)
+            if p_on & k_on & (k > n):
+                at = _search(
+                    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, k,
+                    False, BLOCK, NPIV,
+                )  # fmt: skip
+                _, g = _above_pass(
+                    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top,
+                    tl.full([NPIV], 0, tl.uint64) + (at - 1), False, BLOCK // 4, NPIV,
+                )  # fmt: skip
+                big_p = top_p * tl.max(g, 0).to(tl.float64)
+            tl.store(sel_ptr + row * 6 + 5, 2)
+            token = _draw_slow(
+                row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, first, k, big_p,
+                min_q, seed, counter, BLOCK,
+            )  # fmt: skip
+    tl.store(tok_ptr + row, token.to(tl.int64))
+    raw = tl.load(logits_ptr + row.to(tl.int64) * stride_l + token).to(tl.float32)
+    tl.store(lp_ptr + row, raw - lse)
+    if TOPK > 0:
+        _top_logprobs(
+            row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, lse, P, sel_ptr,
+            rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr, BLOCK, PMAX, RCAP, TOPK, NPIV,
+        )  # fmt: skip
+    if slot != 0:
+        entry = ent_ptr + slot * stride_e + token
+        tl.store(entry, tl.load(entry) + 1)
+        word = bits_ptr + slot * stride_b + (token >> 5)
+        tl.store(word, tl.load(word) | (tl.full([], 1, tl.int32) << (token & 31).to(tl.int32)))
+
+
+@triton.jit
+def _top_logprobs(
+    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, lse, P, sel_ptr,
+    rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr,
+    BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr, NPIV: tl.constexpr,
+):  # fmt: skip
+    """The TOPK largest raw logits (ties: lowest index first) as logprobs."""
+    p = tl.arange(0, PMAX)
+    pm = p < P
+    n = tl.load(sel_ptr + row * 6 + 3)
+    count = tl.load(sel_ptr + row * 6 + 4)
+    lo = tl.min(tl.load(span_ptr + (row * P + p) * 2 + 0, mask=pm, other=0xFFFFFFFF), 0)
+    hi = tl.max(tl.load(span_ptr + (row * P + p) * 2 + 1, mask=pm, other=0), 0)
+    # Ties in the next bucket are ordered by index, and its first members are in the list.
+    use = tl.where(n >= TOPK, n, n + tl.minimum(count, RCAP - n))
+    if (n < TOPK) & ((lo != hi) | (n + count < TOPK)):
+        tl.store(sel_ptr + row * 6 + 5, tl.load(sel_ptr + row * 6 + 5) + 4)
+        at = _search(
+            row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, TOPK,
+            True, BLOCK, NPIV,
+        )  # fmt: skip
+        pos = n * 0
+        for start in range(0, V, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            inb, x, _s = scores(
+                row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b
+            )
+            mine = inb & (order_key(float_key(x), cols) >= at)
+            where = pos + tl.cumsum(mine.to(tl.int32), 0) - 1
+            tl.store(rcand_ptr + row * RCAP + where, x, mask=mine)
+            tl.store(ridx_ptr + row * RCAP + where, cols, mask=mine)
+            pos += tl.sum(mine.to(tl.int32), 0)
+        use = n * 0 + TOPK
+        tl.debug_barrier()
+    j = tl.arange(0, RCAP)
+    valid = j < use
+    x = tl.load(rcand_ptr + row * RCAP + j, mask=valid, other=float("-inf"))
+    idx = tl.load(ridx_ptr + row * RCAP + j, mask=valid, other=0)
+    c = tl.sort(tl.where(valid, order_key(float_key(x), idx), 0), descending=True)
+    idx = (4294967295 - (c & 0xFFFFFFFF)).to(tl.int64)
+    x = key_float(c >> 32)
+    tl.store(top_ids_ptr + row * TOPK + j, idx, mask=j < TOPK)
+    tl.store(top_lp_ptr + row * TOPK + j, x - lse, mask=j < TOPK)
