@@ -178,6 +178,68 @@ def _draw_slow(
 
 
 @triton.jit
+def _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX: tl.constexpr):
+    """The passes' per-chunk results merged: top raw logit, its log-sum-exp, top score, its first
+    token, and the total mass."""
+    p = tl.arange(0, PMAX)
+    pm = p < P
+    stats = stat_ptr + (row * P + p) * 3
+    part_raw = tl.load(stats + 0, mask=pm, other=float("-inf"))
+    top_raw = tl.max(part_raw, 0)
+    raw_sum = tl.sum(
+        tl.where(pm, tl.load(stats + 1, mask=pm, other=0.0) * tl.exp(part_raw - top_raw), 0.0), 0
+    )
+    part_top = tl.load(stats + 2, mask=pm, other=float("-inf"))
+    top = tl.max(part_top, 0)
+    firsts = tl.load(sidx_ptr + row * P + p, mask=pm, other=0)
+    first = tl.min(tl.where(pm & (part_top == top), firsts, 2147483647), 0)
+    total = tl.sum(tl.load(zpart_ptr + row * P + p, mask=pm, other=0), 0)
+    return top_raw, top_raw + tl.log(raw_sum), top, tl.where(first < V, first, 0), total
+
+
+@triton.jit
+def _from_candidates(
+    row, V, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, top, total, k, top_p, min_q, seed, counter,
+    PMAX: tl.constexpr, CAP: tl.constexpr,
+):  # fmt: skip
+    """(decided, token, the top-k mass's lower bound, candidates): the draw when the candidates
+    provably hold every kept token (sorted, they give each one's rank and the mass before it)."""
+    n = tl.load(sel_ptr + row * 6 + 1)
+    j = tl.arange(0, CAP)
+    valid = j < n
+    v = tl.load(cand_ptr + row * CAP + j, mask=valid, other=float("-inf"))
+    idx = tl.load(cidx_ptr + row * CAP + j, mask=valid, other=0)
+    c = tl.sort(tl.where(valid, order_key(float_key(v), idx), 0), descending=True)
+    idx = (4294967295 - (c & 0xFFFFFFFF)).to(tl.int32)
+    v = tl.where(valid, key_float(c >> 32), float("-inf"))
+    q = fixed_mass(v, top)
+    before = tl.cumsum(q, 0) - q
+    mass = tl.sum(q, 0)
+    # The top-k mass is exact when the candidates hold the top k; else it lies in [mass, total].
+    k_on = k <= V
+    z_lo = tl.where(k_on, tl.where(k <= n, tl.sum(tl.where(j < k, q, 0), 0), mass), total).to(tl.float64)
+    z_hi = tl.where(k_on & (k > n), total, z_lo.to(tl.int64)).to(tl.float64)
+    b = before.to(tl.float64)
+    # (Scalar-with-block logic is spelled as blocks: Triton's interpreter refuses the mix.)
+    p_off = (b * 0.0 + top_p) >= 1.0
+    sure_in = p_off | (b < top_p * z_lo)
+    sure_out = ~p_off & (b >= top_p * z_hi)
+    in_k = j < k
+    in_m = q.to(tl.float64) >= min_q
+    kept = valid & ((in_k & sure_in & in_m) | (j == 0))
+    unsure = valid & (j != 0) & in_k & in_m & ~sure_in & ~sure_out
+    # The best token left out stands next in the order: it must not be kept.
+    p = tl.arange(0, PMAX)
+    below = tl.max(tl.load(below_ptr + row * P + p, mask=p < P, other=float("-inf")), 0)
+    q_below = fixed_mass(below, top).to(tl.float64)
+    out = (n >= V) | (n >= k) | ((top_p < 1.0) & (mass.to(tl.float64) >= top_p * z_hi)) | (q_below < min_q)
+    decided = (n > 0) & (tl.max(unsure.to(tl.int32), 0) == 0) & out
+    z = tl.where(kept, v + gumbel(seed, counter, idx), float("-inf"))
+    token = tl.min(tl.where(kept & (z == tl.max(z, 0)), idx, 2147483647), 0)
+    return decided, token, z_lo, n
+
+
+@triton.jit
 def final_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
     zpart_ptr, P, sel_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
@@ -187,69 +249,24 @@ def final_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     prow = p_ptr + row * NF
-    p = tl.arange(0, PMAX)
-    pm = p < P
-    stats = stat_ptr + (row * P + p) * 3
-    part_raw = tl.load(stats + 0, mask=pm, other=float("-inf"))
-    top_raw = tl.max(part_raw, 0)
-    raw_sum = tl.sum(
-        tl.where(pm, tl.load(stats + 1, mask=pm, other=0.0) * tl.exp(part_raw - top_raw), 0.0), 0
-    )
-    lse = top_raw + tl.log(raw_sum)
-    part_top = tl.load(stats + 2, mask=pm, other=float("-inf"))
-    top = tl.max(part_top, 0)
-    first = tl.min(
-        tl.where(pm & (part_top == top), tl.load(sidx_ptr + row * P + p, mask=pm, other=0), 2147483647), 0
-    )
-    first = tl.where(first < V, first, 0)
-    total = tl.sum(tl.load(zpart_ptr + row * P + p, mask=pm, other=0), 0)
-    temp = float_field(prow, 0)
+    top_raw, lse, top, first, total = _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX)
     top_p = float_field(prow, 1).to(tl.float64)
     min_q = float_field(prow, 2).to(tl.float64) * 4294967296.0
     k = int_field(prow, 6)
+    k = tl.where((k > 0) & (k < V), k, V + 1).to(tl.int32)  # V + 1: off
     seed = int_field(prow, 7)
     counter = int_field(prow, 8)
-    slot = int_field(prow, 9)
-    k_on = (k > 0) & (k < V)
-    k = tl.where(k_on, k, V + 1).to(tl.int32)
-    p_on = top_p < 1.0
     token = first
-    if temp > 0:
-        n = tl.load(sel_ptr + row * 6 + 1)
-        j = tl.arange(0, CAP)
-        valid = j < n
-        v = tl.load(cand_ptr + row * CAP + j, mask=valid, other=float("-inf"))
-        idx = tl.load(cidx_ptr + row * CAP + j, mask=valid, other=0)
-        c = tl.sort(tl.where(valid, order_key(float_key(v), idx), 0), descending=True)
-        idx = (4294967295 - (c & 0xFFFFFFFF)).to(tl.int32)
-        v = tl.where(valid, key_float(c >> 32), float("-inf"))
-        q = fixed_mass(v, top)
-        before = tl.cumsum(q, 0) - q
-        mass = tl.sum(q, 0)
-        # The top-k mass is exact when the candidates hold the top k; else it lies in [mass, total].
-        z_lo = tl.where(k_on, tl.where(k <= n, tl.sum(tl.where(j < k, q, 0), 0), mass), total).to(tl.float64)
-        z_hi = tl.where(k_on & (k > n), total, z_lo.to(tl.int64)).to(tl.float64)
-        b = before.to(tl.float64)
-        # (Scalar-with-block logic is spelled as blocks: Triton's interpreter refuses the mix.)
-        p_off = (b * 0.0 + top_p) >= 1.0
-        sure_in = p_off | (b < top_p * z_lo)
-        sure_out = ~p_off & (b >= top_p * z_hi)
-        in_k = j < k
-        in_m = q.to(tl.float64) >= min_q
-        kept = valid & ((in_k & sure_in & in_m) | (j == 0))
-        unsure = valid & (j != 0) & in_k & in_m & ~sure_in & ~sure_out
-        # The best token left out stands next in the order: it must not be kept.
-        below = tl.max(tl.load(below_ptr + row * P + p, mask=pm, other=float("-inf")), 0)
-        q_below = fixed_mass(below, top).to(tl.float64)
-        out = (n >= V) | (n >= k) | (p_on & (mass.to(tl.float64) >= top_p * z_hi)) | (q_below < min_q)
-        if (n > 0) & (tl.max(unsure.to(tl.int32), 0) == 0) & out:
-            z = tl.where(kept, v + gumbel(seed, counter, idx), float("-inf"))
-            best = tl.max(z, 0)
-            token = tl.min(tl.where(kept & (z == best), idx, 2147483647), 0)
-            tl.store(sel_ptr + row * 6 + 5, 1)
-        else:
-            big_p = tl.where(p_on, top_p * z_lo, 1e300)
-            if p_on & k_on & (k > n):
+    if float_field(prow, 0) > 0:
+        decided, token, z_lo, n = _from_candidates(
+            row, V, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, top, total, k, top_p, min_q, seed, counter,
+            PMAX, CAP,
+        )  # fmt: skip
+        tl.store(sel_ptr + row * 6 + 5, tl.where(decided, 1, 2))
+        if not decided:
+            big_p = tl.where(top_p < 1.0, top_p * z_lo, 1e300)
+            if (top_p < 1.0) & (k > n) & (k <= V):
+                # The top-k mass top-p needs: find the k-th token, then the mass up to it.
                 at = _search(
                     row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, k,
                     False, BLOCK, NPIV,
@@ -259,7 +276,6 @@ def final_kernel(
                     tl.full([NPIV], 0, tl.uint64) + (at - 1), False, BLOCK // 4, NPIV,
                 )  # fmt: skip
                 big_p = top_p * tl.max(g, 0).to(tl.float64)
-            tl.store(sel_ptr + row * 6 + 5, 2)
             token = _draw_slow(
                 row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, first, k, big_p,
                 min_q, seed, counter, BLOCK,
@@ -272,6 +288,7 @@ def final_kernel(
             row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, lse, P, sel_ptr,
             rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr, BLOCK, PMAX, RCAP, TOPK, NPIV,
         )  # fmt: skip
+    slot = int_field(prow, 9)
     if slot != 0:
         entry = ent_ptr + slot * stride_e + token
         tl.store(entry, tl.load(entry) + 1)
