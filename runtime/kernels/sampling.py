@@ -93,7 +93,7 @@ def sample_reference(logits: torch.Tensor, p, entries: torch.Tensor, bits: torch
     x = logits.float()
     vocab = x.shape[-1]
     rows = entries.index_select(0, p.slots)
-    lp = torch.log_softmax(x, dim=-1)
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)  # as TorchOps.greedy: greedy rows match it bit for bit
     pen = penalize(x, p, rows)
     hot = p.temperature > 0
     s = pen * (1.0 / torch.where(hot, p.temperature, 1.0))[:, None]
@@ -107,9 +107,9 @@ def sample_reference(logits: torch.Tensor, p, entries: torch.Tensor, bits: torch
     record(entries, bits, p.slots, tokens)
     top_ids = top_lp = None
     if num_top:
-        top_lp, top_ids = lp.sort(dim=-1, descending=True, stable=True)
-        top_ids, top_lp = top_ids[:, :num_top], top_lp[:, :num_top]
-    return tokens, lp.gather(1, tokens[:, None])[:, 0], top_ids, top_lp
+        top_x, top_ids = x.sort(dim=-1, descending=True, stable=True)
+        top_ids, top_lp = top_ids[:, :num_top], top_x[:, :num_top] - lse
+    return tokens, (x.gather(1, tokens[:, None]) - lse)[:, 0], top_ids, top_lp
 
 
 def word_bits(tokens: torch.Tensor) -> torch.Tensor:

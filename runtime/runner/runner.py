@@ -66,6 +66,10 @@ class ModelRunner:
         local = local_config(
             config.model, self.model.part
         )  # this rank's heads: the cache and attention see these
+        # Penalty state: a slot per running sequence, plus the empty slot 0; rank 0 hands out slots.
+        # Allocated before the cache is sized from the memory left.
+        self.penalties = PenaltyTable(config.max_batch_size + 1, config.model.vocab_size, config.device)
+        self.penalty_slots = PenaltySlots(config.max_batch_size)
         self.sizing = self._size_cache(local, parallel)
         self.kv = KVCache(local, self.sizing, config.dtype, config.device)
         self.block_size = self.sizing.block_size
@@ -85,9 +89,6 @@ class ModelRunner:
         self.guided_stream = (
             torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None
         )
-        # Penalty state: a slot per running sequence, plus the empty slot 0. Rank 0 hands out slots.
-        self.penalties = PenaltyTable(config.max_batch_size + 1, config.model.vocab_size, config.device)
-        self.penalty_slots = PenaltySlots(config.max_batch_size)
         self.graphs: DecodeGraphs | None = None
         for line in self.fmha.explain():
             log.info("fmha %s", line)

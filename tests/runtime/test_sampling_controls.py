@@ -25,6 +25,14 @@ def token_ids(out) -> list[int]:
     return list(out.outputs[0].token_ids) if hasattr(out, "outputs") else list(out.token_ids)
 
 
+def chosen_logprobs(out) -> list[float]:
+    """The logprob of each generated token: from vLLM's dicts, or the flat list."""
+    if hasattr(out, "outputs"):
+        c = out.outputs[0]
+        return [d[t].logprob for d, t in zip(c.logprobs, c.token_ids, strict=True)]
+    return list(out.logprobs)
+
+
 def top_logprobs(outs, recorder) -> list[list[dict[int, float]]]:
     """Per output, per generated token, {token id: logprob} of the top-k: from vLLM-shaped outputs
     (dicts of Logprob), else from what the engine read back (`recorder`, flat outputs carry none)."""

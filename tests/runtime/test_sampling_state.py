@@ -4,7 +4,7 @@ need nothing more; and sampler values that used to break a step (issue 15) sampl
 
 import pytest
 import torch
-from test_sampling_controls import token_ids
+from test_sampling_controls import chosen_logprobs, token_ids
 
 from fastpath.runtime import LLM, SamplingParams
 from fastpath.runtime.engine.sequence import Sequence
@@ -38,6 +38,17 @@ def test_each_request_equals_its_solo_run_through_batching_chunking_preemption_a
     assert llm.executor.scheduler.num_preemptions > 0, "the cache is small enough to preempt"
     assert got == want
     assert all(len(t) >= 12 for t in got[4:5]), "min_tokens held the stop tokens back"
+
+
+def test_greedy_rows_of_a_general_step_equal_the_greedy_fast_path_bit_for_bit():
+    llm = LLM("random:tiny-llama", **CPU32)
+    greedy = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
+    fast = llm.generate(PROMPTS[:2], greedy)
+    # The same batch, but a row asks for top-1 logprobs: every step runs the general sampler.
+    general = llm.generate(PROMPTS[:2], [greedy, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=1)])
+    for a, b in zip(fast, general, strict=True):
+        assert token_ids(a) == token_ids(b)
+        assert chosen_logprobs(a) == chosen_logprobs(b)
 
 
 @pytest.mark.slow
