@@ -257,6 +257,7 @@ def final_kernel(
     seed = int_field(prow, 7)
     counter = int_field(prow, 8)
     token = first
+    tl.store(sel_ptr + row * 6 + 5, 0)
     if float_field(prow, 0) > 0:
         decided, token, z_lo, n = _from_candidates(
             row, V, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, top, total, k, top_p, min_q, seed, counter,

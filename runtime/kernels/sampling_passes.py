@@ -105,6 +105,9 @@ def select_kernel(
     tl.store(off_ptr + row * P + p, off, mask=p < P)
     tl.store(sel_ptr + row * 6 + 0, cut)
     tl.store(sel_ptr + row * 6 + 1, kept)
+    tl.store(sel_ptr + row * 6 + 2, 0)
+    tl.store(sel_ptr + row * 6 + 3, 0)
+    tl.store(sel_ptr + row * 6 + 4, 0)
     if TOPK:
         rcut, rkept, roff, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
         tl.store(roff_ptr + row * P + p, roff, mask=p < P)

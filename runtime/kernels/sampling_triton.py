@@ -34,6 +34,8 @@ BUCKETS = 256
 CANDIDATES = 128  # sampling candidates per row
 RAW_CANDIDATES = 64  # top-k logprob candidates per row (k <= 20)
 PIVOTS = 8  # pivots per pass of the slow path's searches
+PASS_WARPS = 8  # warps per program of the row-parallel passes
+FINAL_WARPS = 16  # per row program: the slow path's passes hide their latency across 16 warps
 
 
 def _pow2(n: int) -> int:
@@ -63,8 +65,8 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     hist = torch.empty(rows, parts, BUCKETS, dtype=i32, device=dev)
     rhist = torch.empty(rows, parts, BUCKETS, dtype=i32, device=dev) if num_top else hist
     zpart = torch.empty(rows, parts, dtype=i64, device=dev)
-    sel = torch.zeros(rows, 6, dtype=i32, device=dev)
-    off, roff, rnext = (torch.zeros(rows, parts, dtype=i32, device=dev) for _ in range(3))
+    sel = torch.empty(rows, 6, dtype=i32, device=dev)
+    off, roff, rnext = (torch.empty(rows, parts, dtype=i32, device=dev) for _ in range(3))
     cand = torch.empty(rows, CANDIDATES, dtype=f32, device=dev)
     cidx = torch.empty(rows, CANDIDATES, dtype=i32, device=dev)
     rcand = torch.empty(rows, RAW_CANDIDATES, dtype=f32, device=dev)
@@ -77,7 +79,8 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     top_lp = torch.empty(rows, max(num_top, 1), dtype=f32, device=dev)
     row_args = (logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0))
     grid = (rows, parts)
-    exact = dict(enable_fp_fusion=False)  # no FMA: penalties round as the torch definition does
+    # No FMA: penalties round as the torch definition does.
+    exact = dict(enable_fp_fusion=False, num_warps=PASS_WARPS)
     stats_kernel[grid](*row_args, stats, sidx, parts, CHUNK=chunk, BLOCK=block, **exact)
     hist_kernel[grid](
         *row_args, stats, parts, hist, rhist, zpart, CHUNK=chunk, BLOCK=block, PMAX=pmax, NB=BUCKETS,
@@ -85,7 +88,7 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     )  # fmt: skip
     select_kernel[(rows,)](
         hist, rhist, parts, sel, off, roff, rnext, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, PMAX=pmax, NB=BUCKETS,
-        TOPK=num_top,
+        TOPK=num_top, **exact,
     )  # fmt: skip
     gather_kernel[grid](
         *row_args, stats, parts, sel, off, roff, rnext, cand, cidx, rcand, ridx, below, span, CHUNK=chunk,
@@ -94,7 +97,8 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     final_kernel[(rows,)](
         logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0),
         stats, sidx, zpart, parts, sel, cand, cidx, rcand, ridx, below, span, tokens, logprobs, top_ids, top_lp,
-        BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top, NPIV=PIVOTS, **exact,
+        BLOCK=block, PMAX=pmax, CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top, NPIV=PIVOTS,
+        enable_fp_fusion=False, num_warps=FINAL_WARPS,
     )  # fmt: skip
     if paths is not None:
         paths.copy_(sel[:, 5])
