@@ -1,5 +1,6 @@
-"""The fused sampler's last kernel, a program per row (sampling_triton.py): the draw from the
-candidates, or by the exact slow path over the whole row; the top-k logprobs; the penalty count."""
+"""The fused sampler's per-row kernels (sampling_triton.py): `decide_kernel` draws from the
+candidates, or takes draw_kernel's argmax of the whole row; `final_kernel` accepts that argmax once
+checked, or runs the exact slow path from it, then the top-k logprobs and the penalty count."""
 
 from __future__ import annotations
 
@@ -112,56 +113,23 @@ def _order_of(row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, s
 @triton.jit
 def _draw_slow(
     row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, first, k, big_p,
-    min_q, seed, counter, BLOCK: tl.constexpr,
+    min_q, seed, counter, lo, cand, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """The exact draw over the whole row. The candidate, the Gumbel argmax of the min_p-kept tokens
-    after `lo` in the order, is the answer once few and light enough tokens come before it; else it
-    and all after it are out, and the next candidate comes from the same pass. Each pass also tests
-    the middle of the undecided range (lo, hi], so the range halves at every pass."""
-    lo = tl.zeros([], tl.uint64)  # tokens at or after lo in the order (c <= lo) are out
-    hi = (
-        _order_of(row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, first) - 1
-    )  # tokens before hi (c > hi) are in: the top token
-    _, _, cand, _, _, _ = _reject_pass(
-        row,
-        V,
-        logits_ptr,
-        stride_l,
-        prow,
-        ent_ptr,
-        stride_e,
-        bits_ptr,
-        stride_b,
-        top,
-        min_q,
-        seed,
-        counter,
-        lo,
-        lo,
-        BLOCK,
-    )
+    """The exact draw over the whole row, a pass at a time. Tokens at or after `lo` in the order are
+    out; `cand`, the Gumbel argmax of the min_p-kept tokens before it, is the answer once few and
+    light enough tokens come before it; else it and all after it are out, and the next candidate
+    comes from the same pass. Each pass also tests the middle of the undecided range (lo, hi], so
+    the range halves at every pass."""
+    hi = _order_of(row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, first) - 1
+    hi = tl.maximum(hi, lo)
     done = lo != lo  # a block-typed False: the loop carries it
     while not done:
         at = _order_of(row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, cand)
         mid = lo + (hi - lo) // 2
         fj, gj, after_cand, fm, gm, after_mid = _reject_pass(
-            row,
-            V,
-            logits_ptr,
-            stride_l,
-            prow,
-            ent_ptr,
-            stride_e,
-            bits_ptr,
-            stride_b,
-            top,
-            min_q,
-            seed,
-            counter,
-            at,
-            mid,
-            BLOCK,
-        )
+            row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, min_q, seed,
+            counter, at, mid, BLOCK,
+        )  # fmt: skip
         done = (fj == 0) | ((fj < k) & (gj.to(tl.float64) < big_p))
         if not done:
             lo = at
@@ -240,55 +208,107 @@ def _from_candidates(
 
 
 @triton.jit
-def final_kernel(
+def _merged_draw(best_ptr, idx_ptr, row, P, PMAX: tl.constexpr):
+    """The Gumbel argmax over the row from draw_kernel's per-chunk results (first index on ties)."""
+    p = tl.arange(0, PMAX)
+    best = tl.load(best_ptr + row * P + p, mask=p < P, other=float("-inf"))
+    idx = tl.load(idx_ptr + row * P + p, mask=p < P, other=2147483647)
+    return tl.min(tl.where(best == tl.max(best, 0), idx, 2147483647), 0)
+
+
+@triton.jit
+def decide_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
-    zpart_ptr, P, sel_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
-    tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr,
-    BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr,
-    NPIV: tl.constexpr,
+    zpart_ptr, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, best_ptr, idx_ptr, dec_ptr, big_p_ptr, after_ptr,
+    BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, NPIV: tl.constexpr,
 ):  # fmt: skip
+    """A row's token when its candidates hold every kept token (state 1) or nothing limits the draw
+    but min_p (state 2: draw_kernel's argmax); else (state 3) that argmax for draw_kernel to check,
+    with the mass top-p allows before a kept token. State 0: greedy."""
     row = tl.program_id(0)
     prow = p_ptr + row * NF
-    top_raw, lse, top, first, total = _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX)
+    _top_raw, _lse, top, first, total = _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX)
     top_p = float_field(prow, 1).to(tl.float64)
     min_q = float_field(prow, 2).to(tl.float64) * 4294967296.0
     k = int_field(prow, 6)
     k = tl.where((k > 0) & (k < V), k, V + 1).to(tl.int32)  # V + 1: off
-    seed = int_field(prow, 7)
-    counter = int_field(prow, 8)
     token = first
-    tl.store(sel_ptr + row * 6 + 5, 0)
+    state = tl.zeros([], tl.int32)
+    big_p = tl.full([], 1e300, tl.float64)
     if float_field(prow, 0) > 0:
         decided, token, z_lo, n = _from_candidates(
-            row, V, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, top, total, k, top_p, min_q, seed, counter,
-            PMAX, CAP,
+            row, V, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, top, total, k, top_p, min_q, int_field(prow, 7),
+            int_field(prow, 8), PMAX, CAP,
         )  # fmt: skip
-        tl.store(sel_ptr + row * 6 + 5, tl.where(decided, 1, 2))
+        state = tl.where(decided, 1, 2)
         if not decided:
-            big_p = tl.where(top_p < 1.0, top_p * z_lo, 1e300)
-            if (top_p < 1.0) & (k > n) & (k <= V):
-                # The top-k mass top-p needs: find the k-th token, then the mass up to it.
-                at = _search(
-                    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, k,
-                    False, BLOCK, NPIV,
-                )  # fmt: skip
-                _, g = _above_pass(
-                    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top,
-                    tl.full([NPIV], 0, tl.uint64) + (at - 1), False, BLOCK // 4, NPIV,
-                )  # fmt: skip
-                big_p = top_p * tl.max(g, 0).to(tl.float64)
+            token = _merged_draw(best_ptr, idx_ptr, row, P, PMAX)
+            if (top_p < 1.0) | (k <= V):
+                state = state + 1
+                big_p = tl.where(top_p < 1.0, top_p * z_lo, 1e300)
+                if (top_p < 1.0) & (k > n) & (k <= V):
+                    # The top-k mass top-p needs: find the k-th token, then the mass up to it.
+                    at = _search(
+                        row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, k,
+                        False, BLOCK, NPIV,
+                    )  # fmt: skip
+                    _, g = _above_pass(
+                        row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top,
+                        tl.full([NPIV], 0, tl.uint64) + (at - 1), False, BLOCK // 4, NPIV,
+                    )  # fmt: skip
+                    big_p = top_p * tl.max(g, 0).to(tl.float64)
+                after = _order_of(
+                    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, token
+                )
+                tl.store(after_ptr + row, after.to(tl.int64))
+    tl.store(dec_ptr + row * 2 + 0, token)
+    tl.store(dec_ptr + row * 2 + 1, state)
+    tl.store(big_p_ptr + row, big_p)
+
+
+@triton.jit
+def final_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
+    zpart_ptr, P, sel_ptr, dec_ptr, big_p_ptr, after_ptr, count_ptr, mass_ptr, best_ptr, idx_ptr,
+    rcand_ptr, ridx_ptr, span_ptr, tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr,
+    BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr, NPIV: tl.constexpr,
+):  # fmt: skip
+    """The token of each row: decide_kernel's, or its checked argmax, or the slow path's from there;
+    then its logprob, the top-k logprobs, and its count in the penalty table. Paths (sel[:, 5]): 0
+    greedy, 1 candidates, 2 one parallel draw, 3 the slow path; +4 the top-k logprobs' slow path."""
+    row = tl.program_id(0)
+    prow = p_ptr + row * NF
+    top_raw, lse, top, first, _total = _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX)
+    token = tl.load(dec_ptr + row * 2 + 0)
+    state = tl.load(dec_ptr + row * 2 + 1)
+    if state == 3:
+        p = tl.arange(0, PMAX)
+        pm = p < P
+        before = tl.sum(tl.load(count_ptr + row * P + p, mask=pm, other=0), 0)
+        mass = tl.sum(tl.load(mass_ptr + row * P + p, mask=pm, other=0), 0)
+        big_p = tl.load(big_p_ptr + row)
+        k = int_field(prow, 6)
+        k = tl.where((k > 0) & (k < V), k, V + 1).to(tl.int32)
+        if (before == 0) | ((before < k) & (mass.to(tl.float64) < big_p)):
+            state = tl.zeros([], tl.int32) + 2
+        else:
+            min_q = float_field(prow, 2).to(tl.float64) * 4294967296.0
+            lo = tl.load(after_ptr + row).to(tl.uint64)
             token = _draw_slow(
                 row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, first, k, big_p,
-                min_q, seed, counter, BLOCK,
+                min_q, int_field(prow, 7), int_field(prow, 8), lo, _merged_draw(best_ptr, idx_ptr, row, P, PMAX),
+                BLOCK,
             )  # fmt: skip
     tl.store(tok_ptr + row, token.to(tl.int64))
     raw = tl.load(logits_ptr + row.to(tl.int64) * stride_l + token).to(tl.float32)
     tl.store(lp_ptr + row, raw - lse)
     if TOPK > 0:
-        _top_logprobs(
+        slow = _top_logprobs(
             row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, lse, P, sel_ptr,
             rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr, BLOCK, PMAX, RCAP, TOPK, NPIV,
         )  # fmt: skip
+        state = state + tl.where(slow, 4, 0)
+    tl.store(sel_ptr + row * 6 + 5, state)
     slot = int_field(prow, 9)
     if slot != 0:
         entry = ent_ptr + slot * stride_e + token
@@ -303,7 +323,7 @@ def _top_logprobs(
     rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr,
     BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr, NPIV: tl.constexpr,
 ):  # fmt: skip
-    """The TOPK largest raw logits (ties: lowest index first) as logprobs."""
+    """The TOPK largest raw logits (ties: lowest index first) as logprobs; whether it took the slow path."""
     p = tl.arange(0, PMAX)
     pm = p < P
     n = tl.load(sel_ptr + row * 6 + 3)
@@ -312,8 +332,8 @@ def _top_logprobs(
     hi = tl.max(tl.load(span_ptr + (row * P + p) * 2 + 1, mask=pm, other=0), 0)
     # Ties in the next bucket are ordered by index, and its first members are in the list.
     use = tl.where(n >= TOPK, n, n + tl.minimum(count, RCAP - n))
-    if (n < TOPK) & ((lo != hi) | (n + count < TOPK)):
-        tl.store(sel_ptr + row * 6 + 5, tl.load(sel_ptr + row * 6 + 5) + 4)
+    slow = (n < TOPK) & ((lo != hi) | (n + count < TOPK))
+    if slow:
         at = _search(
             row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, TOPK,
             True, BLOCK, NPIV,
@@ -340,3 +360,4 @@ def _top_logprobs(
     x = key_float(c >> 32)
     tl.store(top_ids_ptr + row * TOPK + j, idx, mask=j < TOPK)
     tl.store(top_lp_ptr + row * TOPK + j, x - lse, mask=j < TOPK)
+    return slow

@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .sampling_jit import NF, bucket, fixed_mass, float_key, scores
+from .sampling_jit import NF, bucket, fixed_mass, float_field, float_key, gumbel, int_field, order_key, scores
 
 
 @triton.jit
@@ -115,6 +115,77 @@ def select_kernel(
         tl.store(sel_ptr + row * 6 + 2, rcut)
         tl.store(sel_ptr + row * 6 + 3, rkept)
         tl.store(sel_ptr + row * 6 + 4, rcount)
+
+
+@triton.jit
+def _draws_beyond_candidates(prow, V, n):
+    """Whether a row may keep tokens past its candidates: sampled, with no top-k they hold."""
+    k = int_field(prow, 6)
+    return (float_field(prow, 0) > 0) & ((k <= 0) | (k >= V) | (k > n))
+
+
+@triton.jit
+def _draw_above(
+    row, part, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, after,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Over one chunk, the tokens after `after` in the order (uint64; 0: all): how many, their
+    mass, and the Gumbel argmax (score, index) of those min_p keeps."""
+    seed = int_field(prow, 7)
+    counter = int_field(prow, 8)
+    min_q = float_field(prow, 2).to(tl.float64) * 4294967296.0
+    f = tl.zeros([BLOCK], tl.int32)
+    g = tl.zeros([BLOCK], tl.int64)
+    zb = tl.full([BLOCK], float("-inf"), tl.float32)
+    ib = tl.full([BLOCK], 2147483647, tl.int32)
+    for i in range(0, CHUNK, BLOCK):
+        cols = part * CHUNK + i + tl.arange(0, BLOCK)
+        inb, _x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        q = fixed_mass(s, top)
+        mine = inb & (order_key(float_key(s), cols) > after)
+        f += mine.to(tl.int32)
+        g += tl.where(mine, q, 0)
+        z = tl.where(mine & (q.to(tl.float64) >= min_q), s + gumbel(seed, counter, cols), float("-inf"))
+        better = z > zb
+        ib = tl.where(better, cols, ib)
+        zb = tl.where(better, z, zb)
+    best = tl.max(zb, 0)
+    return tl.sum(f, 0), tl.sum(g, 0), best, tl.min(tl.where(zb == best, ib, 2147483647), 0)
+
+
+@triton.jit
+def draw_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, dec_ptr,
+    after_ptr, count_ptr, mass_ptr, best_ptr, idx_ptr, CHECK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr,
+):  # fmt: skip
+    """Per chunk, for rows that may keep tokens past their candidates: the Gumbel argmax of the
+    min_p-kept tokens (a draw with no top-k or top-p is that argmax), or, with CHECK, for rows
+    whose argmax `decide_kernel` must check, the tokens and mass before it and the argmax after it."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    prow = p_ptr + row * NF
+    if CHECK:
+        active = tl.load(dec_ptr + row * 2 + 1) == 3
+        after = tl.load(after_ptr + row).to(tl.uint64)
+    else:
+        active = _draws_beyond_candidates(prow, V, tl.load(sel_ptr + row * 6 + 1))
+        after = tl.zeros([], tl.uint64)
+    f = tl.zeros([], tl.int32)
+    g = tl.zeros([], tl.int64)
+    best = tl.full([], float("-inf"), tl.float32)
+    idx = tl.full([], 2147483647, tl.int32)
+    if active:
+        _top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+        f, g, best, idx = _draw_above(
+            row, part, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, after,
+            CHUNK, BLOCK,
+        )  # fmt: skip
+    out = row * P + part
+    tl.store(count_ptr + out, f)
+    tl.store(mass_ptr + out, g)
+    tl.store(best_ptr + out, best)
+    tl.store(idx_ptr + out, idx)
 
 
 @triton.jit
