@@ -1,8 +1,10 @@
 """ModelRunner: one step on the device, for decode and for prefill, from its payload alone.
 
 It owns what a step uses: the model (this rank's shard), the KV cache, the attention libraries,
-the decode graphs, the guided decoder and the streams. The executor stages payloads and hands them
-to `run_decode` / `run_prefill`; tensor-parallel workers run the payloads rank 0 broadcasts.
+the decode graphs, the guided decoder, the penalty table and the streams. The executor stages
+payloads and hands them to `run_decode` / `run_prefill`; tensor-parallel workers run the payloads
+rank 0 broadcasts. On rank 0, `penalty_slots` is the host side of the penalty table: the engine
+assigns a sequence its slot when staging its first prefill chunk (engine/steps.py).
 """
 
 from __future__ import annotations
