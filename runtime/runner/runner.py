@@ -110,11 +110,20 @@ class ModelRunner:
 
     def capture_graphs(self) -> None:
         """Capture the decode graphs for the configured batch sizes (CUDA only)."""
+        if self.is_cuda:
+            self._warm_sampler()
         if self.is_cuda and self.config.cuda_graphs:
             self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
             self.graphs.capture_all()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
+
+    def _warm_sampler(self) -> None:
+        # The general sampler's kernels compile now, with and without top-k logprobs, not at the
+        # first sampled request (warmup's probe is greedy). Neutral rows change no state.
+        logits = torch.zeros(1, self.config.model.vocab_size, dtype=self.dtype, device=self.device)
+        for top in (False, True):
+            sample(logits, SamplingTensors.neutral(1, self.device), self.model.ops, self.penalties, top)
 
     def graph_rows(self, num_seqs: int) -> int | None:
         """The rows of the graph that runs `num_seqs` sequences; None when no graph does."""
