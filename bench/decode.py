@@ -2,12 +2,15 @@
 """Decode throughput on a GPU, side by side in one run: the native engine's variants, HF transformers
 `generate`, and the weight-read floor (weight bytes over the copy bandwidth measured in this run).
 
-    python bench/decode.py --out bench/results [--quick] [--batch 1 8 64] [--tp 2]
+    python bench/decode.py --out bench/results [--quick] [--batch 1 8 64] [--tp 2] [--sampling greedy]
 
 Steady-state decode time per step is the difference between two generations that differ only in
-length, so prefill, warmup and start-up cancel out. `--tp 2` adds tensor-parallel rows (2 GPUs,
-NCCL all-reduces inside the decode graphs) beside the one-GPU rows; a tensor-parallel row's floor
-is its rank's weight bytes over the copy bandwidth, since every GPU streams its shard at once.
+length, so prefill, warmup and start-up cancel out. Each native row runs greedy and "sampled with
+penalties" (SAMPLED: temperature, top-p, top-k, min-p, the three penalties and top-5 logprobs, every
+request with its own seed): the general sampler inside the same decode graphs. `--tp 2` adds
+tensor-parallel rows (2 GPUs, NCCL all-reduces inside the decode graphs) beside the one-GPU rows; a
+tensor-parallel row's floor is its rank's weight bytes over the copy bandwidth, since every GPU
+streams its shard at once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from fastpath.runtime.model.presets import resolve_random
 
 MODEL = "random:llama-1b"
 PROMPT_LEN = 32
+SAMPLED = dict(
+    temperature=0.8, top_p=0.95, top_k=50, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
+    frequency_penalty=0.5, logprobs=5,
+)  # fmt: skip
 
 
 def weight_bytes(llm) -> int:
@@ -39,14 +46,16 @@ def weight_bytes(llm) -> int:
     return total
 
 
-def engine_step_time(llm, batch: int, short: int, long: int, repeats: int) -> float:
+def engine_step_time(llm, batch: int, short: int, long: int, repeats: int, sampled: bool = False) -> float:
     from fastpath.runtime import SamplingParams
 
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(1000, 100000, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
+    extra = SAMPLED if sampled else {}
 
     def run(n):
-        return wall(lambda: llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True)))
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i, **extra) for i in range(batch)]
+        return wall(lambda: llm.generate(prompts, params))
 
     run(short)  # first use of this batch size: nothing lazy left in the timed runs
     diffs = [(run(long) - run(short)) / (long - short) for _ in range(repeats)]
@@ -82,6 +91,10 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", default=["fused", "torch-ops"], help="native variants to run")
     ap.add_argument("--package", action="append", default=[], help="generated package to run beside native")
     ap.add_argument("--tp", type=int, nargs="*", default=[], help="tensor-parallel sizes to run beside tp=1")
+    ap.add_argument(
+        "--sampling", nargs="+", choices=["greedy", "penalties"], default=["greedy", "penalties"],
+        help="native rows: greedy, and sampled with penalties (SAMPLED)",
+    )  # fmt: skip
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA device; none is visible")
@@ -118,11 +131,13 @@ def main() -> None:
                 floor_bytes = floor_bytes or rank_bytes
             name = f"native ({variant})" if tp == 1 else f"native ({variant}, tp={tp})"
             for b in args.batch:
-                step = engine_step_time(llm, b, short, long, repeats)
-                row = {"engine": name, "batch": b, "step_s": step, "tp": tp, "variant": variant}
-                row["floor_step_s"] = rank_bytes / bw
-                results["rows"].append(row)
-                print(f"{name} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
+                for sampling in args.sampling:
+                    step = engine_step_time(llm, b, short, long, repeats, sampled=sampling == "penalties")
+                    label = name if sampling == "greedy" else f"{name}, sampled with penalties"
+                    row = {"engine": label, "batch": b, "step_s": step, "tp": tp, "variant": variant}
+                    row |= {"sampling": sampling, "floor_step_s": rank_bytes / bw}
+                    results["rows"].append(row)
+                    print(f"{label} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
             llm.close()
             del llm
             gc.collect()
@@ -153,7 +168,16 @@ def main() -> None:
     results["weight_bytes"] = floor_bytes
     results["floor_step_s"] = floor_step
     hf = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"].startswith("HF")}
-    one_gpu = {(r["variant"], r["batch"]): r["step_s"] for r in results["rows"] if r.get("tp") == 1}
+    one_gpu = {
+        (r["variant"], r["batch"]): r["step_s"]
+        for r in results["rows"]
+        if r.get("tp") == 1 and r.get("sampling") == "greedy"
+    }
+    greedy = {
+        (r["variant"], r["tp"], r["batch"]): r["step_s"]
+        for r in results["rows"]
+        if r.get("sampling") == "greedy"
+    }
     rows = []
     for r in results["rows"]:
         b, step = r["batch"], r["step_s"]
@@ -162,14 +186,26 @@ def main() -> None:
         r["speedup_vs_hf"] = hf[b] / step if b in hf else None
         base = one_gpu.get((r.get("variant"), b)) if r.get("tp", 1) > 1 else None
         r["speedup_vs_tp1"] = base / step if base else None
+        plain = greedy.get((r.get("variant"), r.get("tp"), b)) if r.get("sampling") == "penalties" else None
+        r["vs_greedy"] = step / plain - 1 if plain else None
         rows.append([r["engine"], b, f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
                      f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-",
-                     f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-"])  # fmt: skip
+                     f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-",
+                     f"{100 * r['vs_greedy']:+.1f}%" if r["vs_greedy"] is not None else "-"])  # fmt: skip
     for b in args.batch:
         rows.append(
-            ["weight-read floor", b, f"{b / floor_step:.0f}", f"{floor_step * 1e6:.0f}", "100%", "-", "-"]
+            [
+                "weight-read floor",
+                b,
+                f"{b / floor_step:.0f}",
+                f"{floor_step * 1e6:.0f}",
+                "100%",
+                "-",
+                "-",
+                "-",
+            ]
         )
-    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs tp=1"]
+    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs tp=1", "vs greedy"]
     table = markdown_table(headers, rows)
     table += f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; weights {floor_bytes / 1e9:.2f} GB; {results['env']}"
     write_outputs(args.out, "decode", results, table)

@@ -27,12 +27,11 @@ from ..runner.decode_inputs import FIXED_COLUMNS, DecodeInputs
 from ..runner.kv_cache import BlockAllocator
 from ..runner.runner import ModelRunner
 from ..runner.sampler import Sampled
-from ..runner.step_inputs import DecodeStep
 from .readback import Readback
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
-from .steps import InflightStep, StepRecord, prefill_step, sampling_tensors, stage
+from .steps import InflightStep, StepRecord, decode_step, prefill_step, stage
 
 log = logging.getLogger("fastpath.executor")
 
@@ -195,10 +194,7 @@ class ExecutorCore:
         for seq in seqs:
             seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending
         guided = runner.guided is not None and any(s.guided is not None for s in seqs)
-        greedy = all(s.params.greedy for s in seqs)
-        step = DecodeStep(
-            len(seqs), packed, None if greedy else sampling_tensors(seqs, rows), prev is not None, guided
-        )
+        step = decode_step(seqs, packed, rows, prev is not None, guided, runner.penalty_slots)
         if guided:
             runner.guided.enqueue(list(seqs), rows)
         if self.parallel is not None:
@@ -206,7 +202,7 @@ class ExecutorCore:
         return runner.run_decode(step, prev.tokens if prev is not None else None), seqs
 
     def launch_prefill(self, batch: ScheduledBatch):
-        step, sampled = prefill_step(batch, self.runner.block_size)
+        step, sampled = prefill_step(batch, self.runner.block_size, self.runner.penalty_slots)
         if self.parallel is not None:
             self.parallel.send(Op.PREFILL, step)
         guided = self.runner.guided is not None and any(s.guided is not None for s in sampled)
@@ -232,12 +228,16 @@ class ExecutorCore:
         self.readback.wait(step.ticket, step.event)
         self.dispatcher.check()  # a host callback's exception surfaces here, with its traceback
         record = StepRecord(step.batch.phase)
-        for seq, token, logprob in zip(
-            step.sampled, step.host.tokens.tolist(), step.host.logprobs.tolist(), strict=True
+        host = step.host
+        tops = None
+        if host.top_ids is not None:  # some row asked for top-k logprobs
+            tops = list(zip(host.top_ids.tolist(), host.top_logprobs.tolist(), strict=True))
+        for i, (seq, token, logprob) in enumerate(
+            zip(step.sampled, host.tokens.tolist(), host.logprobs.tolist(), strict=True)
         ):
             if seq.finished:
                 continue  # it stopped one step earlier; this is the overlap loop's extra token
-            seq.accept(token, logprob if seq.params.logprobs is not None else None)
+            seq.accept(token, logprob, tops[i] if tops is not None else None)
             record.new_tokens.append((seq, token))
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)

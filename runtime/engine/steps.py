@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
-from ..runner.sampler import Sampled, SamplingTensors
-from ..runner.step_inputs import PrefillStep
+from ..runner.penalties import PenaltyFill, PenaltySlots
+from ..runner.sampler import Sampled, SamplingTensors, float_bits
+from ..runner.step_inputs import DecodeStep, PrefillStep
+from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -40,29 +42,115 @@ class StepRecord:
     new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
 
 
-def sampling_tensors(seqs: list[Sequence], rows: int) -> SamplingTensors:
-    """The sampling parameters of `seqs`, padded to `rows` with greedy rows, on the host."""
-    pad = rows - len(seqs)
-    return SamplingTensors(
-        torch.tensor([s.params.temperature for s in seqs] + [0.0] * pad, dtype=torch.float32),
-        torch.tensor([s.params.top_k for s in seqs] + [0] * pad, dtype=torch.int64),
-        torch.tensor([s.params.top_p for s in seqs] + [1.0] * pad, dtype=torch.float32),
-        torch.tensor([s.seed for s in seqs] + [0] * pad, dtype=torch.int64),
-        torch.tensor([s.num_generated for s in seqs] + [0] * pad, dtype=torch.int64),
+def needs_general(seq: Sequence) -> bool:
+    """Whether the sequence's next token needs the general sampler rather than the greedy one."""
+    p = seq.params
+    return (
+        not p.greedy
+        or p.penalized
+        or seq.num_generated < p.min_tokens
+        or (p.logprobs is not None and p.logprobs > 0)
     )
 
 
-def prefill_step(batch: ScheduledBatch, block_size: int) -> tuple[PrefillStep, list[Sequence]]:
+def keeps_penalty_state(seq: Sequence) -> bool:
+    """Whether the sequence needs a penalty-table slot (runner/penalties.py)."""
+    return seq.params.penalized or seq.params.min_tokens > 0
+
+
+def wants_top_logprobs(seqs: list[Sequence]) -> bool:
+    return any(s.params.logprobs is not None and s.params.logprobs > 0 for s in seqs)
+
+
+def _int64(v: int) -> int:
+    # Seeds are 64-bit: a derived seed past 2**63 - 1 wraps instead of overflowing the tensor.
+    return (v + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def sampling_tensors(seqs: list[Sequence], rows: int, slots: PenaltySlots | None = None) -> SamplingTensors:
+    """The sampling parameters of `seqs`, padded to `rows` with greedy rows, on the host."""
+    flat: list[int] = []
+    for s in seqs:
+        p = s.params
+        flat += _request_fields(p)
+        flat += (_int64(s.seed), s.num_generated, slots.slot_of(s) if slots is not None else 0, p.min_tokens)
+    return SamplingTensors.from_flat(rows, flat)
+
+
+_FIELDS_OF: dict[int, tuple[SamplingParams, tuple[int, ...]]] = {}
+
+
+def _request_fields(p: SamplingParams) -> tuple[int, ...]:
+    """A request's float fields (as float32 bits) and top_k, cached by identity: requests share
+    their SamplingParams, and a step packs every row."""
+    hit = _FIELDS_OF.get(id(p))
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    fields = (
+        *float_bits(
+            p.temperature, p.top_p, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+        ),
+        p.top_k,
+    )
+    if len(_FIELDS_OF) >= 4096:
+        _FIELDS_OF.clear()
+    _FIELDS_OF[id(p)] = (p, fields)  # holds p, so its id is not reused while cached
+    return fields
+
+
+def decode_step(
+    seqs: list[Sequence],
+    packed: torch.Tensor,
+    rows: int,
+    uses_prev: bool,
+    guided: bool,
+    slots: PenaltySlots | None = None,
+) -> DecodeStep:
+    """A decode step's payload: the greedy fast path unless some row needs the general sampler."""
+    general = any(needs_general(s) for s in seqs)
+    sampling = sampling_tensors(seqs, rows, slots) if general else None
+    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, wants_top_logprobs(seqs))
+
+
+def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | None:
+    """The table work of a prefill batch: a sequence whose chunk starts at token 0 (admitted, or
+    recomputed after preemption) gets its slot and enters every token it has."""
+    entries = []
+    for seq, start in zip(batch.seqs, batch.starts, strict=True):
+        if start != 0 or not keeps_penalty_state(seq):
+            continue
+        p = seq.params
+        stop = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(seq.eos_ids))
+        tokens = seq.prompt_ids + seq.output_ids
+        entries.append((slots.assign(seq), len(seq.prompt_ids), tokens, stop if p.min_tokens else []))
+    if not entries:
+        return None
+    width = max(len(e[3]) for e in entries)
+    return PenaltyFill(
+        torch.tensor([e[0] for e in entries], dtype=torch.int64),
+        torch.tensor([e[1] for e in entries], dtype=torch.int64),
+        torch.tensor([len(e[2]) for e in entries], dtype=torch.int64),
+        torch.tensor([t for e in entries for t in e[2]], dtype=torch.int64),
+        torch.tensor([e[3] + [-1] * (width - len(e[3])) for e in entries], dtype=torch.int64).view(
+            len(entries), width
+        ),
+    )
+
+
+def prefill_step(
+    batch: ScheduledBatch, block_size: int, slots: PenaltySlots | None = None
+) -> tuple[PrefillStep, list[Sequence]]:
     """A prefill batch's inputs, and the sequences that sample a token (in row order)."""
-    ids, positions, slots, tables, logits_rows, sampled = [], [], [], [], [], []
+    ids, positions, cache_slots, tables, logits_rows, sampled = [], [], [], [], [], []
     bs = block_size
     ends = [start + n for start, n in zip(batch.starts, batch.lens, strict=True)]
     width = max(-(-end // bs) for end in ends)
     offset = 0
+    fill = penalty_fill(batch, slots) if slots is not None else None
     for seq, start, n, samples in zip(batch.seqs, batch.starts, batch.lens, batch.samples, strict=True):
         ids.extend(seq.token_at(i) for i in range(start, start + n))
         positions.extend(range(start, start + n))
-        slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
+        cache_slots.extend(seq.block_table[i // bs] * bs + i % bs for i in range(start, start + n))
         table = seq.block_table[:width]
         tables.append(table + [0] * (width - len(table)))
         offset += n
@@ -70,13 +158,15 @@ def prefill_step(batch: ScheduledBatch, block_size: int) -> tuple[PrefillStep, l
             logits_rows.append(offset - 1)
             sampled.append(seq)
         seq.num_computed = start + n
-    greedy = all(s.params.greedy for s in sampled)
+    general = any(needs_general(s) for s in sampled)
     step = PrefillStep(
         *(
             torch.tensor(v, dtype=torch.int64)
-            for v in (ids, positions, slots, tables, ends, batch.lens, logits_rows)
+            for v in (ids, positions, cache_slots, tables, ends, batch.lens, logits_rows)
         ),
-        sampling=None if greedy else sampling_tensors(sampled, len(sampled)),
+        sampling=sampling_tensors(sampled, len(sampled), slots) if general else None,
+        top_logprobs=wants_top_logprobs(sampled),
+        penalty=fill,
     )
     return step, sampled
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .sampling import sample_reference
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
@@ -44,6 +46,10 @@ class TorchOps:
         logits = logits.float()
         tokens = logits.argmax(dim=-1)
         return tokens, logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
+    def sample(self, logits, params, entries, bits, num_top):
+        """The general sampler (kernels/sampling.py): (tokens, logprobs, top_ids, top_logprobs)."""
+        return sample_reference(logits, params, entries, bits, num_top)
 
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)

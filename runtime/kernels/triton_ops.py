@@ -63,6 +63,12 @@ class TritonOps(TorchOps):
         K.argmax_lse_final_kernel[(rows,)](part_max, part_idx, part_sum, tokens, logprobs, vocab, PARTS=parts)
         return tokens, logprobs
 
+    def sample(self, logits, params, entries, bits, num_top):
+        """The general sampler as fused kernels, no sort of the vocabulary (sampling_triton.py)."""
+        from .sampling_triton import sample
+
+        return sample(logits, params, entries, bits, num_top)
+
     @staticmethod
     def _streams(x) -> bool:
         # fp32 stays on cuBLAS: the parity tests compare it with HF's exact fp32 path.

@@ -14,10 +14,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..runner.sampler import SamplingTensors
+from ..runner.penalties import PenaltyFill
+from ..runner.sampler import FIELDS, SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
-HEADER = 8
+HEADER = 10
 
 
 class Op(enum.IntEnum):
@@ -29,17 +30,6 @@ class Op(enum.IntEnum):
 
 
 Message = tuple[Op, DecodeStep | PrefillStep | None]
-
-
-def _pack_sampling(s: SamplingTensors) -> torch.Tensor:
-    # float32 -> float64 is exact, and its bits travel as int64 beside the integer fields.
-    floats = torch.stack([s.temperature.double(), s.top_p.double()]).view(torch.int64)
-    return torch.cat([floats.flatten(), s.top_k, s.seeds, s.counters])
-
-
-def _unpack_sampling(flat: torch.Tensor, rows: int) -> SamplingTensors:
-    t, p, k, seeds, counters = flat.view(5, rows)
-    return SamplingTensors(t.view(torch.float64).float(), k, p.view(torch.float64).float(), seeds, counters)
 
 
 class Channel:
@@ -69,11 +59,14 @@ class Channel:
         payload: list[torch.Tensor] = []
         if isinstance(step, DecodeStep):
             rows, cols = step.packed.shape
-            fields = [step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev]
+            fields = [step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev, step.top_logprobs]
             payload.append(step.packed)
         elif isinstance(step, PrefillStep):
             (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
-            fields = [t, s, w, r, step.sampling is not None]
+            fill = step.penalty
+            # (sequences, tokens, stop-id width) of the penalty work; 0 sequences: none.
+            shape = [0, 0, 0] if fill is None else [len(fill.slots), len(fill.tokens), fill.stop_ids.shape[1]]
+            fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, *shape]
             parts = (
                 step.ids,
                 step.positions,
@@ -84,8 +77,10 @@ class Channel:
                 step.logits_rows,
             )
             payload.append(torch.cat([f.flatten() for f in parts]))
+            if fill is not None:
+                payload.append(torch.cat([f.flatten() for f in fill.tensors()]))
         if step is not None and step.sampling is not None:
-            payload.append(_pack_sampling(step.sampling))
+            payload.append(step.sampling.data)
         header = [int(op), *map(int, fields)]
         self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
         for t in payload:
@@ -105,33 +100,39 @@ class Channel:
 
     def recv(self) -> Message:
         self._bcast(self._header)
-        op, a, b, c, d, e = (int(v) for v in self._header[:6])
+        op, a, b, c, d, e, f, g, h, i = (int(v) for v in self._header[:HEADER])
         op = Op(op)
         if op is Op.DECODE:
-            num_seqs, rows, cols, has_sampling, uses_prev = a, b, c, d, e
+            num_seqs, rows, cols, has_sampling, uses_prev, top = a, b, c, d, e, f
             packed = self._pinned(rows, cols)
             self._bcast(packed)
-            return op, DecodeStep(
-                num_seqs, packed, self._sampling(rows) if has_sampling else None, bool(uses_prev)
-            )
+            sampling = self._sampling(rows) if has_sampling else None
+            return op, DecodeStep(num_seqs, packed, sampling, bool(uses_prev), top_logprobs=bool(top))
         if op in (Op.PREFILL, Op.PREFILL_LOGITS):
-            t, s, w, r, has_sampling = a, b, c, d, e
+            t, s, w, r, has_sampling, top = a, b, c, d, e, f
             flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)
             self._bcast(flat)
             ids, positions, slots, tables, ends, query_lens, logits_rows = flat.split(
                 [t, t, t, s * w, s, s, r]
             )
+            fill = self._penalty_fill(g, h, i) if g else None
             step = PrefillStep(
                 ids, positions, slots, tables.view(s, w), ends, query_lens, logits_rows,
-                self._sampling(r) if has_sampling else None,
+                self._sampling(r) if has_sampling else None, bool(top), fill,
             )  # fmt: skip
             return op, step
         return op, None
 
     def _sampling(self, rows: int) -> SamplingTensors:
-        flat = torch.empty(5 * rows, dtype=torch.int64)
+        data = torch.empty(rows, len(FIELDS), dtype=torch.int64)
+        self._bcast(data)
+        return SamplingTensors(data)
+
+    def _penalty_fill(self, seqs: int, tokens: int, width: int) -> PenaltyFill:
+        flat = torch.empty(seqs * (3 + width) + tokens, dtype=torch.int64)
         self._bcast(flat)
-        return _unpack_sampling(flat, rows)
+        slots, prompt_lens, lens, ids, stop_ids = flat.split([seqs, seqs, seqs, tokens, seqs * width])
+        return PenaltyFill(slots, prompt_lens, lens, ids, stop_ids.view(seqs, width))
 
     def _pinned(self, rows: int, cols: int) -> torch.Tensor:
         self._flip ^= 1

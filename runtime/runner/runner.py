@@ -1,8 +1,10 @@
 """ModelRunner: one step on the device, for decode and for prefill, from its payload alone.
 
 It owns what a step uses: the model (this rank's shard), the KV cache, the attention libraries,
-the decode graphs, the guided decoder and the streams. The executor stages payloads and hands them
-to `run_decode` / `run_prefill`; tensor-parallel workers run the payloads rank 0 broadcasts.
+the decode graphs, the guided decoder, the penalty table and the streams. The executor stages
+payloads and hands them to `run_decode` / `run_prefill`; tensor-parallel workers run the payloads
+rank 0 broadcasts. On rank 0, `penalty_slots` is the host side of the penalty table: the engine
+assigns a sequence its slot when staging its first prefill chunk (engine/steps.py).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from .config import EngineConfig
 from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
 from .graphs import DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
-from .sampler import Sampled, sample
+from .penalties import PenaltySlots, PenaltyTable
+from .sampler import Sampled, SamplingTensors, sample
 from .step_inputs import DecodeStep, PrefillStep
 
 log = logging.getLogger("fastpath.runner")
@@ -65,6 +68,10 @@ class ModelRunner:
         local = local_config(
             config.model, self.model.part
         )  # this rank's heads: the cache and attention see these
+        # Penalty state: a slot per running sequence, plus the empty slot 0; rank 0 hands out slots.
+        # Allocated before the cache is sized from the memory left.
+        self.penalties = PenaltyTable(config.max_batch_size + 1, config.model.vocab_size, config.device)
+        self.penalty_slots = PenaltySlots(config.max_batch_size)
         self.sizing = self._size_cache(local, parallel)
         self.kv = KVCache(local, self.sizing, config.dtype, config.device)
         self.block_size = self.sizing.block_size
@@ -104,11 +111,20 @@ class ModelRunner:
 
     def capture_graphs(self) -> None:
         """Capture the decode graphs for the configured batch sizes (CUDA only)."""
+        if self.is_cuda:
+            self._warm_sampler()
         if self.is_cuda and self.config.cuda_graphs:
             self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
             self.graphs.capture_all()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
+
+    def _warm_sampler(self) -> None:
+        # The general sampler's kernels compile now, with and without top-k logprobs, not at the
+        # first sampled request (warmup's probe is greedy). Neutral rows change no state.
+        logits = torch.zeros(1, self.config.model.vocab_size, dtype=self.dtype, device=self.device)
+        for top in (False, True):
+            sample(logits, SamplingTensors.neutral(1, self.device), self.model.ops, self.penalties, top)
 
     def graph_rows(self, num_seqs: int) -> int | None:
         """The rows of the graph that runs `num_seqs` sequences; None when no graph does."""
@@ -154,18 +170,26 @@ class ModelRunner:
         prev = prev_tokens if step.uses_prev else None
         self.prologue(DecodeInputs(step.num_seqs, step.packed, buffers, prev))
         kind = ("guided_" if step.guided else "") + ("greedy" if step.sampling is None else "general")
-        sampling = step.sampling.to(self.device) if step.sampling is not None else None
+        sampling = self._pinned(step.sampling)
         with self.forward_order():
             if graphed and (rows, kind) in self.graphs.graphs:
                 if sampling is not None:
                     self.graphs.sampling[rows].copy_(sampling)
                 sampled = self.graphs.replay(rows, kind)
             else:
+                sampling = sampling.to(self.device) if sampling is not None else None
                 lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
                 sampled = self.decode_forward(
-                    buffers, sampling, capturing=False, lens=lens, guided=step.guided
+                    buffers, sampling, capturing=False, lens=lens, guided=step.guided, top=step.top_logprobs
                 )
-        return sampled.head(step.num_seqs)
+        return sampled.head(step.num_seqs, top=step.top_logprobs)
+
+    def _pinned(self, sampling: SamplingTensors | None) -> SamplingTensors | None:
+        """The step's parameters in pinned memory (the host allocator caches it), so their one copy
+        to the device does not block the host."""
+        if sampling is None or not self.is_cuda or sampling.data.is_pinned():
+            return sampling
+        return SamplingTensors(sampling.data.pin_memory())
 
     def native_prologue(self, inputs: DecodeInputs) -> None:
         # Buffers that take embeddings take this rank's share of them; decode_forward sums the shares.
@@ -178,8 +202,10 @@ class ModelRunner:
         capturing: bool,
         lens: list[int] | None = None,
         guided: bool = False,
+        top: bool = True,
     ):
-        """The pure decode step: inputs in static buffers -> the sampled rows.
+        """The pure decode step: inputs in static buffers -> the sampled rows (with top-k logprobs
+        when `top` and the general sampler runs: graphs always compute them, steps decide).
 
         With `guided`, the grammar work runs beside the forward on a side stream: copy the fed tokens
         to the host, a host callback fills the bitmask, copy it back; the logits wait for it.
@@ -203,7 +229,7 @@ class ModelRunner:
         if joined is not None:
             joined()
             logits = self.guided.apply(logits, self.guided.device_mask, self.guided.device_rows)
-        return sample(logits, sampling, self.model.ops.greedy)
+        return sample(logits, sampling, self.model.ops, self.penalties, top)
 
     def _guided_mask_async(self, fed_tokens: torch.Tensor):
         """Start the bitmask work for this step; returns the join to call before the logits are masked."""
@@ -231,8 +257,11 @@ class ModelRunner:
         `guided`: the sampling sequences, when some are guided; their bitmask is filled on the host
         (every token they have is known there) and applied before sampling.
         """
-        sampling = step.sampling.to(self.device) if step.sampling is not None else None
+        sampling = self._pinned(step.sampling)
+        sampling = sampling.to(self.device) if sampling is not None else None
         with self.forward_order():
+            if step.penalty is not None:
+                self.penalties.fill(step.penalty)
             logits = self.prefill_forward(step)
             if not step.logits_rows.numel():
                 empty = torch.empty(0, dtype=torch.int64, device=self.device)
@@ -243,7 +272,7 @@ class ModelRunner:
                 mask = g.host_mask[:n].to(self.device, non_blocking=True)
                 rows = g.host_rows[:n].to(self.device, non_blocking=True)
                 logits = g.apply(logits, mask, rows)
-            return sample(logits, sampling, self.model.ops.greedy)
+            return sample(logits, sampling, self.model.ops, self.penalties, step.top_logprobs)
 
     def prefill_forward(self, step: PrefillStep) -> torch.Tensor:
         """The model over a prefill step's tokens; logits of its `logits_rows`."""

@@ -1,68 +1,114 @@
-"""Sampling as pure tensor ops: greedy, temperature, top-k, top-p, per-request seeds; capturable in a graph.
+"""Sampling as pure tensor ops, capturable in a graph: greedy, or the general sampler (penalties,
+min_tokens, temperature, top-k, top-p, min_p, per-request seeds, top-k logprobs).
 
-Randomness comes from a counter-based hash of (seed, output index, token id), not from a generator's
-state, so a request's tokens do not depend on what else is in its batch, on preemption, or on whether
-the step ran eagerly or from a CUDA graph.
+The general sampler's definition is kernels/sampling.py; `ops.sample` runs it (plain torch, or
+fused Triton kernels on CUDA). Randomness comes from a counter-based hash of (seed, output index,
+token id), not from a generator's state, so a request's tokens do not depend on what else is in its
+batch, on preemption, or on whether the step ran eagerly or from a CUDA graph.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 import torch
 
-# splitmix64 constants as signed int64 (torch has no uint64 arithmetic on every device).
-_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
-_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
-_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
-_MASK24 = (1 << 24) - 1
+from ..kernels.sampling import uniform_noise
+
+__all__ = ["TOP_LOGPROBS", "Sampled", "SamplingTensors", "sample", "uniform_noise"]
+
+TOP_LOGPROBS = 20  # top-k logprobs a step returns when any row asks (SamplingParams' MAX_LOGPROBS)
 
 
-def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> n) & ((1 << (64 - n)) - 1)
-
-
-def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[B, V] floats in (0, 1), a pure function of (seed, counter, column)."""
-    cols = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    x = (seeds * _GOLDEN + counters)[:, None] * _GOLDEN + cols[None, :]
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    x = x ^ _shr(x, 31)
-    return ((_shr(x, 40) & _MASK24).float() + 0.5) * (1.0 / (1 << 24))
+# Per-row parameters, in the packed order; neutral values leave a row greedy.
+FLOAT_FIELDS = {
+    "temperature": 0.0,  # 0 = greedy
+    "top_p": 1.0,  # 1 = off
+    "min_p": 0.0,  # 0 = off
+    "repetition": 1.0,  # 1 = off
+    "presence": 0.0,
+    "frequency": 0.0,
+}
+INT_FIELDS = {
+    "top_k": 0,  # 0 = off
+    "seeds": 0,
+    "counters": 0,  # tokens generated before this one (pending ones included)
+    "slots": 0,  # the row's penalty-table slot, 0 = none
+    "min_tokens": 0,  # stop tokens are banned while counters < min_tokens
+}
+FIELDS = (*FLOAT_FIELDS, *INT_FIELDS)
 
 
 @dataclass(slots=True)
 class SamplingTensors:
-    """Per-row parameters on the device; static buffers when a graph replays them."""
+    """Every row's sampling parameters in one int64 tensor [B, len(FIELDS)], so a step moves them
+    in one copy (into a graph's static buffer, across ranks) and a kernel finds a row's together;
+    float fields hold their float32 bits. Read them by name: `p.temperature`, `p.top_k`, ... ([B])."""
 
-    temperature: torch.Tensor  # [B] float32, 0 = greedy
-    top_k: torch.Tensor  # [B] int64, 0 = off
-    top_p: torch.Tensor  # [B] float32, 1 = off
-    seeds: torch.Tensor  # [B] int64
-    counters: torch.Tensor  # [B] int64: index of the token being sampled
+    data: torch.Tensor
 
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.temperature, self.top_k, self.top_p, self.seeds, self.counters)
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
 
     def to(self, device: torch.device) -> SamplingTensors:
-        return SamplingTensors(*(x.to(device, non_blocking=True) for x in self.tensors()))
+        return SamplingTensors(self.data.to(device, non_blocking=True))
 
     def copy_(self, src: SamplingTensors) -> None:
         """Into static buffers, as a graph replay reads them."""
-        for d, s in zip(self.tensors(), src.tensors(), strict=True):
-            d.copy_(s)
+        self.data.copy_(src.data, non_blocking=True)
+
+    @classmethod
+    def neutral(cls, n: int, device: torch.device | str = "cpu", **columns) -> SamplingTensors:
+        """n greedy rows; `columns` give the first rows' values of some fields (lists or tensors)."""
+        unknown = set(columns) - set(FIELDS)
+        if unknown:
+            raise TypeError(f"SamplingTensors has no fields {sorted(unknown)}")
+        data = torch.empty(n, len(FIELDS), dtype=torch.int64)
+        for i, (name, neutral) in enumerate({**FLOAT_FIELDS, **INT_FIELDS}.items()):
+            dtype = torch.float32 if name in FLOAT_FIELDS else torch.int64
+            values = torch.full((n,), neutral, dtype=dtype)
+            if name in columns:
+                given = torch.as_tensor(columns[name], dtype=dtype)
+                values[: len(given)] = given
+            data[:, i] = _to_bits(values) if name in FLOAT_FIELDS else values
+        return cls(data.to(device))
+
+    @classmethod
+    def from_flat(cls, n: int, values: list[int]) -> SamplingTensors:
+        """The first rows' fields, row after row (floats as float32 bits: `float_bits`), then neutral
+        rows up to n; on the host. One struct.pack: a step packs every row (64 rows: ~5 us)."""
+        count = len(values) // len(FIELDS)
+        values = values + _NEUTRAL_ROW * (n - count)
+        data = bytearray(struct.pack(f"{len(values)}q", *values))
+        return cls(torch.frombuffer(data, dtype=torch.int64).view(n, len(FIELDS)))
 
     @classmethod
     def empty(cls, n: int, device: torch.device) -> SamplingTensors:
-        return cls(
-            torch.zeros(n, device=device),
-            torch.zeros(n, dtype=torch.int64, device=device),
-            torch.ones(n, device=device),
-            torch.zeros(n, dtype=torch.int64, device=device),
-            torch.zeros(n, dtype=torch.int64, device=device),
-        )
+        return cls.neutral(n, device)
+
+
+def _to_bits(values: torch.Tensor) -> torch.Tensor:
+    return values.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def float_bits(*values: float) -> tuple[int, ...]:
+    """Python floats as the float32 bits SamplingTensors keeps."""
+    return struct.unpack(f"{len(values)}I", struct.pack(f"{len(values)}f", *values))
+
+
+_NEUTRAL_ROW = [*float_bits(*FLOAT_FIELDS.values()), *INT_FIELDS.values()]
+
+
+def _field(i: int, is_float: bool) -> property:
+    if is_float:
+        return property(lambda self: self.data[:, i].to(torch.int32).view(torch.float32))
+    return property(lambda self: self.data[:, i])
+
+
+for _i, _name in enumerate(FIELDS):
+    setattr(SamplingTensors, _name, _field(_i, _name in FLOAT_FIELDS))
 
 
 @dataclass(slots=True)
@@ -75,42 +121,21 @@ class Sampled:
     top_ids: torch.Tensor | None = None  # [B, K] int64
     top_logprobs: torch.Tensor | None = None  # [B, K] float32
 
-    def head(self, n: int) -> Sampled:
-        """The first n rows (the live ones; the rest are graph padding)."""
-        top_ids = None if self.top_ids is None else self.top_ids[:n]
-        top_logprobs = None if self.top_logprobs is None else self.top_logprobs[:n]
+    def head(self, n: int, top: bool = True) -> Sampled:
+        """The first n rows (the live ones; the rest are graph padding); without top-k unless `top`."""
+        top_ids = None if self.top_ids is None or not top else self.top_ids[:n]
+        top_logprobs = None if self.top_logprobs is None or not top else self.top_logprobs[:n]
         return Sampled(self.tokens[:n], self.logprobs[:n], top_ids, top_logprobs)
 
 
-def sample(logits: torch.Tensor, params: SamplingTensors | None, greedy=None) -> Sampled:
-    """logits [B, V] -> the sampled rows. params None: all greedy.
+def sample(
+    logits: torch.Tensor, params: SamplingTensors | None, ops, penalties=None, top: bool = False
+) -> Sampled:
+    """logits [B, V] -> the sampled rows. params None: all greedy (`ops.greedy`, the fast path).
 
-    `greedy(logits) -> (tokens, logprobs)` is the all-greedy fast path (a fused kernel on CUDA).
+    Otherwise `ops.sample` runs the general sampler and counts each token in its row's slot of
+    `penalties` (a PenaltyTable); `top` adds the TOP_LOGPROBS most likely tokens of each row.
     """
-    if params is None and greedy is not None:
-        return Sampled(*greedy(logits))
-    logits = logits.float()
-    greedy = logits.argmax(dim=-1)
     if params is None:
-        tokens = greedy
-    else:
-        tokens = torch.where(params.temperature > 0, _sample_random(logits, params), greedy)
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    return Sampled(tokens, logprobs)
-
-
-def _sample_random(logits: torch.Tensor, p: SamplingTensors) -> torch.Tensor:
-    scaled = logits / p.temperature.clamp_min(1e-6)[:, None]
-    sorted_logits, order = scaled.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(p.top_k > 0, p.top_k.clamp_max(vocab), vocab)
-    drop = ranks >= k[:, None]
-    probs = torch.softmax(sorted_logits, dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p; the first token always stays.
-    drop |= (probs.cumsum(-1) - probs) >= p.top_p[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    filtered = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
-    # Gumbel-max with counter-based noise: argmax(logit - log(-log u)) samples softmax(logit).
-    u = uniform_noise(p.seeds, p.counters, vocab)
-    return (filtered - torch.log(-torch.log(u))).argmax(dim=-1)
+        return Sampled(*ops.greedy(logits))
+    return Sampled(*ops.sample(logits, params, penalties.entries, penalties.bits, TOP_LOGPROBS if top else 0))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .penalties import PenaltyFill
 from .sampler import SamplingTensors
 
 
@@ -20,6 +21,7 @@ class DecodeStep:
     sampling: SamplingTensors | None  # [rows] on the host; None: every row is greedy
     uses_prev: bool  # rows whose SRC_ROW is set take their token from the previous step's tokens
     guided: bool = False  # apply the guided decoder's bitmask (one rank only)
+    top_logprobs: bool = False  # a row asked for top-k logprobs: the step returns them
 
 
 @dataclass(slots=True)
@@ -34,3 +36,5 @@ class PrefillStep:
     query_lens: torch.Tensor  # [S]
     logits_rows: torch.Tensor  # [R] the token whose logits each sampling sequence samples from
     sampling: SamplingTensors | None  # [R]; None: greedy
+    top_logprobs: bool = False
+    penalty: PenaltyFill | None = None  # the sequences' penalty-table work, before sampling

@@ -85,7 +85,10 @@ def completion_logprobs(
         out["tokens"].append(text)
         out["token_logprobs"].append(_lp(chosen.logprob))
         # vLLM's shape: the top-k and the chosen token (when it is not among them)
-        top = {_text(e): _lp(e.logprob) for e in _ranked(position)}
+        # Two tokens can spell the same text: the more likely one keeps the key.
+        top: dict[str, float] = {}
+        for e in _ranked(position):
+            top.setdefault(_text(e), _lp(e.logprob))
         top.setdefault(text, _lp(chosen.logprob))
         out["top_logprobs"].append(top)
         out["text_offset"].append(offsets.offset)

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime.kernels.torch_ops import TorchOps
+from fastpath.runtime.runner.penalties import PenaltyTable
 from fastpath.runtime.runner.sampler import SamplingTensors, sample, uniform_noise
 
 PROMPTS = [[5, 6, 7, 8], [9, 10], list(range(20, 50))]
@@ -68,10 +70,10 @@ def test_logprobs_are_those_of_the_chosen_tokens():
 def test_sampler_follows_the_distribution_with_top_k():
     n = 40000
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).repeat(n, 1)
-    params = SamplingTensors(
-        torch.ones(n), torch.full((n,), 3), torch.ones(n), torch.arange(n), torch.zeros(n, dtype=torch.int64)
+    params = SamplingTensors.neutral(
+        n, temperature=torch.ones(n), top_k=torch.full((n,), 3), seeds=torch.arange(n)
     )
-    tokens = sample(logits, params).tokens
+    tokens = sample(logits, params, TorchOps(), PenaltyTable(1, 4, torch.device("cpu"))).tokens
     freq = torch.bincount(tokens, minlength=4).float() / n
     expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0, float("-inf")]), 0)
     assert torch.allclose(freq, expected, atol=0.01)

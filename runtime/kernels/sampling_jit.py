@@ -1,0 +1,106 @@
+"""The sampling kernels' shared pieces: the order of floats as integers, the fixed-point mass, the
+counter-based noise (bit for bit the definition's `uniform_noise`), and a row's penalized scores."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .sampling import COUNT_MASK, PROMPT_BIT, STOP_BIT
+
+_COUNT = tl.constexpr(COUNT_MASK)
+_PROMPT = tl.constexpr(PROMPT_BIT)
+_STOP = tl.constexpr(STOP_BIT)
+
+
+@triton.jit
+def float_key(v):
+    """fp32 -> uint64 in [0, 2**32) in the float order (-0.0 and 0.0 equal)."""
+    b = v.to(tl.int32, bitcast=True).to(tl.int64)
+    k = tl.where(b < 0, ~b, b + 2147483648)
+    k = tl.where(k == 2147483647, 2147483648, k)
+    return k.to(tl.uint64)
+
+
+@triton.jit
+def key_float(k):
+    b = tl.where(k >= 2147483648, k - 2147483648, ~k & 0xFFFFFFFF).to(tl.int64)
+    return b.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def order_key(key, cols):
+    """(score desc, index asc) as one uint64: larger comes first."""
+    return (key << 32) | (4294967295 - cols.to(tl.uint64))
+
+
+@triton.jit
+def bucket(d):
+    """A distance in the float order (uint64) -> [0, 240): exact below 16, then 8 per octave."""
+    bits = d.to(tl.float64).to(tl.int64, bitcast=True)
+    e = ((bits >> 52) & 2047) - 1023
+    m = (bits >> 49) & 7
+    return tl.where(d < 16, d.to(tl.int64), 16 + (e - 4) * 8 + m).to(tl.int32)
+
+
+@triton.jit
+def fixed_mass(s, top):
+    q = tl.where(s > float("-inf"), tl.floor(tl.exp(s - top) * 4294967296.0), 0.0)
+    return q.to(tl.int64)
+
+
+@triton.jit
+def uniform(seed, counter, cols):
+    x = seed.to(tl.uint64, bitcast=True) * 0x9E3779B97F4A7C15 + counter.to(tl.uint64, bitcast=True)
+    x = x * 0x9E3779B97F4A7C15 + cols.to(tl.uint64)
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    x = x ^ (x >> 31)
+    return (((x >> 40) & 0xFFFFFF).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def gumbel(seed, counter, cols):
+    return -tl.log(-tl.log(uniform(seed, counter, cols)))
+
+
+# A row's parameters: SamplingTensors' fields, in its order; float ones hold float32 bits.
+NFIELDS = 11
+NF = tl.constexpr(NFIELDS)
+
+
+@triton.jit
+def float_field(prow, field):
+    return tl.load(prow + field).to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int_field(prow, field):
+    return tl.load(prow + field)
+
+
+@triton.jit
+def scores(row, cols, V, logits_ptr, stride_l, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b):
+    """(in bounds, raw fp32 logits, penalized scores over the temperature) of one row's `cols`.
+
+    `p_ptr` points at the row's parameters (SamplingTensors' layout: `float_field`, `int_field`).
+    """
+    inb = cols < V
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride_l + cols, mask=inb, other=float("-inf")).to(tl.float32)
+    temp = float_field(p_ptr, 0)
+    rep = float_field(p_ptr, 3)
+    pres = float_field(p_ptr, 4)
+    freq = float_field(p_ptr, 5)
+    slot = int_field(p_ptr, 9)
+    ban = int_field(p_ptr, 8) < int_field(p_ptr, 10)
+    word = tl.load(bits_ptr + slot * stride_b + (cols >> 5), mask=inb, other=0)
+    hit = ((word >> (cols & 31)) & 1) != 0
+    e = tl.load(ent_ptr + slot * stride_e + cols, mask=inb & hit, other=0)
+    count = e & _COUNT
+    seen = (e & (_COUNT | _PROMPT)) != 0
+    pen = tl.where(seen, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
+    pen = pen - freq * count.to(tl.float32)
+    pen = pen - pres * (count > 0).to(tl.float32)
+    pen = tl.where(ban, tl.where((e & _STOP) != 0, float("-inf"), pen), pen)
+    s = pen * tl.math.div_rn(1.0, tl.where(temp > 0, temp, 1.0))
+    return inb, x, tl.where(inb, s, float("-inf"))

@@ -1,0 +1,241 @@
+"""The row-parallel passes of the fused sampler (sampling_triton.py): programs of CHUNK logits."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .sampling_jit import NF, bucket, fixed_mass, float_field, float_key, gumbel, int_field, order_key, scores
+
+
+@triton.jit
+def stats_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr, P,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    prow = p_ptr + row * NF
+    rmax = tl.full([BLOCK], float("-inf"), tl.float32)
+    rsum = tl.zeros([BLOCK], tl.float32)
+    smax = tl.full([BLOCK], float("-inf"), tl.float32)
+    sidx = tl.full([BLOCK], 2147483647, tl.int32)
+    for i in range(0, CHUNK, BLOCK):
+        cols = part * CHUNK + i + tl.arange(0, BLOCK)
+        _inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        m = tl.maximum(rmax, x)
+        rsum = tl.where(m == float("-inf"), 0.0, rsum * tl.exp(rmax - m) + tl.exp(x - m))
+        rmax = m
+        better = s > smax
+        sidx = tl.where(better, cols, sidx)
+        smax = tl.where(better, s, smax)
+    top_raw = tl.max(rmax, 0)
+    raw_sum = tl.sum(tl.where(rmax == float("-inf"), 0.0, rsum * tl.exp(rmax - top_raw)), 0)
+    top = tl.max(smax, 0)
+    first = tl.min(tl.where(smax == top, sidx, 2147483647), 0)
+    out = stat_ptr + (row * P + part) * 3
+    tl.store(out + 0, top_raw)
+    tl.store(out + 1, raw_sum)
+    tl.store(out + 2, top)
+    tl.store(sidx_ptr + row * P + part, first)
+
+
+@triton.jit
+def _row_tops(stat_ptr, row, P, PMAX: tl.constexpr):
+    p = tl.arange(0, PMAX)
+    base = stat_ptr + (row * P + p) * 3
+    top_raw = tl.max(tl.load(base + 0, mask=p < P, other=float("-inf")), 0)
+    top = tl.max(tl.load(base + 2, mask=p < P, other=float("-inf")), 0)
+    return top_raw, top
+
+
+@triton.jit
+def hist_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, hist_ptr,
+    rhist_ptr, zpart_ptr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    prow = p_ptr + row * NF
+    top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+    key_top = float_key(top)
+    key_raw = float_key(top_raw)
+    hist = tl.zeros([NB], tl.int32)
+    rhist = tl.zeros([NB], tl.int32)
+    z = tl.zeros([BLOCK], tl.int64)
+    for i in range(0, CHUNK, BLOCK):
+        cols = part * CHUNK + i + tl.arange(0, BLOCK)
+        inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        z += fixed_mass(s, top)
+        hist += tl.histogram(bucket(key_top - float_key(s)), NB, mask=inb)
+        if TOPK:
+            rhist += tl.histogram(bucket(key_raw - float_key(x)), NB, mask=inb)
+    b = tl.arange(0, NB)
+    tl.store(hist_ptr + (row * P + part) * NB + b, hist)
+    if TOPK:
+        tl.store(rhist_ptr + (row * P + part) * NB + b, rhist)
+    tl.store(zpart_ptr + row * P + part, tl.sum(z, 0))
+
+
+@triton.jit
+def _cut(hist_ptr, row, P, cap, PMAX: tl.constexpr, NB: tl.constexpr):
+    """The deepest bucket whose cumulative count stays within `cap` (-1: none), the count it
+    keeps, each chunk's offset of those, then of the next bucket's members, and that bucket's count."""
+    p = tl.arange(0, PMAX)
+    b = tl.arange(0, NB)
+    h = tl.load(hist_ptr + (row * P + p[:, None]) * NB + b[None, :], mask=(p < P)[:, None], other=0)
+    total = tl.sum(h, 0)
+    cum = tl.cumsum(total, 0)
+    cut = tl.max(tl.where(cum <= cap, b, -1), 0)
+    kept = tl.sum(tl.where(b <= cut, total, 0), 0)
+    per = tl.sum(tl.where(b[None, :] <= cut, h, 0), 1)
+    nxt = tl.sum(tl.where(b[None, :] == cut + 1, h, 0), 1)
+    return cut, kept, tl.cumsum(per, 0) - per, tl.cumsum(nxt, 0) - nxt, tl.sum(nxt, 0)
+
+
+@triton.jit
+def select_kernel(
+    hist_ptr, rhist_ptr, P, sel_ptr, off_ptr, roff_ptr, rnext_ptr,
+    CAP: tl.constexpr, RCAP: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    p = tl.arange(0, PMAX)
+    cut, kept, off, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
+    tl.store(off_ptr + row * P + p, off, mask=p < P)
+    tl.store(sel_ptr + row * 6 + 0, cut)
+    tl.store(sel_ptr + row * 6 + 1, kept)
+    tl.store(sel_ptr + row * 6 + 2, 0)
+    tl.store(sel_ptr + row * 6 + 3, 0)
+    tl.store(sel_ptr + row * 6 + 4, 0)
+    if TOPK:
+        rcut, rkept, roff, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
+        tl.store(roff_ptr + row * P + p, roff, mask=p < P)
+        tl.store(rnext_ptr + row * P + p, rnext, mask=p < P)
+        tl.store(sel_ptr + row * 6 + 2, rcut)
+        tl.store(sel_ptr + row * 6 + 3, rkept)
+        tl.store(sel_ptr + row * 6 + 4, rcount)
+
+
+@triton.jit
+def _draws_beyond_candidates(prow, V, n):
+    """Whether a row may keep tokens past its candidates: sampled, with no top-k they hold."""
+    k = int_field(prow, 6)
+    return (float_field(prow, 0) > 0) & ((k <= 0) | (k >= V) | (k > n))
+
+
+@triton.jit
+def _draw_above(
+    row, part, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, after,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Over one chunk, the tokens after `after` in the order (uint64; 0: all): how many, their
+    mass, and the Gumbel argmax (score, index) of those min_p keeps."""
+    seed = int_field(prow, 7)
+    counter = int_field(prow, 8)
+    min_q = float_field(prow, 2).to(tl.float64) * 4294967296.0
+    f = tl.zeros([BLOCK], tl.int32)
+    g = tl.zeros([BLOCK], tl.int64)
+    zb = tl.full([BLOCK], float("-inf"), tl.float32)
+    ib = tl.full([BLOCK], 2147483647, tl.int32)
+    for i in range(0, CHUNK, BLOCK):
+        cols = part * CHUNK + i + tl.arange(0, BLOCK)
+        inb, _x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        q = fixed_mass(s, top)
+        mine = inb & (order_key(float_key(s), cols) > after)
+        f += mine.to(tl.int32)
+        g += tl.where(mine, q, 0)
+        z = tl.where(mine & (q.to(tl.float64) >= min_q), s + gumbel(seed, counter, cols), float("-inf"))
+        better = z > zb
+        ib = tl.where(better, cols, ib)
+        zb = tl.where(better, z, zb)
+    best = tl.max(zb, 0)
+    return tl.sum(f, 0), tl.sum(g, 0), best, tl.min(tl.where(zb == best, ib, 2147483647), 0)
+
+
+@triton.jit
+def draw_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, dec_ptr,
+    after_ptr, count_ptr, mass_ptr, best_ptr, idx_ptr, CHECK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr,
+):  # fmt: skip
+    """Per chunk, for rows that may keep tokens past their candidates: the Gumbel argmax of the
+    min_p-kept tokens (a draw with no top-k or top-p is that argmax), or, with CHECK, for rows
+    whose argmax `decide_kernel` must check, the tokens and mass before it and the argmax after it."""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    prow = p_ptr + row * NF
+    if CHECK:
+        active = tl.load(dec_ptr + row * 2 + 1) == 3
+        after = tl.load(after_ptr + row).to(tl.uint64)
+    else:
+        active = _draws_beyond_candidates(prow, V, tl.load(sel_ptr + row * 6 + 1))
+        after = tl.zeros([], tl.uint64)
+    f = tl.zeros([], tl.int32)
+    g = tl.zeros([], tl.int64)
+    best = tl.full([], float("-inf"), tl.float32)
+    idx = tl.full([], 2147483647, tl.int32)
+    if active:
+        _top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+        f, g, best, idx = _draw_above(
+            row, part, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, after,
+            CHUNK, BLOCK,
+        )  # fmt: skip
+    out = row * P + part
+    tl.store(count_ptr + out, f)
+    tl.store(mass_ptr + out, g)
+    tl.store(best_ptr + out, best)
+    tl.store(idx_ptr + out, idx)
+
+
+@triton.jit
+def gather_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, off_ptr,
+    roff_ptr, rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr,
+    TOPK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    prow = p_ptr + row * NF
+    top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+    key_top = float_key(top)
+    key_raw = float_key(top_raw)
+    cut = tl.load(sel_ptr + row * 6 + 0)
+    pos = tl.load(off_ptr + row * P + part)
+    rcut = tl.load(sel_ptr + row * 6 + 2)
+    rkept = tl.load(sel_ptr + row * 6 + 3)
+    rpos = tl.load(roff_ptr + row * P + part)
+    npos = rkept + tl.load(rnext_ptr + row * P + part)
+    below = tl.full([BLOCK], float("-inf"), tl.float32)
+    lo = tl.full([BLOCK], 0xFFFFFFFF, tl.uint64)
+    hi = tl.zeros([BLOCK], tl.uint64)
+    for i in range(0, CHUNK, BLOCK):
+        cols = part * CHUNK + i + tl.arange(0, BLOCK)
+        inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        mine = inb & (bucket(key_top - float_key(s)) <= cut)
+        at = pos + tl.cumsum(mine.to(tl.int32), 0) - 1
+        tl.store(cand_ptr + row * CAP + at, s, mask=mine)
+        tl.store(cidx_ptr + row * CAP + at, cols, mask=mine)
+        pos += tl.sum(mine.to(tl.int32), 0)
+        below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
+        if TOPK:
+            kx = float_key(x)
+            bx = bucket(key_raw - kx)
+            mine = inb & (bx <= rcut)
+            at = rpos + tl.cumsum(mine.to(tl.int32), 0) - 1
+            tl.store(rcand_ptr + row * RCAP + at, x, mask=mine)
+            tl.store(ridx_ptr + row * RCAP + at, cols, mask=mine)
+            rpos += tl.sum(mine.to(tl.int32), 0)
+            # The next bucket's first members, in token order, fill the rest of the list.
+            nxt = inb & (bx == rcut + 1)
+            at = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
+            tl.store(rcand_ptr + row * RCAP + at, x, mask=nxt & (at < RCAP))
+            tl.store(ridx_ptr + row * RCAP + at, cols, mask=nxt & (at < RCAP))
+            npos += tl.sum(nxt.to(tl.int32), 0)
+            lo = tl.minimum(lo, tl.where(nxt, kx, 0xFFFFFFFF))
+            hi = tl.maximum(hi, tl.where(nxt, kx, 0))
+    tl.store(below_ptr + row * P + part, tl.max(below, 0))
+    if TOPK:
+        tl.store(span_ptr + (row * P + part) * 2 + 0, tl.min(lo, 0).to(tl.int64))
+        tl.store(span_ptr + (row * P + part) * 2 + 1, tl.max(hi, 0).to(tl.int64))

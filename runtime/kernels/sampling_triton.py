@@ -1,0 +1,144 @@
+"""The general sampler (definition: sampling.py) as Triton kernels, with no sort of the vocabulary.
+
+Most rows keep few tokens (a top-k, or a peaked distribution under top-p/min_p), so the kernels
+first gather, for each row, every token above a threshold chosen to leave at most CANDIDATES of them,
+and decide the row on those alone when that is provably exact. Rows whose kept set may reach past
+them (no top-k, a flat distribution) draw the Gumbel argmax over the whole row: with no top-k or
+top-p that is the token; else it is kept with probability about top_p, which one more pass checks.
+The passes over the vocabulary run CHUNK logits per program, so a row spreads over many SMs:
+
+1. stats: per chunk, the raw logits' max and exp-sum, the penalized scores' max and first argmax.
+2. hist: per chunk, the total mass (fixed point) and a histogram of each token's distance below the
+   row's top score (and below the top raw logit, for the top-k logprobs), in buckets 1/8 apart on a
+   log scale of the float order.
+3. select (a program per row): the deepest bucket that keeps the candidates within their cap, and
+   each chunk's offset in the candidate list, so the list is in token order whatever the timing.
+4. gather: the candidates, and per chunk the best score left out.
+5. draw: for rows that may keep more than their candidates, each chunk's Gumbel argmax.
+6. decide (a program per row): the candidates sorted by (score desc, index asc) under the exact
+   top-k/top-p/min_p rules and the Gumbel draw, when they provably hold every kept token; else the
+   whole row's argmax, final when only min_p limits the draw, or to be checked.
+7. draw again, for rows to check: the tokens and mass before their argmax, and the argmax after it.
+8. final (a program per row): the checked argmax, or if it is out, the exact slow path from there:
+   a rejection loop over the whole row whose candidate only moves up the order, bisecting the
+   undecided range at each pass. Then the top-k logprobs (their own slow path when ties overflow
+   the candidates) and the token's count in its row's penalty-table slot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling_final import decide_kernel, final_kernel
+from .sampling_jit import NFIELDS
+from .sampling_passes import draw_kernel, gather_kernel, hist_kernel, select_kernel, stats_kernel
+
+CHUNK = 4096  # logits per program in the row-parallel passes
+BLOCK = 1024  # logits per loop iteration
+BUCKETS = 256
+CANDIDATES = 128  # sampling candidates per row
+RAW_CANDIDATES = 64  # top-k logprob candidates per row (k <= 20)
+PIVOTS = 8  # pivots per pass of the slow path's searches
+PASS_WARPS = 8  # warps per program of the row-parallel passes
+FINAL_WARPS = 16  # per row program: the slow path's passes hide their latency across 16 warps
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+class _Scratch:
+    """The kernels' working buffers for `rows` rows of `parts` chunks (allocated per call: in a
+    captured graph they come from its pool once)."""
+
+    def __init__(self, rows: int, parts: int, num_top: int, device: torch.device) -> None:
+        f32, i32, i64 = torch.float32, torch.int32, torch.int64
+
+        def new(*shape, dtype=i32):
+            return torch.empty(*shape, dtype=dtype, device=device)
+
+        self.stats, self.sidx, self.zpart = (
+            new(rows, parts, 3, dtype=f32),
+            new(rows, parts),
+            new(rows, parts, dtype=i64),
+        )
+        self.hist = new(rows, parts, BUCKETS)
+        self.rhist = new(rows, parts, BUCKETS) if num_top else self.hist
+        self.sel, self.off, self.roff, self.rnext = (
+            new(rows, 6),
+            new(rows, parts),
+            new(rows, parts),
+            new(rows, parts),
+        )
+        self.cand, self.cidx = new(rows, CANDIDATES, dtype=f32), new(rows, CANDIDATES)
+        self.rcand, self.ridx = new(rows, RAW_CANDIDATES, dtype=f32), new(rows, RAW_CANDIDATES)
+        self.below = new(rows, parts, dtype=f32)
+        self.span = new(rows, parts, 2, dtype=i64) if num_top else self.zpart
+        # draw_kernel's per-chunk results: tokens and mass before a token, and an argmax.
+        self.draw = (
+            new(rows, parts),
+            new(rows, parts, dtype=i64),
+            new(rows, parts, dtype=f32),
+            new(rows, parts),
+        )
+        self.dec, self.big_p, self.after = new(rows, 2), new(rows, dtype=torch.float64), new(rows, dtype=i64)
+        self.tokens, self.logprobs = new(rows, dtype=i64), new(rows, dtype=f32)
+        self.top_ids, self.top_lp = (
+            new(rows, max(num_top, 1), dtype=i64),
+            new(rows, max(num_top, 1), dtype=f32),
+        )
+
+
+def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: int = BLOCK, paths=None):
+    """(tokens, logprobs, top_ids | None, top_logprobs | None) of logits [B, V]: sampling.py's
+    definition, and each token counted in its row's slot of the penalty table.
+
+    `paths` [B] int32, if given, says how each row was decided (for tests and profiling): 0 greedy,
+    1 from its candidates, 2 by one parallel draw, 3 by the slow path; plus 4 when its top-k
+    logprobs took the slow path.
+    """
+    rows, vocab = logits.shape
+    if num_top > vocab:
+        raise ValueError(f"top-{num_top} logprobs of a vocabulary of {vocab}")
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    params = p.data.contiguous()
+    if params.shape[1] != NFIELDS:
+        raise ValueError(f"sampling parameters have {params.shape[1]} fields; the kernels read {NFIELDS}")
+    parts = -(-vocab // chunk)
+    pmax = _pow2(parts)
+    w = _Scratch(rows, parts, num_top, logits.device)
+    row_args = (logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0))
+    grid = (rows, parts)
+    sizes = dict(CHUNK=chunk, BLOCK=block, PMAX=pmax)
+    caps = dict(CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top)
+    # No FMA: penalties round as the torch definition does.
+    passes = dict(enable_fp_fusion=False, num_warps=PASS_WARPS)
+    per_row = dict(enable_fp_fusion=False, num_warps=FINAL_WARPS)
+    stats_kernel[grid](*row_args, w.stats, w.sidx, parts, CHUNK=chunk, BLOCK=block, **passes)
+    hist_kernel[grid](
+        *row_args, w.stats, parts, w.hist, w.rhist, w.zpart, **sizes, NB=BUCKETS, TOPK=num_top, **passes
+    )
+    select_kernel[(rows,)](
+        w.hist, w.rhist, parts, w.sel, w.off, w.roff, w.rnext, PMAX=pmax, NB=BUCKETS, **caps, **passes
+    )
+    gather_kernel[grid](
+        *row_args, w.stats, parts, w.sel, w.off, w.roff, w.rnext, w.cand, w.cidx, w.rcand, w.ridx, w.below,
+        w.span, **sizes, **caps, **passes,
+    )  # fmt: skip
+    draw = (*row_args, w.stats, parts, w.sel, w.dec, w.after, *w.draw)
+    draw_kernel[grid](*draw, CHECK=False, **sizes, **passes)
+    decide_kernel[(rows,)](
+        *row_args, w.stats, w.sidx, w.zpart, parts, w.sel, w.cand, w.cidx, w.below, w.draw[2], w.draw[3], w.dec,
+        w.big_p, w.after, BLOCK=block, PMAX=pmax, CAP=CANDIDATES, NPIV=PIVOTS, **per_row,
+    )  # fmt: skip
+    draw_kernel[grid](*draw, CHECK=True, **sizes, **passes)
+    final_kernel[(rows,)](
+        *row_args, w.stats, w.sidx, w.zpart, parts, w.sel, w.dec, w.big_p, w.after, *w.draw, w.rcand, w.ridx,
+        w.span, w.tokens, w.logprobs, w.top_ids, w.top_lp, BLOCK=block, PMAX=pmax, RCAP=RAW_CANDIDATES,
+        TOPK=num_top, NPIV=PIVOTS, **per_row,
+    )  # fmt: skip
+    if paths is not None:
+        paths.copy_(w.sel[:, 5])
+    if not num_top:
+        return w.tokens, w.logprobs, None, None
+    return w.tokens, w.logprobs, w.top_ids, w.top_lp

@@ -1,0 +1,129 @@
+"""Per-request sampling state on the device: which tokens a request's prompt holds, how often it has
+generated each token, and its stop tokens (for min_tokens).
+
+One int32 entry per (slot, token) (layout: kernels/sampling.py), and a bit per entry saying it is
+not zero, so the sampling kernels read a dense row of bits and only the few entries that are set.
+Slot 0 is the shared, always-empty row of requests without penalties and of graph padding.
+
+Rank 0 assigns slots (`assign`, at a sequence's first prefill chunk, also after preemption) and a
+step's payload carries them, so every tensor-parallel rank fills and updates its own table the
+same way: at prefill from the payload's tokens (`fill`), after each sampled token inside the step
+(the sampler's record), in stream order with the steps that read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..kernels.sampling import PROMPT_BIT, STOP_BIT
+
+
+@dataclass(slots=True)
+class PenaltyFill:
+    """The sequences of a prefill step whose state is (re)built: those starting at token 0, on
+    admission or after preemption. Each enters every token it has, whatever the chunk covers: the
+    last one may reach the cache through a decode step. Host int64 tensors."""
+
+    slots: torch.Tensor  # [N]
+    prompt_lens: torch.Tensor  # [N] a sequence's first prompt_len tokens are its prompt
+    lens: torch.Tensor  # [N] tokens each sequence has (prompt and generated)
+    tokens: torch.Tensor  # [sum(lens)] those tokens, sequence after sequence
+    stop_ids: torch.Tensor  # [N, E] tokens banned under min_tokens, -1 padded
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.slots, self.prompt_lens, self.lens, self.tokens, self.stop_ids
+
+
+class PenaltyTable:
+    """The device table of one rank: `entries` [slots, V] and `bits` [slots, ceil(V / 32)]."""
+
+    def __init__(self, num_slots: int, vocab: int, device: torch.device) -> None:
+        self.vocab = vocab
+        words = -(-vocab // 32)
+        # Padded to whole words, so a word's entries are one view row (`_pack`).
+        self._padded = torch.zeros(num_slots, words * 32, dtype=torch.int32, device=device)
+        self.entries = self._padded[:, :vocab]
+        self.bits = torch.zeros(num_slots, words, dtype=torch.int32, device=device)
+        self._weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64), torch.arange(32)).to(
+            device
+        )
+
+    def fill(self, fill: PenaltyFill) -> None:
+        """Clear the sequences' slots and enter their tokens and stop tokens."""
+        dev = self.entries.device
+        slots = fill.slots.tolist()
+        self.entries[slots] = 0
+        self.bits[slots] = 0
+        stop = fill.stop_ids
+        banned = (stop >= 0) & (stop < self.vocab)
+        if bool(banned.any()):
+            rows = fill.slots[:, None].expand_as(stop)[banned]
+            self._set(rows.to(dev), stop[banned].to(dev), STOP_BIT)
+        rows = fill.slots.repeat_interleave(fill.lens)
+        starts = torch.cumsum(fill.lens, 0) - fill.lens
+        position = torch.arange(len(fill.tokens)) - starts.repeat_interleave(fill.lens)
+        prompt = position < fill.prompt_lens.repeat_interleave(fill.lens)
+        if bool(prompt.any()):
+            self._set(rows[prompt].to(dev), fill.tokens[prompt].to(dev), PROMPT_BIT)
+        generated = fill.tokens[~prompt].to(dev)
+        if generated.numel():
+            ones = torch.ones_like(generated, dtype=torch.int32)
+            self.entries.index_put_((rows[~prompt].to(dev), generated), ones, accumulate=True)
+        self.bits[slots] = self._pack(slots)
+
+    def _set(self, rows: torch.Tensor, toks: torch.Tensor, flag: int) -> None:
+        # Repeated (row, token) pairs all write the same value.
+        self.entries[rows, toks] = self.entries[rows, toks] | flag
+
+    def _pack(self, slots: list[int]) -> torch.Tensor:
+        words = (self._padded[slots].view(len(slots), -1, 32) != 0).long()
+        return (words * self._weights).sum(-1).to(torch.int32)
+
+
+class PenaltySlots:
+    """Rank 0's host side: which slot each sequence with penalties or min_tokens holds.
+
+    A slot is held from a sequence's first prefill chunk until the scheduler releases the sequence
+    (finish, abort or preemption: each bumps `table_epoch`). `release` frees a slot at once; a
+    slot whose sequence was released without it is taken back when slots run out.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._free = list(range(capacity, 0, -1))  # pop() hands out 1 first
+        self._held: dict[int, tuple[Any, int, int]] = {}  # seq_id -> (sequence, epoch, slot)
+
+    def slot_of(self, seq: Any) -> int:
+        held = self._held.get(seq.seq_id)
+        return held[2] if held is not None and held[0] is seq else 0
+
+    def assign(self, seq: Any) -> int:
+        """The sequence's slot, for a prefill starting at its token 0 (it is cleared and refilled)."""
+        held = self._held.get(seq.seq_id)
+        if held is not None and held[0] is seq:
+            slot = held[2]
+        else:
+            if not self._free:
+                self._reclaim()
+            if not self._free:
+                raise RuntimeError(
+                    f"penalty table full: {self.capacity} slots held by running sequences "
+                    f"{sorted(self._held)}; it needs one per sequence of the batch"
+                )
+            slot = self._free.pop()
+        self._held[seq.seq_id] = (seq, seq.table_epoch, slot)
+        return slot
+
+    def release(self, seq: Any) -> None:
+        held = self._held.get(seq.seq_id)
+        if held is not None and held[0] is seq:
+            del self._held[seq.seq_id]
+            self._free.append(held[2])
+
+    def _reclaim(self) -> None:
+        for seq, epoch, _ in list(self._held.values()):
+            if seq.finished or seq.table_epoch != epoch:
+                self.release(seq)

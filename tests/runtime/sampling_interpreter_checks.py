@@ -1,0 +1,122 @@
+"""Runs under TRITON_INTERPRET=1 (a subprocess of test_sampling_kernels.py): the fused general sampler
+on the CPU against its torch definition, on rows that take the fast path and rows that need the slow one.
+
+Small chunks, so a row spans several programs of the row-parallel passes as it does on a GPU.
+"""
+
+import os
+import sys
+
+import torch
+
+from fastpath.runtime.kernels import sampling_triton
+from fastpath.runtime.kernels.sampling import PROMPT_BIT, STOP_BIT, sample_reference
+from fastpath.runtime.runner.penalties import PenaltyTable
+from fastpath.runtime.runner.sampler import SamplingTensors
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run me with TRITON_INTERPRET=1"
+g = torch.Generator().manual_seed(0)
+VOCAB, CHUNK, BLOCK = 1200, 256, 128
+
+
+def check(name, ok, detail=""):
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok else f": {detail}"))
+    return ok
+
+
+def table(rows: int) -> PenaltyTable:
+    """A table whose slots 1..rows hold prompt tokens, counts and stop tokens."""
+    t = PenaltyTable(rows + 1, VOCAB, torch.device("cpu"))
+    for slot in range(1, rows + 1):
+        toks = torch.randint(0, VOCAB, (40,), generator=g)
+        t.entries[slot, toks[:15]] |= PROMPT_BIT
+        t.entries[slot, toks[10:30]] += torch.randint(1, 4, (20,), generator=g, dtype=torch.int32)
+        t.entries[slot, toks[35:]] |= STOP_BIT
+    t.bits.copy_(t._pack(list(range(rows + 1))))
+    return t
+
+
+def params(rows: int, **cols) -> SamplingTensors:
+    return SamplingTensors.neutral(rows, seeds=torch.randint(0, 2**62, (rows,), generator=g), **cols)
+
+
+SEEN_PATHS: set[int] = set()
+ANY = {2, 3}  # a draw over the whole row: accepted at once, or by the slow path
+
+
+def compare(name, logits, p, num_top=0, paths=None) -> bool:
+    """The kernels equal the definition; `paths` gives each row's allowed paths (see sample())."""
+    rows = logits.shape[0]
+    ta = table(rows)
+    tb = PenaltyTable(rows + 1, VOCAB, torch.device("cpu"))
+    tb.entries.copy_(ta.entries)
+    tb.bits.copy_(ta.bits)
+    ref = sample_reference(logits, p, ta.entries, ta.bits, num_top)
+    took = torch.zeros(rows, dtype=torch.int32)
+    got = sampling_triton.sample(
+        logits, p, tb.entries, tb.bits, num_top, chunk=CHUNK, block=BLOCK, paths=took
+    )
+    good = True
+    SEEN_PATHS.update(took.tolist())
+    if paths is not None:
+        allowed = [{a} if isinstance(a, int) else a for a in paths]
+        ok = all(t in a for t, a in zip(took.tolist(), allowed, strict=True))
+        good &= check(f"{name}: paths", ok, f"{took.tolist()} not in {allowed}")
+    good &= check(f"{name}: tokens", torch.equal(ref[0], got[0]), f"{ref[0].tolist()} != {got[0].tolist()}")
+    good &= check(f"{name}: logprobs", torch.allclose(ref[1], got[1], atol=1e-4), f"{ref[1]} != {got[1]}")
+    good &= check(f"{name}: table", torch.equal(ta.entries, tb.entries) and torch.equal(ta.bits, tb.bits))
+    if num_top:
+        good &= check(f"{name}: top ids", torch.equal(ref[2], got[2]), f"{ref[2]} != {got[2]}")
+        good &= check(f"{name}: top logprobs", torch.allclose(ref[3], got[3], atol=1e-4))
+    return good
+
+
+def rows_mixed(n: int = 12) -> SamplingTensors:
+    """Greedy, sampled, penalized and min_tokens rows; the last two keep 1 and ~all tokens."""
+    return params(
+        n,
+        temperature=[0.0, 0.7, 1.0, 1.3, 0.9, 0.0, 1.0, 0.8, 2.0, 1.0, 0.5, 1.0][:n],
+        top_k=[0, 0, 50, 5, 0, 0, 200, 50, 0, 1, 0, 2**31 - 1][:n],
+        top_p=[1.0, 0.9, 0.95, 1.0, 0.5, 1.0, 0.8, 0.95, 1.0, 1.0, 1e-45, 0.999][:n],
+        min_p=[0.0, 0.0, 0.0, 0.1, 0.0, 0.0, 0.0, 0.05, 0.3, 0.0, 0.0, 0.0][:n],
+        slots=list(range(1, n + 1)),
+        repetition=[1.0, 1.3, 1.0, 0.8, 1.0, 1.5, 1.0, 1.1, 1.0, 1.0, 1.0, 2.0][:n],
+        presence=[0.0, 0.5, 0.0, -1.0, 0.0, 0.0, 2.0, 0.5, 0.0, 0.0, 0.0, 0.0][:n],
+        frequency=[0.0, 0.0, 0.7, 0.0, -0.5, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0][:n],
+        counters=[0, 3, 0, 9, 0, 1, 0, 0, 0, 0, 0, 0][:n],
+        min_tokens=[0, 5, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0][:n],
+    )
+
+
+def main() -> bool:
+    good = True
+    peaked = (torch.randn(12, VOCAB, generator=g) * 4).half()
+    # Greedy rows take neither path. Top-k 200 is past the 128 candidates (so the top-k mass top-p
+    # needs is unknown), and the last row keeps 99.9% of the mass: they draw over the whole row.
+    paths = [0, 1, 1, 1, 1, 0, ANY, 1, 1, 1, 1, ANY]
+    good &= compare("mixed rows, top-20 logprobs", peaked, rows_mixed(), num_top=20, paths=paths)
+    # Equal values: a grid of 0.25 (many ties per bucket); few allowed tokens, the rest -inf (the
+    # top-20 logprobs reach into the -inf ties); 15 ties at the top, then 200 near-equal values
+    # sharing a bucket (the top-20 logprobs need the slow path).
+    odd = (torch.randn(6, VOCAB, generator=g) * 3).mul(4).round().div(4)
+    odd[2:4] = float("-inf")
+    odd[2:4, torch.randint(0, VOCAB, (7,), generator=g)] = torch.randn(2, 7, generator=g)
+    odd[4:] = torch.randn(2, VOCAB, generator=g) - 3
+    odd[4:, :15] = 5.0
+    odd[4:, 100:300] = 4.0 + 0.01 * torch.rand(2, 200, generator=g)
+    p = params(6, temperature=[1.0, 0.8, 1.0, 0.0, 1.0, 0.7], top_k=[0, 30, 0, 0, 10, 0], top_p=[0.9] * 6)
+    # +4: the top-20 logprobs took the slow path; the last row's nucleus also reaches into the 200.
+    good &= compare("ties and -inf", odd, p, num_top=20, paths=[1, 1, 1, 0, 5, {6, 7}])
+    # Flat rows: top-p alone keeps thousands of tokens, top-k 600 with top-p needs the top-k mass
+    # first; min_p 0.5 keeps hundreds, 0.95 a few, and plain temperature all: its draw is the whole
+    # row's argmax. Top-k 250 of 1200 flat tokens: a whole-row draw is out 4 times in 5.
+    flat = torch.randn(9, VOCAB, generator=g) * 0.1
+    p = params(9, temperature=[1.0] * 9, top_p=[0.95, 0.3, 0.9, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0],
+               top_k=[0, 0, 600, 0, 0, 0, 250, 250, 250], min_p=[0.0, 0.0, 0.0, 0.5, 0.95, 0.0, 0.0, 0.0, 0.0])  # fmt: skip
+    good &= compare("flat rows", flat, p, paths=[ANY, ANY, ANY, 2, 1, 2, ANY, ANY, ANY])
+    good &= check("both whole-row paths ran", {2, 3} <= SEEN_PATHS, f"paths seen: {sorted(SEEN_PATHS)}")
+    return good
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
