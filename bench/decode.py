@@ -62,6 +62,26 @@ def engine_step_time(llm, batch: int, short: int, long: int, repeats: int, sampl
     return statistics.median(diffs)
 
 
+def replay_time(llm, batch: int, kind: str, replays: int = 50) -> float | None:
+    """The step's graph replayed back to back, host work left out: what the GPU alone takes."""
+    graphs = llm.executor.runner.graphs
+    rows = graphs.bucket(batch) if graphs is not None else None
+    if rows is None or (rows, kind) not in graphs.graphs:
+        return None
+    graph = graphs.graphs[(rows, kind)].graph
+    stream = llm.executor.runner.execution_stream
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / replays
+
+
 def hf_step_time(batch: int, short: int, long: int) -> float:
     import transformers
 
@@ -136,6 +156,7 @@ def main() -> None:
                     label = name if sampling == "greedy" else f"{name}, sampled with penalties"
                     row = {"engine": label, "batch": b, "step_s": step, "tp": tp, "variant": variant}
                     row |= {"sampling": sampling, "floor_step_s": rank_bytes / bw}
+                    row["replay_s"] = replay_time(llm, b, "greedy" if sampling == "greedy" else "general")
                     results["rows"].append(row)
                     print(f"{label} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
             llm.close()
@@ -188,10 +209,12 @@ def main() -> None:
         r["speedup_vs_tp1"] = base / step if base else None
         plain = greedy.get((r.get("variant"), r.get("tp"), b)) if r.get("sampling") == "penalties" else None
         r["vs_greedy"] = step / plain - 1 if plain else None
+        replay = r.get("replay_s")
         rows.append([r["engine"], b, f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
                      f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-",
                      f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-",
-                     f"{100 * r['vs_greedy']:+.1f}%" if r["vs_greedy"] is not None else "-"])  # fmt: skip
+                     f"{100 * r['vs_greedy']:+.1f}%" if r["vs_greedy"] is not None else "-",
+                     f"{replay * 1e6:.0f}" if replay else "-", f"{step / replay:.2f}" if replay else "-"])  # fmt: skip
     for b in args.batch:
         rows.append(
             [
@@ -203,9 +226,12 @@ def main() -> None:
                 "-",
                 "-",
                 "-",
+                "-",
+                "-",
             ]
         )
-    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs tp=1", "vs greedy"]
+    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs tp=1", "vs greedy",
+               "replay µs", "wall / replay"]  # fmt: skip
     table = markdown_table(headers, rows)
     table += f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; weights {floor_bytes / 1e9:.2f} GB; {results['env']}"
     write_outputs(args.out, "decode", results, table)
