@@ -6,8 +6,11 @@
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
+# Steps write into $WORK; at the end everything but the bench tokenizer goes back as one archive
+# (the device tool returns at most 8 files).
+FINAL=${OUT:-out}
+OUT=/tmp/device-work
+mkdir -p "$OUT" "$FINAL"
 log="$OUT/device.log"
 start=$(date +%s)
 stamp() { echo "=== $1 $(( $(date +%s) - start )) s" | tee -a "$log"; }
@@ -27,10 +30,12 @@ for step in "$@"; do
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;
-    serve) python3 bench/serve.py --out "$OUT" 2>&1 | tail -30 ;;
+    serve) python3 bench/serve.py --out "$OUT" --requests 128 2>&1 | tail -30 ;;
     guided) python3 bench/guided.py --out "$OUT" 2>&1 | tail -30 ;;
     hostdispatch) python3 bench/hostdispatch.py --quick --out "$OUT" 2>&1 | tail -30 ;;
     *) echo "unknown step $step" ;;
   esac
   stamp "$step"
 done
+tar -C "$OUT" --exclude=bench-tokenizer-32k -czf "$FINAL/results.tgz" .
+cp "$log" "$FINAL/device.log"
