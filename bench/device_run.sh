@@ -29,6 +29,7 @@ for step in "$@"; do
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;
+    decode-fused) python3 bench/decode.py --quick --no-hf --variants fused --out "$OUT" 2>&1 | tail -30 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;
     serve) python3 bench/serve.py --out "$OUT" --requests 128 2>&1 | tail -30 ;;
     guided) python3 bench/guided.py --out "$OUT" 2>&1 | tail -30 ;;
