@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -108,7 +109,8 @@ class LLM:
             finally:
                 self._finalizer()
             return
-        self.core = EngineCore(self.executor, self._peer_errors)
+        # Not a bound method of self: the loop thread must not keep this LLM alive, or it is never closed.
+        self.core = EngineCore(self.executor, functools.partial(peer_errors, self.parallel))
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_engine, self.core, self.executor, self.parallel)
         runner = self.executor.runner
@@ -139,19 +141,8 @@ class LLM:
         """Whether this process gets the results: always with one rank; rank 0 under tensor parallelism."""
         return self.parallel is None or self.parallel.is_driver
 
-    @contextlib.contextmanager
-    def _peer_errors(self) -> Iterator[None]:
-        """A failure that another rank caused is raised as a WorkerLost that names the rank."""
-        if self.parallel is None:
-            yield
-            return
-        try:
-            yield
-        except Exception as exc:
-            lost = self.parallel.explain(exc)
-            if lost is exc:
-                raise
-            raise lost from exc
+    def _peer_errors(self) -> contextlib.AbstractContextManager:
+        return peer_errors(self.parallel)
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -363,6 +354,21 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def peer_errors(parallel) -> Iterator[None]:
+    """A failure that another rank caused is raised as a WorkerLost that names the rank."""
+    if parallel is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as exc:
+        lost = parallel.explain(exc)
+        if lost is exc:
+            raise
+        raise lost from exc
 
 
 def _close_engine(core: EngineCore | None, executor, parallel) -> None:

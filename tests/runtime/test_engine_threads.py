@@ -88,3 +88,18 @@ def test_an_asyncio_caller_shares_the_batch(llm, solo):
 
     got = asyncio.run(main())
     assert got == [solo[(i, i % 3)] for i in range(len(PROMPTS))]
+
+
+def test_an_engine_nobody_holds_is_closed_and_its_loop_thread_ends():
+    import gc
+    import weakref
+
+    engine = LLM("random:tiny-llama", device="cpu", max_seq_len=64)
+    engine.generate([PROMPTS[0]], PARAMS[0])
+    loop = engine.core._thread
+    ref = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert ref() is None, "nothing (the loop thread included) keeps an unreferenced engine alive"
+    loop.join(10)
+    assert not loop.is_alive()
