@@ -119,9 +119,9 @@ from fastpath.runtime import LLM, SamplingParams
 params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=t, seed=3) for n, t in ((8, 0), (6, 1.0))]
 prompts = [[5, 6, 7, 8], [3, 9]]
 with fast_decode.LLM() as generated:
-    mine = [o.token_ids for o in generated.generate(prompts, params)]
+    mine = [o.outputs[0].token_ids for o in generated.generate(prompts, params)]
 with LLM(**fast_decode.DEFAULTS) as native:
-    theirs = [o.token_ids for o in native.generate(prompts, params)]
+    theirs = [o.outputs[0].token_ids for o in native.generate(prompts, params)]
 dists = sorted(d.metadata["Name"] for d in importlib.metadata.distributions())
 print(json.dumps({"file": fast_decode.__file__, "generated": mine, "native": theirs, "dists": dists}))
 """

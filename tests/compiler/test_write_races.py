@@ -5,9 +5,7 @@ pass for no manifest, or worse, pass for one while holding another's files.
 """
 
 import multiprocessing
-import os
 import random
-import signal
 import time
 
 import pytest
@@ -25,6 +23,7 @@ VARIANTS = [
     for i, mode in enumerate(["blocking", "spin", "auto", "spin"])
 ]
 FORK = multiprocessing.get_context("fork")
+DELAY_S = 0.02  # per file, so that a kill lands mid-write
 
 
 def package_state(folder):
@@ -42,11 +41,13 @@ def package_state(folder):
     return matches[0] if len(matches) == 1 else None
 
 
-def write_variant(index, folder, delay_s=0.0):
+def write_variant(index, folder, delay_s=0.0, writing=None):
     if delay_s:  # slow every file down, so that a kill lands mid-write
         real = write_module.write_file
 
         def slow(path, data):
+            if writing is not None:
+                writing.set()
             time.sleep(delay_s)
             real(path, data)
 
@@ -78,11 +79,18 @@ def test_killed_compiles_never_leave_a_torn_package_and_the_next_run_cleans_up(t
     write_package(VARIANTS[0], folder)
     rng = random.Random(15)
     states, cut_short = [], 0
+    files = len(VARIANTS[0])
     for trial in range(30):
-        run = FORK.Process(target=write_variant, args=(trial % len(VARIANTS), folder, 0.004))
+        writing = FORK.Event()
+        run = FORK.Process(target=write_variant, args=(trial % len(VARIANTS), folder, DELAY_S, writing))
         run.start()
-        time.sleep(rng.uniform(0.0, 0.25))  # about 33 files at 4 ms: kills land before, during and after
-        os.kill(run.pid, signal.SIGKILL)
+        # Timed from the first file, not from the fork, so a loaded machine's slow start-up
+        # cannot push every kill past the end; a package already on disk writes nothing.
+        deadline = time.monotonic() + 60
+        while not writing.wait(0.01) and run.is_alive():
+            assert time.monotonic() < deadline, f"trial {trial}: the compile never started writing"
+        time.sleep(rng.uniform(0.0, 1.3 * files * DELAY_S))
+        run.kill()  # SIGKILL; a no-op for a run that already ended
         run.join(10)
         states.append(package_state(folder))
         assert states[-1] is not None, f"trial {trial}: a torn package"

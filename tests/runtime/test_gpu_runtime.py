@@ -79,6 +79,7 @@ def test_hooks_with_graphs_give_the_all_off_tokens(loop):
         graph_batch_sizes=EXACT_GRAPHS,
         fmha_enabled=fmha,
         hooks=RuntimeHooks(loop_on_execution_stream=loop, decode_prologue=prologue),
+        guided_backend="none",  # guided decoding gates the loop scope off (LOOP_VS_GUIDED)
     )
     assert llm.executor.runner.decode_from_embeds
     assert llm.executor.loop_gate()[0] is loop

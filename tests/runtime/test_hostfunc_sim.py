@@ -155,6 +155,32 @@ def test_python_callbacks_run_on_one_persistent_thread_state(sim):
     assert counts == list(range(1, 21))
 
 
+def test_no_cyclic_collection_runs_inside_a_callback(sim):
+    """A cycle collected there could free a CUDA graph on the driver's host-task thread (an abort)."""
+    enabled, callback_threads, collected_on = [], set(), []
+
+    class Cycle:
+        def __del__(self) -> None:
+            collected_on.append(threading.get_ident())
+
+    def garbage_then_allocate() -> None:
+        enabled.append(gc.isenabled())
+        callback_threads.add(threading.get_ident())
+        cycle = Cycle()
+        cycle.me = cycle
+        del cycle
+        [[] for _ in range(20 * gc.get_threshold()[0])]  # far past the collector's threshold
+
+    gc.collect()
+    for _ in range(5):
+        sim.d.launch(garbage_then_allocate)
+    sim.d.synchronize()
+    assert threading.get_ident() not in callback_threads, "callbacks run off the launching thread"
+    assert enabled == [False] * 5 and gc.isenabled(), "off inside every callback, back on after"
+    gc.collect()
+    assert len(collected_on) == 5 and not callback_threads & set(collected_on)
+
+
 class Callable:
     def __call__(self) -> None:
         pass

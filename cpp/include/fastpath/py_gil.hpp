@@ -39,6 +39,10 @@ class ThreadStateAnchor {
 };
 
 // Holds the GIL for one callback; acquired() is false once the interpreter is finalizing.
+// The cyclic collector is off meanwhile: an allocation in the callback could otherwise collect
+// any unreachable cycle there, and one holding a CUDA graph or stream frees it with a CUDA call
+// on the driver's host-task thread, which CUDA forbids (seen on the H200 as an abort). The
+// collection simply happens at the next allocation on another thread.
 class CallbackGil {
  public:
   CallbackGil() {
@@ -47,9 +51,12 @@ class CallbackGil {
     anchor.ensure();
     state_ = PyGILState_Ensure();
     acquired_ = true;
+    gc_was_enabled_ = PyGC_Disable() != 0;
   }
   ~CallbackGil() {
-    if (acquired_) PyGILState_Release(state_);
+    if (!acquired_) return;
+    if (gc_was_enabled_) PyGC_Enable();
+    PyGILState_Release(state_);
   }
   CallbackGil(const CallbackGil&) = delete;
   CallbackGil& operator=(const CallbackGil&) = delete;
@@ -58,6 +65,7 @@ class CallbackGil {
  private:
   PyGILState_STATE state_ = PyGILState_UNLOCKED;
   bool acquired_ = false;
+  bool gc_was_enabled_ = false;
 };
 
 // References dropped where the GIL is not held wait here until Python-facing code reaps them.
