@@ -26,7 +26,7 @@ export FASTPATH_PROGRESS=0 PYTHONUNBUFFERED=1
 for step in "$@"; do
   case "$step" in
     tests) python3 -m pytest -v -rfE -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal" | tail -60 ;;
-    tp-tests) python3 -m pytest -v -rfE -m gpu -p no:cacheprovider tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " | tail -40 ;;
+    tp-tests) python3 -m pytest -v -rfE -m gpu -p no:cacheprovider tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;
