@@ -14,8 +14,12 @@ from typing import Any
 _EXPORTS = {
     "LLM": ".engine.llm",
     "SamplingParams": ".engine.sampling_params",
+    "GuidedDecodingParams": ".engine.sampling_params",
     "RequestOutput": ".engine.outputs",
+    "CompletionOutput": ".engine.outputs",
+    "Logprob": ".engine.outputs",
     "RequestError": ".engine.outputs",
+    "EngineClosedError": ".engine.outputs",
     "StreamToken": ".engine.outputs",
     "ExecutorCore": ".engine.executor",
     "NativeExecutor": ".engine.native_executor",

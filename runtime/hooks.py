@@ -53,24 +53,31 @@ class EventLists:
 
 
 class HookError(RuntimeError):
-    """A hook raised; the message names the hook and the event."""
+    """A hook raised; the message names the hook, the event and, in a compiled package, the manifest line."""
 
 
 def hook_name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
-def call_hook(fn: EventFn, event: str, executor: ExecutorCore) -> None:
-    """Run one event hook; an error names the hook and the event."""
+def _declared_at(declared: str | None) -> str:
+    return f" (declared at {declared})" if declared else ""
+
+
+def call_hook(fn: EventFn, event: str, executor: ExecutorCore, declared: str | None = None) -> None:
+    """Run one event hook; an error names the hook, the event and, from a compiled package, the manifest line."""
     try:
         fn(executor)
     except Exception as exc:
         raise HookError(
-            f"executor_events.{event} hook {hook_name(fn)} raised {type(exc).__name__}: {exc}"
+            f"executor_events.{event} hook {hook_name(fn)}{_declared_at(declared)} "
+            f"raised {type(exc).__name__}: {exc}"
         ) from exc
 
 
-def call_prologue(prologue: DecodePrologue, executor: ExecutorCore, inputs: DecodeInputs) -> bool:
+def call_prologue(
+    prologue: DecodePrologue, executor: ExecutorCore, inputs: DecodeInputs, declared: str | None = None
+) -> bool:
     """Run the decode_prologue hook; an error names the hook (the step, and with it the engine, ends)."""
     try:
         return bool(prologue(executor, inputs))
@@ -78,7 +85,8 @@ def call_prologue(prologue: DecodePrologue, executor: ExecutorCore, inputs: Deco
         raise
     except Exception as exc:
         raise HookError(
-            f"decode_prologue hook {hook_name(prologue)} raised {type(exc).__name__}: {exc}"
+            f"decode_prologue hook {hook_name(prologue)}{_declared_at(declared)} "
+            f"raised {type(exc).__name__}: {exc}"
         ) from exc
 
 

@@ -24,8 +24,8 @@ class LoadedManifest:
     document: YamlDocument
 
     def line_of(self, *path: str | int) -> int | None:
-        """The line a key is written on, or None when the manifest leaves it out."""
-        mark = self.document.keys.get(path)
+        """The line a key (or a list item) is written on, or None when the manifest leaves it out."""
+        mark = self.document.keys.get(path) or self.document.values.get(path)
         return mark[0] if mark else None
 
 

@@ -287,8 +287,15 @@ class ExecutorCore:
         try:
             yield from self.overlap_loop()
         except Exception:
-            self.shutdown()
+            self.shutdown_after_error()
             raise
+
+    def shutdown_after_error(self) -> None:
+        """Shut down after a failed step; a shutdown hook that fails too is logged, not raised over the step's error."""
+        try:
+            self.shutdown()
+        except Exception:
+            log.exception("shutting down after a failed step failed as well")
 
     def overlap_loop(self) -> Iterator[StepRecord]:
         """Launch step n+1 before reading back step n, whenever the batch is steady."""

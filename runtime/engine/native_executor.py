@@ -60,7 +60,7 @@ class NativeExecutor(ExecutorCore):
             else:
                 yield from self.overlap_loop()
         except Exception:
-            self.shutdown()  # at_shutdown runs after a loop error too
+            self.shutdown_after_error()  # at_shutdown runs after a loop error too
             raise
 
     def shutdown(self) -> None:

@@ -24,3 +24,16 @@ class CountingPrologue:
         CountingPrologue.calls += 1
         LOG.append("prologue")
         return False
+
+
+class ExplodingPrologue:
+    """Declines during start-up, then fails on the first served step."""
+
+    def __call__(self, executor, inputs) -> bool:
+        if executor.in_warmup_guard:
+            return False
+        raise ValueError("planted prologue failure")
+
+
+def exploding_event(executor) -> None:
+    raise ValueError("planted event failure")

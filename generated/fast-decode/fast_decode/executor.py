@@ -15,9 +15,10 @@ from fastpath.runtime.hooks import call_hook, call_prologue, instantiate
 from fastpath.runtime.prologues import FusedDecodePrologue as hook_1
 
 _decode_prologue = instantiate(hook_1)
+_decode_prologue_declared = "examples/fast-decode.yaml:13"
 
-_after_warmup = (instantiate(hook_2),)
-_at_shutdown = (instantiate(hook_3),)
+_after_warmup = ((instantiate(hook_2), "examples/fast-decode.yaml:15"),)
+_at_shutdown = ((instantiate(hook_3), "examples/fast-decode.yaml:16"),)
 
 
 class Executor(ExecutorCore):
@@ -28,28 +29,28 @@ class Executor(ExecutorCore):
         return True  # the prologue hook does the embedding lookup
 
     def decode_prologue(self, inputs) -> None:
-        if not call_prologue(_decode_prologue, self, inputs):
+        if not call_prologue(_decode_prologue, self, inputs, _decode_prologue_declared):
             self.native_decode_prologue(inputs)
 
     def start(self) -> None:
         with self.warmup_guard():
             self.warmup()
-            for hook in _after_warmup:
-                call_hook(hook, "after_warmup", self)
+            for hook, declared in _after_warmup:
+                call_hook(hook, "after_warmup", self, declared)
 
     def steps(self) -> Iterator[StepRecord]:
         try:
             with self.execution_stream_scope():
                 yield from self.overlap_loop()
         except Exception:
-            self.shutdown()
+            self.shutdown_after_error()
             raise
 
     def shutdown(self) -> None:
         if self.closed:
             return
         try:
-            for hook in _at_shutdown:
-                call_hook(hook, "at_shutdown", self)
+            for hook, declared in _at_shutdown:
+                call_hook(hook, "at_shutdown", self, declared)
         finally:
             super().shutdown()
