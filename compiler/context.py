@@ -34,7 +34,7 @@ from typing import Any
 from . import distribution
 from .distribution import GUIDED_EXTRA
 from .header import comment
-from .literals import Code, py_str
+from .literals import Code
 from .plan import HookRef, Plan
 
 MODULE_NAME = "_hostdispatch"
@@ -54,18 +54,16 @@ class HookImport:
 class HookContext:
     loop_on_execution_stream: bool
     decode_prologue: HookImport | None
-    decode_prologue_declared: str | None  # "manifest.yaml:13", named by a failing hook's HookError (data)
     # event -> its callables; only events the manifest declares appear here
     executor_events: dict[str, tuple[HookImport, ...]]
     imports: tuple[HookImport, ...]  # every declared callable once, in declaration order
     import_block: Code  # the executor's import statements, as ruff's isort and format leave them
-    # `_<event> = ((instantiate(hook_1), "manifest.yaml:15"), ...)`, one per declared event
-    event_assignments: tuple[Code, ...]
+    event_assignments: tuple[Code, ...]  # `_<event> = (instantiate(hook_1), ...)`, one per declared event
 
 
 # A hook is imported as `hook_<n>`, numbered in declaration order. No name the template defines
-# or imports (Executor, ExecutorCore, Iterator, call_hook, instantiate, _decode_prologue,
-# _after_warmup, the loop variable `hook`, builtins such as super) has that form, so no hook can
+# or imports (Executor, ExecutorCore, Iterator, HookSites, call_hook, instantiate, _sites,
+# _decode_prologue, _after_warmup, the loop variables `index` and `hook`, builtins such as super) has that form, so no hook can
 # shadow one, and the lines that use hooks stay short whatever the hooks are called.
 HOOK_PREFIX = "hook_"
 LINE_LENGTH = 110  # pyproject.toml's [tool.ruff] line-length
@@ -110,6 +108,7 @@ def _import_block(plan_hooks, imports: tuple[HookImport, ...]) -> Code:
             plain["fastpath.runtime.hooks"].add("call_hook")
         if plan_hooks.decode_prologue:
             plain["fastpath.runtime.hooks"].add("call_prologue")
+        plain["fastpath.runtime.hooks"].add("HookSites")
     statements = []  # (section, module, first name's key, aliased, text)
     for module, names in plain.items():
         ordered = sorted(names, key=_isort_key)
@@ -138,28 +137,16 @@ def hook_context(plan: Plan) -> HookContext:
             by_path[ref.path] = HookImport(ref.module, ref.attr, local, ref.path)
         return by_path[ref.path]
 
-    def declared(ref: HookRef) -> str:
-        return f"{plan.manifest_path}:{ref.line}" if ref.line is not None else plan.manifest_path
-
     hooks = plan.hooks
     prologue = import_of(hooks.decode_prologue) if hooks.decode_prologue else None
-    refs_of = {event: refs for event, refs in hooks.executor_events().items() if refs}
-    events = {event: tuple(map(import_of, refs)) for event, refs in refs_of.items()}
+    events = {event: tuple(map(import_of, refs)) for event, refs in hooks.executor_events().items() if refs}
     imports = tuple(by_path.values())
     assignments = tuple(
-        _tuple_assignment(
-            f"_{event}", [f"(instantiate({import_of(ref).local}), {py_str(declared(ref))})" for ref in refs]
-        )
-        for event, refs in refs_of.items()
+        _tuple_assignment(f"_{event}", [f"instantiate({imp.local})" for imp in imps])
+        for event, imps in events.items()
     )
     return HookContext(
-        hooks.loop_on_execution_stream,
-        prologue,
-        declared(hooks.decode_prologue) if hooks.decode_prologue else None,
-        events,
-        imports,
-        _import_block(hooks, imports),
-        assignments,
+        hooks.loop_on_execution_stream, prologue, events, imports, _import_block(hooks, imports), assignments
     )
 
 

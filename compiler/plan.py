@@ -69,6 +69,19 @@ class HookPlan:
             result["executor_events"] = events
         return result
 
+    def sites(self, manifest_path: str) -> dict[str, Any]:
+        """Where the manifest declares each hook ("path:line"), in as_dict's shape, for HookSites."""
+
+        def site(ref: HookRef) -> str:
+            return f"{manifest_path}:{ref.line}" if ref.line is not None else manifest_path
+
+        return {
+            "decode_prologue": site(self.decode_prologue) if self.decode_prologue else None,
+            "executor_events": {
+                event: [site(h) for h in refs] for event, refs in self.executor_events().items()
+            },
+        }
+
     def as_dict(self) -> dict[str, Any]:
         """Plain data for `fastpath.runtime.hooks.hooks_from_lock`."""
         return {
@@ -167,6 +180,7 @@ class Plan:
             "manifest": {"path": self.manifest_path, "sha256": self.manifest_sha256},
             "llm_kwargs": self.llm_kwargs(),
             "hooks": self.hooks_dict(),
+            "hook_sites": self.hooks.sites(self.manifest_path),
             "dispatch_chain": list(self.dispatch_chain),
             "fmha_order": list(self.fmha_order),
             "decisions": [

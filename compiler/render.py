@@ -18,6 +18,8 @@ from typing import Any
 
 import jinja2
 
+from fastpath.vocab import LOCK_FILE
+
 from . import distribution
 from .context import contexts
 from .header import generated_line, has_marker
@@ -94,7 +96,7 @@ def _render(env: jinja2.Environment, template: str, ctx: dict[str, Any]) -> str:
 
 
 def lock_path(plan: Plan) -> str:
-    return f"{plan.package}/manifest.lock.json"
+    return f"{plan.package}/{LOCK_FILE}"
 
 
 def package_version(plan: Plan, files: dict[str, str]) -> str:

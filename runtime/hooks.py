@@ -6,11 +6,13 @@ Hooks change where and how the step loop moves data, never what a forward comput
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from fastpath.vocab import EXECUTOR_EVENTS
+from fastpath.vocab import EXECUTOR_EVENTS, LOCK_FILE
 
 if TYPE_CHECKING:
     from .engine.executor import ExecutorCore
@@ -164,6 +166,36 @@ def import_path(path: str) -> Any:
 def instantiate(obj: Any) -> Any:
     """A class declared as a hook is instantiated with no arguments; anything else is used as is."""
     return obj() if isinstance(obj, type) else obj
+
+
+@dataclass(frozen=True, slots=True)
+class HookSites:
+    """Where a compiled package's manifest declares each hook ("path:line"), read from its lock.
+
+    Kept in the lock, not in the executor's code, so a comment added to the manifest rewrites no
+    code and keeps the package's version.
+    """
+
+    sites: Mapping[str, Any]
+
+    @classmethod
+    def beside(cls, module_file: str) -> HookSites:
+        """The sites in the manifest.lock.json beside `module_file`; none when it is unreadable
+        (they only make messages better, so they never stop an import)."""
+        try:
+            lock = json.loads(Path(module_file).with_name(LOCK_FILE).read_text(encoding="utf-8"))
+            sites = lock.get("hook_sites")
+        except (OSError, ValueError, AttributeError):
+            sites = None
+        return cls(sites if isinstance(sites, dict) else {})
+
+    def of(self, hook: str, index: int | None = None) -> str | None:
+        """The site of decode_prologue, or of an event's index-th callable."""
+        try:
+            site = self.sites[hook] if index is None else self.sites["executor_events"][hook][index]
+        except (KeyError, IndexError, TypeError):
+            return None
+        return site if isinstance(site, str) else None
 
 
 def hooks_from_lock(plan_hooks: Mapping[str, Any]) -> RuntimeHooks:

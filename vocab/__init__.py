@@ -61,6 +61,9 @@ RANDOM_PRESET_SPLITS: dict[str, tuple[int, int, int]] = {
 # Executor events a manifest may hook, in the order the executor reaches them.
 EXECUTOR_EVENTS: tuple[str, ...] = ("after_warmup", "before_overlap_loop", "at_shutdown")
 
+# The resolved plan a generated package carries beside its code; the runtime reads its hook sites.
+LOCK_FILE = "manifest.lock.json"
+
 # Why loop_on_execution_stream and guided decoding exclude each other (schema, resolve, runtime).
 LOOP_VS_GUIDED = (
     "the guided decoder fills its token bitmask on a side stream, and the execution-stream loop "

@@ -27,11 +27,12 @@ def _line(text: str, needle: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
 
 
-def _generated_executor(tmp_path, text):
+def _generated_executor(tmp_path, text, lock=None):
     """The rendered executor module, on the native extension (no C++ build: the Python is what is tested)."""
     _, files = compile_text(text, "deploy/failing.yaml")
     path = tmp_path / "failing_executor.py"
     path.write_text(files["failing/executor.py"])
+    (tmp_path / "manifest.lock.json").write_text(lock or files["failing/manifest.lock.json"])  # the sites
     spec = importlib.util.spec_from_file_location("failing_executor", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -71,3 +72,21 @@ def test_a_failing_event_hook_in_a_list_names_its_own_item_line(tmp_path):
         f"executor_events.at_shutdown hook recording_hooks:exploding_event (declared at deploy/failing.yaml:{line}) "
         "raised ValueError"
     )
+
+
+def test_a_comment_moves_the_sites_in_the_lock_and_leaves_the_code_and_version_alone():
+    _, before = compile_text(FAILING, "deploy/failing.yaml")
+    _, after = compile_text("# moved down a line\n" + FAILING, "deploy/failing.yaml")
+    assert {path for path in before if before[path] != after[path]} == {
+        "failing/__init__.py",
+        "failing/manifest.lock.json",
+    }
+    line = _line(FAILING, "decode_prologue:")
+    assert f'"deploy/failing.yaml:{line + 1}"' in after["failing/manifest.lock.json"]
+
+
+def test_without_the_lock_a_failing_hook_still_names_itself(tmp_path):
+    executor = _generated_executor(tmp_path, FAILING, lock="{not json")
+    llm = LLM("random:tiny-llama", max_batch_size=2, max_seq_len=64, executor_cls=executor)
+    with pytest.raises(HookError, match=r"^decode_prologue hook recording_hooks:ExplodingPrologue raised"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))

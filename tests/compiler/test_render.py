@@ -195,8 +195,8 @@ hooks:
   decode_prologue: shadow_hooks:_decode_prologue
   executor_events:
     after_warmup: [shadow_hooks:instantiate, shadow_hooks:call_hook]
-    before_overlap_loop: [shadow_hooks:Executor, shadow_hooks:hook]
-    at_shutdown: [shadow_hooks:super, shadow_hooks:ExecutorCore, shadow_hooks:_at_shutdown]
+    before_overlap_loop: [shadow_hooks:Executor, shadow_hooks:hook, shadow_hooks:_sites, shadow_hooks:index]
+    at_shutdown: [shadow_hooks:super, shadow_hooks:ExecutorCore, shadow_hooks:_at_shutdown, shadow_hooks:HookSites]
 """
 
 
@@ -254,13 +254,25 @@ def test_hooks_named_like_the_generated_codes_own_names_shadow_nothing(tmp_path,
     _, files = compile_text(SHADOWING)
     source = files["shadowing/executor.py"]
     (tmp_path / "shadow_hooks.py").write_text(
-        "".join(f"def {n}(executor):\n    return '{n}'\n\n\n" for n in ["_decode_prologue", "super", "hook"])
+        "".join(
+            f"def {n}(executor):\n    return '{n}'\n\n\n"
+            for n in ["_decode_prologue", "super", "hook", "index"]
+        )
         + "".join(
-            f"{n} = {n!r}\n" for n in ["instantiate", "call_hook", "Executor", "ExecutorCore", "_at_shutdown"]
+            f"{n} = {n!r}\n"
+            for n in [
+                "instantiate",
+                "call_hook",
+                "Executor",
+                "ExecutorCore",
+                "_at_shutdown",
+                "_sites",
+                "HookSites",
+            ]
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    namespace = {"__name__": "shadowing.executor"}
+    namespace = {"__name__": "shadowing.executor", "__file__": str(tmp_path / "executor.py")}
     exec(compile(source, "executor.py", "exec"), namespace)
 
     from fastpath.runtime import hooks
@@ -268,8 +280,9 @@ def test_hooks_named_like_the_generated_codes_own_names_shadow_nothing(tmp_path,
 
     assert namespace["instantiate"] is hooks.instantiate and namespace["call_hook"] is hooks.call_hook
     assert namespace["Executor"].__bases__ == (ExecutorCore,) and namespace["ExecutorCore"] is ExecutorCore
-    assert "super" not in namespace and "hook" not in namespace
+    assert "super" not in namespace and "hook" not in namespace and "index" not in namespace
+    assert namespace["HookSites"] is hooks.HookSites and isinstance(namespace["_sites"], hooks.HookSites)
     assert namespace["_decode_prologue"](None) == "_decode_prologue"  # the hook object, instantiated
-    assert len(namespace["_at_shutdown"]) == 3  # the template's tuple, not the hook named _at_shutdown
+    assert len(namespace["_at_shutdown"]) == 4  # the template's tuple, not the hook named _at_shutdown
     hook_names = {k for k in namespace if k.startswith("hook_")}
-    assert hook_names == {f"hook_{i}" for i in range(1, 9)}
+    assert hook_names == {f"hook_{i}" for i in range(1, 12)}

@@ -9,14 +9,13 @@ only those the manifest changes, and everything else is ExecutorCore's hook-free
 from fastpath.runtime.engine.executor import ExecutorCore
 from fastpath.runtime.events import health_check as hook_3
 from fastpath.runtime.events import retain_host_pages as hook_2
-from fastpath.runtime.hooks import call_hook, call_prologue, instantiate
+from fastpath.runtime.hooks import HookSites, call_hook, call_prologue, instantiate
 from fastpath.runtime.prologues import FusedDecodePrologue as hook_1
 
+_sites = HookSites.beside(__file__)  # the manifest line of each hook, for its HookError
 _decode_prologue = instantiate(hook_1)
-_decode_prologue_declared = "examples/smollm2.yaml:16"
-
-_after_warmup = ((instantiate(hook_2), "examples/smollm2.yaml:18"),)
-_at_shutdown = ((instantiate(hook_3), "examples/smollm2.yaml:19"),)
+_after_warmup = (instantiate(hook_2),)
+_at_shutdown = (instantiate(hook_3),)
 
 
 class Executor(ExecutorCore):
@@ -27,20 +26,20 @@ class Executor(ExecutorCore):
         return True  # the prologue hook does the embedding lookup
 
     def decode_prologue(self, inputs) -> None:
-        if not call_prologue(_decode_prologue, self, inputs, _decode_prologue_declared):
+        if not call_prologue(_decode_prologue, self, inputs, _sites.of("decode_prologue")):
             self.native_decode_prologue(inputs)
 
     def start(self) -> None:
         with self.warmup_guard():
             self.warmup()
-            for hook, declared in _after_warmup:
-                call_hook(hook, "after_warmup", self, declared)
+            for index, hook in enumerate(_after_warmup):
+                call_hook(hook, "after_warmup", self, _sites.of("after_warmup", index))
 
     def shutdown(self) -> None:
         if self.closed:
             return
         try:
-            for hook, declared in _at_shutdown:
-                call_hook(hook, "at_shutdown", self, declared)
+            for index, hook in enumerate(_at_shutdown):
+                call_hook(hook, "at_shutdown", self, _sites.of("at_shutdown", index))
         finally:
             super().shutdown()
