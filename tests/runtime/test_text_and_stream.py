@@ -53,3 +53,27 @@ def test_stopping_a_stream_early_leaves_the_engine_usable():
     assert stats.running == stats.waiting == 0, "the abandoned requests are aborted when the stream closes"
     assert stats.kv_blocks_free == stats.kv_blocks_total
     assert llm.generate([[4, 5]], p)[0].outputs[0].token_ids == expected
+
+
+def test_the_direct_decoder_equals_the_tokenizers_decode_and_clean_up_keeps_the_wrapper(tiny_text_checkpoint):
+    import random
+
+    from transformers import AutoTokenizer
+
+    from fastpath.runtime.engine.detokenizer import text_decoder
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_text_checkpoint))
+    tok.clean_up_tokenization_spaces = False
+    decode = text_decoder(tok)
+    assert decode.__name__ == "direct" and text_decoder(tok) is decode, "chosen once per tokenizer"
+    rng = random.Random(0)
+    specials = list(tok.all_special_ids)
+    for _ in range(300):  # beyond the probe: any ids, special ones mixed in
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 12))] + rng.sample(specials, 1)
+        rng.shuffle(ids)
+        for skip in (True, False):
+            assert decode(ids, skip) == tok.decode(ids, skip_special_tokens=skip)
+
+    cleaning = AutoTokenizer.from_pretrained(str(tiny_text_checkpoint))
+    cleaning.clean_up_tokenization_spaces = True  # transformers' own post-processing: keep its decode
+    assert text_decoder(cleaning).__name__ == "wrapped"
