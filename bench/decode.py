@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Decode throughput on a GPU, side by side in one run: the native engine's variants, HF transformers
-`generate`, and the weight-read floor (weight bytes over the copy bandwidth measured in this run).
+`generate`, a gpt-fast-style torch.compile peer of the same shape (bench/compile_peer.py), and the
+weight-read floor (weight bytes over the copy bandwidth measured in this run).
 
     python bench/decode.py --out bench/results [--quick] [--batch 1 8 64] [--tp 2] [--sampling greedy]
 
@@ -30,6 +31,7 @@ from common import copy_bandwidth, environment, markdown_table, wall, write_outp
 from fastpath.runtime.model.presets import resolve_random
 
 MODEL = "random:llama-1b"
+PEER = "torch.compile + CUDA graph (gpt-fast style, bench/compile_peer.py)"
 PROMPT_LEN = 32
 SAMPLED = dict(
     temperature=0.8, top_p=0.95, top_k=50, min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5,
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--no-compile-peer", action="store_true", help="skip the torch.compile peer rows")
     ap.add_argument("--variants", nargs="+", default=["fused", "torch-ops"], help="native variants to run")
     ap.add_argument("--package", action="append", default=[], help="generated package to run beside native")
     ap.add_argument("--tp", type=int, nargs="*", default=[], help="tensor-parallel sizes to run beside tp=1")
@@ -176,6 +179,16 @@ def main() -> None:
         del llm
         gc.collect()
         torch.cuda.empty_cache()
+    if not args.no_compile_peer:
+        from compile_peer import step_time as peer_step_time
+
+        hf_dict = resolve_random(MODEL).to_hf_dict()
+        for b in args.batch:
+            step = peer_step_time(hf_dict, b, PROMPT_LEN, short, long)
+            gc.collect()
+            torch.cuda.empty_cache()
+            results["rows"].append({"engine": PEER, "batch": b, "step_s": step})
+            print(f"torch.compile peer batch {b}: {step * 1e6:.0f} us/step", flush=True)
     if not args.no_hf:
         for b in args.batch:
             step = hf_step_time(b, 4 if args.quick else 8, 16 if args.quick else 40)
@@ -189,6 +202,7 @@ def main() -> None:
     results["weight_bytes"] = floor_bytes
     results["floor_step_s"] = floor_step
     hf = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"].startswith("HF")}
+    peer = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"] == PEER}
     one_gpu = {
         (r["variant"], r["batch"]): r["step_s"]
         for r in results["rows"]
@@ -205,6 +219,7 @@ def main() -> None:
         r["tok_s"] = b / step
         r["share_of_floor"] = r.get("floor_step_s", floor_step) / step
         r["speedup_vs_hf"] = hf[b] / step if b in hf else None
+        r["speedup_vs_compile"] = peer[b] / step if b in peer and r["engine"] != PEER else None
         base = one_gpu.get((r.get("variant"), b)) if r.get("tp", 1) > 1 else None
         r["speedup_vs_tp1"] = base / step if base else None
         plain = greedy.get((r.get("variant"), r.get("tp"), b)) if r.get("sampling") == "penalties" else None
@@ -212,6 +227,7 @@ def main() -> None:
         replay = r.get("replay_s")
         rows.append([r["engine"], b, f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
                      f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-",
+                     f"{r['speedup_vs_compile']:.2f}x" if r["speedup_vs_compile"] else "-",
                      f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-",
                      f"{100 * r['vs_greedy']:+.1f}%" if r["vs_greedy"] is not None else "-",
                      f"{replay * 1e6:.0f}" if replay else "-", f"{step / replay:.2f}" if replay else "-"])  # fmt: skip
@@ -228,9 +244,10 @@ def main() -> None:
                 "-",
                 "-",
                 "-",
+                "-",
             ]
         )
-    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs tp=1", "vs greedy",
+    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs torch.compile", "vs tp=1", "vs greedy",
                "replay µs", "wall / replay"]  # fmt: skip
     table = markdown_table(headers, rows)
     table += f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; weights {floor_bytes / 1e9:.2f} GB; {results['env']}"

@@ -10,6 +10,7 @@ streams.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -53,10 +54,8 @@ def text_decoder(tokenizer: Any) -> Decode:
                 chosen = direct
         except Exception:  # any doubt keeps the wrapper
             chosen = wrapped
-    try:
+    with contextlib.suppress(TypeError):  # not weakly referable: decided again next time
         _DECODERS[tokenizer] = chosen
-    except TypeError:  # not weakly referable: decide again next time
-        pass
     return chosen
 
 
