@@ -12,6 +12,8 @@ The names load on first use, so `fastpath-compile --validate` imports neither Ji
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import Any
 
 _EXPORTS = {
@@ -35,6 +37,20 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+class _Package(types.ModuleType):
+    """`resolve` and `render` name both a function and the submodule that defines it. Importing a
+    submodule binds it onto its package under its name, so once any module had imported
+    `.resolve`, `from fastpath.compiler import resolve` gave the module. The function wins here."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
