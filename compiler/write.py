@@ -140,8 +140,11 @@ def check_target(folder: Path, files: Mapping[str, str] | None = None) -> None:
     for rel in files or ():
         kind = _kind_in(folder, rel)
         if kind not in ("missing", "file"):
+            what = {"dir": "folder", "symlink": "symbolic link"}.get(
+                kind, "special file (FIFO, socket or device)"
+            )
             raise NotAGeneratedPackage(
-                f"{folder / rel}: a {kind} stands where the compiler writes a file; it never writes "
+                f"{folder / rel}: a {what} stands where the compiler writes a file; it never writes "
                 "through links or into special files. Remove it and compile again."
             )
 

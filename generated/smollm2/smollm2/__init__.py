@@ -22,10 +22,11 @@ MANIFEST = json.loads(Path(__file__).with_name("manifest.lock.json").read_text(e
 
 if importlib.util.find_spec(f"{__name__}._hostdispatch") is None:
     _output = Path(__file__).resolve().parent.parent.parent
-    _manifest = _output.parent / MANIFEST["manifest"]["path"]  # the lock names it from there
+    # The lock names the manifest from the output folder's parent.
+    _manifest = str((_output.parent / MANIFEST["manifest"]["path"]).resolve())
     raise ImportError(
         f"{__name__} is compiled but not built: its host-dispatch extension {__name__}._hostdispatch "
-        f"is missing. Build it with `fastpath-compile {shlex.quote(str(_manifest))} "
+        f"is missing. Build it with `fastpath-compile {shlex.quote(_manifest)} "
         f"-o {shlex.quote(str(_output))} --build` (bin/compile in a fastpath checkout)",
         name=f"{__name__}._hostdispatch",
     )
