@@ -168,7 +168,10 @@ class EngineCore:
     def _deliver(self, record: StepRecord) -> None:
         touched: set[RequestHandle] = set()
         self.generation_tokens += len(record.new_tokens)
+        now = time.monotonic()
         for seq, _ in record.new_tokens:
+            if seq.first_token_at is None:  # for time-to-first-token, streamed or not
+                seq.first_token_at = now
             if seq.streams and seq.sink is not None and not seq.finished:
                 seq.sink.post(("tokens", seq.index, len(seq.output_ids)))
                 touched.add(seq.sink)

@@ -89,6 +89,10 @@ class RequestHandle:
     def sequences(self) -> list[Sequence]:
         return [c.seq for c in self._completions]
 
+    def first_token_at(self, index: int) -> float | None:
+        """time.monotonic() when completion `index` got its first token; None before that."""
+        return self._completions[index].seq.first_token_at
+
     def post(self, event: tuple) -> None:
         """('tokens', i, n) | ('finish', i, n) | ('error', message): from the loop thread."""
         self._events.append(event)
@@ -130,7 +134,9 @@ class RequestHandle:
                 continue
             _, i, n = event
             c = self._completions[i]
-            self._take_tokens(c, n)
+            self._take_tokens(
+                c, n, text_end=n - 1 if event[0] == "finish" and self._ends_on_stop_token(c) else n
+            )
             if event[0] == "finish" and c.finish_reason is None:
                 seq = c.seq
                 c.finish_reason, c.stop_reason = seq.finish_reason or "abort", seq.stop_reason
@@ -138,10 +144,20 @@ class RequestHandle:
                     c.text.finish()
         return changed
 
-    def _take_tokens(self, c: _Completion, n: int) -> None:
+    def _ends_on_stop_token(self, c: _Completion) -> bool:
+        """Ended by EOS or a stop_token_ids token: as in vLLM, that token's text is left out of the
+        output text (its id stays in token_ids) unless include_stop_str_in_output."""
+        seq = c.seq
+        return (
+            seq.finish_reason == "stop"
+            and not isinstance(seq.stop_reason, str)
+            and not self.params.include_stop_str_in_output
+        )
+
+    def _take_tokens(self, c: _Completion, n: int, text_end: int | None = None) -> None:
         if c.finish_reason is not None or n <= c.seen:
             return  # a stop string ended it: later tokens are the overlap's, and dropped
-        new = c.seq.output_ids[c.seen : n]
+        new = c.seq.output_ids[c.seen : n if text_end is None else max(c.seen, text_end)]
         c.seen = n
         if c.text is None:
             return

@@ -39,6 +39,7 @@ class Sequence:
     sink: Any = None  # what hears of its tokens (engine/request.py); None for internal probes
     streams: bool = False  # report every step's tokens, not only the finish
     penalty_slot: int = 0  # its row in the sampler's penalty tables (0: none)
+    first_token_at: float | None = None  # time.monotonic() when its first output token was read back
 
     @property
     def max_new_tokens(self) -> int:

@@ -5,8 +5,18 @@ drains on SIGTERM; `cli.run(llm_factory, args)` is what `fastpath serve` and eve
 `python -m <pkg> serve` call. Needs the `serve` extra (FastAPI, uvicorn, prometheus-client).
 """
 
-from .app import build_app
-from .config import ServeConfig
-from .server import make_server, serve
+from __future__ import annotations
 
-__all__ = ["ServeConfig", "build_app", "make_server", "serve"]
+import importlib
+from typing import Any
+
+# Loaded on first use, so the command line can say what is missing instead of a traceback.
+_EXPORTS = {"ServeConfig": ".config", "build_app": ".app", "make_server": ".server", "serve": ".server"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name], __name__), name)

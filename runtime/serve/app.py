@@ -71,7 +71,8 @@ def _errors(app: FastAPI) -> None:
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         # The deepest error is the most specific: inside a union, the branch that got furthest.
         first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
-        param = validation_param(tuple(first.get("loc", ())))
+        # A body that is not JSON is located at a character offset, which is no request key.
+        param = None if first.get("type") == "json_invalid" else validation_param(tuple(first.get("loc", ())))
         message = first.get("msg", "invalid request").removeprefix("Value error, ")
         return error_response(400, f"{param}: {message}" if param else message, param)
 

@@ -8,11 +8,14 @@ A manifest's `serve:` section arrives as parser defaults, so a flag still overri
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from fastpath.vocab import install_line
 
 from .config import DEFAULT_PORT, ServeConfig
 
@@ -118,8 +121,29 @@ def configure_logging(level: str) -> None:
     )
 
 
+# What the `serve` extra installs and the server imports.
+SERVER_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def missing_server_modules() -> list[str]:
+    def installed(module: str) -> bool:
+        try:
+            return importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # ValueError: blocked in sys.modules
+            return False
+
+    return [m for m in SERVER_MODULES if not installed(m)]
+
+
 def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name: str | None = None) -> int:
     """Build the engine, serve until SIGTERM, drain, close the engine; 0, or 2 for a bad option."""
+    missing = missing_server_modules()
+    if missing:
+        print(
+            f"error: the server needs {', '.join(missing)}, not installed: {install_line('serve')}",
+            file=sys.stderr,
+        )
+        return 2
     from .server import serve
 
     configure_logging(args.log_level)

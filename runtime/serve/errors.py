@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi.responses import JSONResponse
+if TYPE_CHECKING:
+    from fastapi.responses import JSONResponse
 
 _TYPES = {
     400: "invalid_request_error",
@@ -50,6 +51,8 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
 
 
 def error_response(status: int, message: str, param: str | None = None, **headers: str) -> JSONResponse:
+    from fastapi.responses import JSONResponse  # here, so the command line loads without the extra
+
     return JSONResponse(error_body(status, message, param), status_code=status, headers=headers or None)
 
 

@@ -35,7 +35,7 @@ class Generation:
         self, state: ServerState, handles: list[RequestHandle], arrival: float, completions: int, stream: bool
     ):
         self.state = state
-        self.stream = stream  # latencies are measured on streams: a whole reply has no first token
+        self.stream = stream
         self.handles = handles
         self.arrival = arrival
         self.completions = completions
@@ -80,6 +80,8 @@ class Generation:
                 raise Unavailable(f"the request failed: {out.error}")
             if self.stream:
                 self._observe(i, out)
+            else:
+                self._observe_whole(i, out)
             self._reasons += [c.finish_reason for c in out.outputs if c.finish_reason is not None]
             yield i, out
 
@@ -97,6 +99,19 @@ class Generation:
             for _ in range(tokens):
                 metrics.itl.observe(per_token)
         self._last[i] = now
+
+    def _observe_whole(self, i: int, out: RequestOutput) -> None:
+        """A reply sent whole still had a first token: the engine noted when; the rest is spread evenly."""
+        now, metrics = time.monotonic(), self.state.metrics
+        for c in out.outputs:
+            first = self.handles[i].first_token_at(c.index) if c.finish_reason is not None else None
+            if first is None:
+                continue
+            metrics.ttft.observe(max(0.0, first - self.arrival))
+            if len(c.token_ids) > 1:
+                per_token = (now - first) / (len(c.token_ids) - 1)
+                for _ in range(len(c.token_ids) - 1):
+                    metrics.itl.observe(per_token)
 
     async def collect(self) -> list[RequestOutput]:
         """Every prompt's whole output, once all have finished."""

@@ -17,6 +17,25 @@ TokenIds = list[Annotated[int, Field(ge=0)]]
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_the_default(cls, data: Any) -> Any:
+        # OpenAI's spec marks its optional fields nullable and clients send explicit nulls: a null
+        # takes the field's default (a required field stays required).
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if not (
+                v is None
+                and k in fields
+                and not fields[k].is_required()
+                and fields[k].get_default() is not None
+            )
+        }
+
 
 class StreamOptions(Body):
     include_usage: bool = False

@@ -90,3 +90,29 @@ def test_a_bad_serve_option_is_refused_before_the_engine_starts(capsys):
     args = parser.parse_args(["--max-request-bytes", "5"])
     assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), args) == 2
     assert "max_request_bytes" in capsys.readouterr().err
+
+
+WITHOUT_FASTAPI = """
+import sys
+sys.modules["fastapi"] = None  # as if the serve extra were not installed
+from fastpath.serve.cli import main
+try:
+    main(["serve", "random:tiny-llama", "--help"])
+except SystemExit as exit:
+    print("help exit", exit.code, flush=True)
+sys.exit(main(["serve", "random:tiny-llama"]))
+"""
+
+
+def test_without_the_serve_extra_the_command_says_what_to_install():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_FASTAPI], capture_output=True, text=True, timeout=120
+    )
+    assert "help exit 0" in done.stdout, done.stderr
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: the server needs fastapi, not installed: pip install 'fastpath-llm[serve]'"
+    ), done.stderr

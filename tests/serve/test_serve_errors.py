@@ -92,10 +92,21 @@ def test_the_openai_client_sees_a_bad_request_error(url):
     assert info.value.body["param"] == "top_p"
 
 
+@pytest.mark.parametrize("base", [COMPLETION, CHAT], ids=["completions", "chat"])
+def test_explicit_nulls_take_the_defaults_as_openai_documents(http, base):
+    route = "/v1/chat/completions" if "messages" in base else "/v1/completions"
+    nulls = dict.fromkeys(
+        ["n", "logprobs", "presence_penalty", "frequency_penalty", "stream", "temperature", "seed"]
+    )
+    response = http.post(route, json={**base, **nulls})
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 1
+
+
 def test_a_body_that_is_not_json_gets_400(http):
     r = http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400
-    assert "JSON" in r.json()["error"]["message"]
+    assert "JSON" in r.json()["error"]["message"] and r.json()["error"]["param"] is None
 
 
 def test_the_default_max_tokens_fits_under_the_limit(llm):

@@ -17,7 +17,9 @@ TOKENS = 8
 def test_64_concurrent_streams_each_get_their_solo_tokens(llm):
     prompts = [f"client {i}: the quick brown fox" for i in range(CLIENTS)]
     solo = [
-        llm.generate([p], SamplingParams(max_tokens=TOKENS, ignore_eos=True), use_tqdm=False)[0]
+        llm.generate(
+            [p], SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True), use_tqdm=False
+        )[0]
         .outputs[0]
         .token_ids
         for p in prompts
@@ -140,4 +142,7 @@ def test_metrics_count_tokens_and_latencies(llm, stream):
         route = 'fastpath_http_requests_total{route="/v1/completions",status="200"}'
         wait_until(lambda: metric(url, route) == 1, 10, "the request count")
         ttft = "fastpath_time_to_first_token_seconds_count"
-        assert metric(url, ttft) == (1 if stream else 0), "TTFT is measured on streams"
+        assert metric(url, ttft) == 1, "TTFT is measured on every request, streamed or not"
+        gaps = metric(url, "fastpath_inter_token_latency_seconds_count")
+        # Whole: the four gaps between five tokens. Streamed: a chunk may carry several tokens.
+        assert gaps == 4 if not stream else 1 <= gaps <= 4, gaps
