@@ -53,7 +53,7 @@ def engine_step_time(llm, batch: int, short: int, long: int, repeats: int, sampl
 
     g = torch.Generator().manual_seed(batch)
     prompts = [torch.randint(1000, 100000, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
-    extra = SAMPLED if sampled else {}
+    extra = SAMPLED if sampled else {"temperature": 0.0}
 
     def run(n):
         params = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i, **extra) for i in range(batch)]

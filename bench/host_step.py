@@ -49,7 +49,7 @@ def host_step_us(batch: int, repeats: int) -> float:
 
     def run(n: int) -> float:
         start = time.perf_counter()
-        llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True), use_tqdm=False)
+        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
         return time.perf_counter() - start
 
     run(4)

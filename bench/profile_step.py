@@ -113,7 +113,8 @@ def main() -> None:
     llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512,
               graph_batch_sizes=args.batch)  # fmt: skip
     llm.generate(
-        [[1000 + i for i in range(32)]] * max(args.batch), SamplingParams(max_tokens=8, ignore_eos=True)
+        [[1000 + i for i in range(32)]] * max(args.batch),
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
     )
     payload = {"copy_bandwidth": bw, "steps": {}}
     rows = []

@@ -43,7 +43,9 @@ def step_time(llm, batch: int, short=16, long=96, repeats=3) -> float:
     prompts = [[1000 + 13 * i + j for j in range(24)] for i in range(batch)]
 
     def run(n):
-        return wall(lambda: llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True)))
+        return wall(
+            lambda: llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        )
 
     run(short)
     return statistics.median((run(long) - run(short)) / (long - short) for _ in range(repeats))
@@ -68,7 +70,7 @@ def prologue_latency(batch: int, replays: int = 1000) -> dict[str, float]:
     core = llm.executor
     seqs = []
     for i in range(batch):
-        seq = Sequence(i, [1000 + i] * 200, SamplingParams(), 0, frozenset(), 512)
+        seq = Sequence(i, [1000 + i] * 200, SamplingParams(temperature=0.0), 0, frozenset(), 512)
         seq.block_table = core.allocator.allocate(13)
         seq.num_pending = 1  # its last token is still on the device, as in the overlap loop
         seqs.append(seq)

@@ -116,13 +116,15 @@ def main() -> None:
     from fastpath.runtime import LLM, SamplingParams
 
     prompts = [[5 + (i + j) % 200 for j in range(args.input_len)] for i in range(args.requests)]
-    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     blocks = args.concurrency * (-(-(args.input_len + args.output_len) // 16) + 1) + 64
     rows = []
     with LLM(args.model, device="cpu", max_batch_size=args.concurrency, max_seq_len=args.input_len +
              args.output_len + 16, kv_cache_blocks=blocks) as llm:  # fmt: skip
         stub_device(llm, args.step_us * 1e-6, args.prefill_us * 1e-6)
-        llm.generate(prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+        llm.generate(
+            prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
+        )
         for name, way in WAYS.items():
             start = time.perf_counter()
             gaps = way(llm, prompts, params, args.concurrency)

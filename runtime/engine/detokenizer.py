@@ -99,7 +99,8 @@ class IncrementalText:
         return self._find_stop(before)
 
     def finish(self) -> None:
-        """The completion ended: release a trailing partial character too."""
+        """The completion ended. A character its last tokens left unfinished is left out (as vLLM
+        does), not written as U+FFFD."""
         if self.stop_hit is None:
             before = len(self.text)
             self._release(final=True)
@@ -108,6 +109,8 @@ class IncrementalText:
     def _release(self, final: bool) -> None:
         head = self._decode(self._ids[self._prefix : self._read])
         full = self._decode(self._ids[self._prefix :])
+        if final:  # what is whole is released; an unfinished last character is not
+            full = full.rstrip("\ufffd")
         if len(full) > len(head) and (final or not full.endswith("\ufffd")):
             self.text += full[len(head) :]
             self._prefix, self._read = self._read, len(self._ids)

@@ -345,4 +345,4 @@ class ExecutorCore:
         self.release()
 
 
-_PROBE_PARAMS = SamplingParams(max_tokens=2, ignore_eos=True)
+_PROBE_PARAMS = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)

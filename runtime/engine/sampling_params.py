@@ -93,7 +93,10 @@ class SamplingParams:
             f"Completions per prompt, 1 to {MAX_N}; completion i of a seeded request uses seed + i."
         ),
     )
-    temperature: float = field(default=0.0, metadata=doc("Softmax temperature, >= 0; 0 is greedy."))
+    temperature: float = field(
+        default=1.0,
+        metadata=doc("Softmax temperature, >= 0; 0 is greedy. 1.0 by default, as in vLLM and OpenAI."),
+    )
     top_p: float = field(
         default=1.0,
         metadata=doc(

@@ -47,7 +47,7 @@ def test_a_failing_compiled_hook_names_the_manifest_line_that_declared_it(tmp_pa
     """The at_shutdown hook then fails too: it is logged, and the prologue's error is the one raised."""
     executor = _generated_executor(tmp_path, FAILING)
     llm = LLM("random:tiny-llama", max_batch_size=2, max_seq_len=64, executor_cls=executor)
-    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     with pytest.raises(HookError) as failed:
         llm.generate([[5, 6, 7]], params)
     line = _line(FAILING, "decode_prologue:")
@@ -64,7 +64,7 @@ def test_a_failing_compiled_hook_names_the_manifest_line_that_declared_it(tmp_pa
 def test_a_failing_event_hook_in_a_list_names_its_own_item_line(tmp_path):
     executor = _generated_executor(tmp_path, FAILING.replace("ExplodingPrologue", "CountingPrologue"))
     llm = LLM("random:tiny-llama", max_batch_size=2, max_seq_len=64, executor_cls=executor)
-    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     line = _line(FAILING, "- recording_hooks:exploding_event")
     with pytest.raises(HookError) as failed:
         llm.executor.shutdown()
@@ -89,4 +89,4 @@ def test_without_the_lock_a_failing_hook_still_names_itself(tmp_path):
     executor = _generated_executor(tmp_path, FAILING, lock="{not json")
     llm = LLM("random:tiny-llama", max_batch_size=2, max_seq_len=64, executor_cls=executor)
     with pytest.raises(HookError, match=r"^decode_prologue hook recording_hooks:ExplodingPrologue raised"):
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True))
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))

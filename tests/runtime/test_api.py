@@ -6,7 +6,7 @@ from fastpath.runtime import LLM, SamplingParams
 from fastpath.runtime.engine.outputs import CompletionOutput, RequestOutput
 from fastpath.runtime.engine.sampling_params import GuidedDecodingParams
 
-GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,9 @@ def test_n_completions_equal_single_requests_with_derived_seeds(llm):
 
 
 def test_a_stop_string_spanning_tokens_stops_at_its_first_character(llm):
-    free = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=30, ignore_eos=True))[0].outputs[0]
+    free = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[
+        0
+    ].outputs[0]
     tok = llm.get_tokenizer()
     # A stop string made of the tail of one token and the head of the next.
     pieces = [tok.decode([t]) for t in free.token_ids]
@@ -90,7 +92,9 @@ def test_a_stop_string_spanning_tokens_stops_at_its_first_character(llm):
     stop = pieces[k][-1] + pieces[k + 1][:1]
     cut = free.text.find(stop)
     for include in (False, True):
-        p = SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop], include_stop_str_in_output=include)
+        p = SamplingParams(
+            temperature=0.0, max_tokens=30, ignore_eos=True, stop=[stop], include_stop_str_in_output=include
+        )
         c = llm.generate([[5, 6, 7]], p)[0].outputs[0]
         assert c.finish_reason == "stop" and c.stop_reason == stop
         assert c.text == free.text[: cut + (len(stop) if include else 0)]
@@ -103,10 +107,27 @@ def test_streamed_text_splits_no_character_across_deltas(tiny_text_checkpoint):
     tok = engine.get_tokenizer()
     # A byte-level tokenizer spells an unseen character as several byte tokens.
     ids = tok("héllo wörld ✓ ünïcode", add_special_tokens=False)["input_ids"]
-    forced = SamplingParams(max_tokens=len(ids) + 16, guided={"regex": "héllo wörld ✓ ünïcode"})
+    forced = SamplingParams(
+        temperature=0.0, max_tokens=len(ids) + 16, guided={"regex": "héllo wörld ✓ ünïcode"}
+    )
     deltas = [d.outputs[0].text for d in engine.stream([[5, 6]], forced)]
     assert "".join(deltas) == "héllo wörld ✓ ünïcode"
     assert all("\ufffd" not in d for d in deltas), deltas
+    engine.close()
+
+
+def test_a_character_cut_short_by_max_tokens_is_left_out_not_replaced(tiny_text_checkpoint):
+    engine = LLM(str(tiny_text_checkpoint), device="cpu", max_model_len=96)
+    tok = engine.get_tokenizer()
+    whole = len(tok("✓", add_special_tokens=False)["input_ids"])
+    assert whole > 1, "the test needs a character spelled by several tokens"
+    forced = SamplingParams(temperature=0.0, max_tokens=whole - 1, guided={"regex": "✓✓"})
+    (out,) = engine.generate([[5, 6]], forced, use_tqdm=False)
+    assert out.outputs[0].text == "" and len(out.outputs[0].token_ids) == whole - 1
+    streamed = "".join(d.outputs[0].text for d in engine.stream([[5, 6]], forced))
+    assert streamed == ""
+    forced = SamplingParams(temperature=0.0, max_tokens=2 * whole - 1, guided={"regex": "✓✓"})
+    assert engine.generate([[5, 6]], forced, use_tqdm=False)[0].outputs[0].text == "✓"
     engine.close()
 
 
@@ -141,7 +162,7 @@ def test_prompt_logprobs_match_the_prompt_logits(llm):
     import torch
 
     ids = [5, 6, 7, 8]
-    (out,) = llm.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=2))
+    (out,) = llm.generate([ids], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=2))
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
     for j in range(1, len(ids)):
         want = torch.log_softmax(llm.prompt_logits(ids[:j]), -1)

@@ -101,7 +101,7 @@ def test_no_library_supports_raises_with_every_reason():
 )
 def test_engine_tokens_do_not_depend_on_the_library(order):
     prompts = [[5, 6, 7], list(range(3, 40))]
-    p = SamplingParams(max_tokens=12, ignore_eos=True)
+    p = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     base = LLM("random:tiny-mistral", device="cpu", max_seq_len=64, fmha_enabled=["reference"]).generate(
         prompts, p
     )

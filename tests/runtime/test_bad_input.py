@@ -15,14 +15,18 @@ def llm():
 @pytest.mark.parametrize(
     ("bad_prompt", "bad_params", "message"),
     [
-        ([], SamplingParams(), "empty prompt"),
-        (list(range(3, 70)), SamplingParams(), "leaves no room to generate: max_seq_len is 64"),
-        ([5, 512], SamplingParams(), "token id 512 is out of range [0, 512)"),
-        ([5, -1], SamplingParams(), "token id -1 is out of range"),
+        ([], SamplingParams(temperature=0.0), "empty prompt"),
+        (
+            list(range(3, 70)),
+            SamplingParams(temperature=0.0),
+            "leaves no room to generate: max_seq_len is 64",
+        ),
+        ([5, 512], SamplingParams(temperature=0.0), "token id 512 is out of range [0, 512)"),
+        ([5, -1], SamplingParams(temperature=0.0), "token id -1 is out of range"),
     ],
 )
 def test_bad_request_is_named_and_others_run(llm, bad_prompt, bad_params, message):
-    p = SamplingParams(max_tokens=8, ignore_eos=True)
+    p = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = [o.outputs[0].token_ids for o in llm.generate(GOOD, p)]
     with pytest.raises(ValueError, match="request 1: ") as info:
         llm.generate([GOOD[0], bad_prompt, GOOD[1]], [p, bad_params, p])
@@ -46,7 +50,7 @@ def test_a_text_prompt_without_a_tokenizer_fails_alone():
     llm = LLM(cfg, device="cpu", max_seq_len=64)
     assert llm.tokenizer is None
     with pytest.raises(RequestError, match="request 0: a text prompt needs a tokenizer") as info:
-        llm.generate(["text", GOOD[0]], SamplingParams(max_tokens=3))
+        llm.generate(["text", GOOD[0]], SamplingParams(temperature=0.0, max_tokens=3))
     assert len(info.value.outputs[1].outputs[0].token_ids) == 3
 
 

@@ -13,7 +13,9 @@ NEAR_TIE = 1e-4
 def _requests(n: int, vocab: int, seed: int = 0):
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, 90))] for _ in range(n)]
-    params = [SamplingParams(max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in range(n)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True) for _ in range(n)
+    ]
     return prompts, params
 
 

@@ -9,7 +9,7 @@ from fastpath.runtime.runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, PO
 
 
 def _seq(i, blocks, pending=0, prompt_len=20):
-    s = Sequence(i, list(range(10, 10 + prompt_len)), SamplingParams(), 0, frozenset(), 512)
+    s = Sequence(i, list(range(10, 10 + prompt_len)), SamplingParams(temperature=0.0), 0, frozenset(), 512)
     s.block_table = list(blocks)
     s.num_pending = pending
     return s

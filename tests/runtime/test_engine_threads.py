@@ -9,7 +9,7 @@ from fastpath.runtime import LLM, SamplingParams
 
 PROMPTS = [[5 + i, 17, 9 + 2 * i, 40 - i] for i in range(10)]
 PARAMS = [
-    SamplingParams(max_tokens=6, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
     SamplingParams(max_tokens=9, ignore_eos=True, temperature=0.8, seed=11),
     SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0, top_k=20, seed=3),
 ]
@@ -62,7 +62,7 @@ def test_eight_threads_and_streams_each_get_their_solo_outputs(llm, solo):
 
 
 def test_generate_while_a_stream_is_suspended(llm, solo):
-    stream = llm.stream([PROMPTS[0]], SamplingParams(max_tokens=30, ignore_eos=True))
+    stream = llm.stream([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
     first = next(stream)
     # The stream's request keeps running while this caller, and then another thread, generate.
     assert llm.generate([PROMPTS[1]], PARAMS[0])[0].outputs[0].token_ids == solo[(1, 0)]
@@ -72,7 +72,11 @@ def test_generate_while_a_stream_is_suspended(llm, solo):
     th.join(BOUND_S)
     assert other[0][0].outputs[0].token_ids == solo[(2, 1)]
     rest = [tok for d in stream for tok in d.outputs[0].token_ids]
-    alone = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=30, ignore_eos=True))[0].outputs[0].token_ids
+    alone = (
+        llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))[0]
+        .outputs[0]
+        .token_ids
+    )
     assert first.outputs[0].token_ids + rest == alone
 
 

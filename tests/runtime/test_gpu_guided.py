@@ -60,7 +60,9 @@ def test_greedy_guided_requests_replay_the_greedy_guided_graphs():
         finished = 0
         for schema in SCHEMAS.values():
             # Greedy on random weights may repeat a digit for ever: only finished outputs can be checked.
-            for o in llm.generate(PROMPTS, SamplingParams(max_tokens=200, guided={"json_schema": schema})):
+            for o in llm.generate(
+                PROMPTS, SamplingParams(temperature=0.0, max_tokens=200, guided={"json_schema": schema})
+            ):
                 assert o.outputs[0].finish_reason in ("stop", "length"), o.outputs[0].finish_reason
                 if o.outputs[0].finish_reason == "stop":
                     jsonschema.validate(json.loads(o.outputs[0].text), schema)
@@ -78,7 +80,7 @@ def test_outputs_are_identical_across_dispatch_modes(by_mode):
 def test_free_requests_are_undisturbed_under_graphs():
     with _llm("spin") as llm:
         free = [
-            SamplingParams(max_tokens=30, ignore_eos=True),
+            SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
             SamplingParams(max_tokens=25, temperature=0.9, seed=5),
         ]
         alone = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], free)]

@@ -11,7 +11,7 @@ from fastpath.runtime.prologues import FusedDecodePrologue
 pytestmark = pytest.mark.gpu
 
 PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
-GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 EXACT_GRAPHS = list(range(1, 9))  # a graph per batch size: replay sees the eager step's exact shapes
 
 
@@ -173,7 +173,8 @@ def test_fused_ops_match_torch_ops():
 def test_one_billion_parameter_llama_runs_with_graphs():
     llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
     out = llm.generate(
-        [list(range(100, 140)), [128000, 9906]], SamplingParams(max_tokens=20, ignore_eos=True)
+        [list(range(100, 140)), [128000, 9906]],
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
     )
     assert all(len(o.outputs[0].token_ids) == 20 for o in out)
     assert llm.executor.graphs is not None

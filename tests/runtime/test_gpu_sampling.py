@@ -25,11 +25,11 @@ BENCH = dict(
 def _mixed(n: int, max_tokens: int = 24, spread: int = 0) -> list[SamplingParams]:
     """n requests of the kinds a batch mixes; with `spread`, request i stops `spread * i` tokens later."""
     kinds = [
-        dict(),
+        dict(temperature=0.0),
         dict(temperature=0.9, seed=2),
-        dict(repetition_penalty=1.3),
+        dict(temperature=0.0, repetition_penalty=1.3),
         dict(seed=5, **BENCH),
-        dict(min_tokens=8, stop_token_ids=[5, 6, 7]),
+        dict(temperature=0.0, min_tokens=8, stop_token_ids=[5, 6, 7]),
         dict(temperature=1.1, top_p=0.9, frequency_penalty=0.4, seed=9),
         dict(temperature=0.7, min_p=0.1, presence_penalty=-0.5, seed=1, logprobs=3),
         dict(temperature=1.0, top_k=3, seed=4),
@@ -133,7 +133,7 @@ def test_a_mixed_batch_replays_one_general_graph_per_decode_step():
     _run(llm, prompts, _mixed(8, max_tokens=16))
     assert replays and set(replays) == {"general"} and not eager
     replays.clear()
-    _run(llm, prompts, [SamplingParams(max_tokens=16, ignore_eos=True)] * 8)
+    _run(llm, prompts, [SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)] * 8)
     assert set(replays) == {"greedy"}, "a greedy-only batch keeps the greedy graph"
 
 
@@ -143,7 +143,7 @@ def test_greedy_with_repetition_penalty_equals_hf_on_cuda_in_graphs(hf_checkpoin
     llm = LLM(str(path), device="cuda", dtype="float32", max_seq_len=256, max_batch_size=4,
               graph_batch_sizes=[1, 2, 4])  # fmt: skip
     prompts = [[1, 5, 9, 33, 7, 5, 9], list(range(3, 40)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
-    params = SamplingParams(max_tokens=24, ignore_eos=True, repetition_penalty=1.3)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3)
     got = _run(llm, prompts, params)
     model = hf_model(str(path), torch.float32, "cuda")
     for prompt, ours in zip(prompts, got, strict=True):

@@ -14,7 +14,7 @@ pytestmark = [
 ]
 
 PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
-GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 CUDA32 = dict(device="cuda", dtype="float32", max_seq_len=256, max_batch_size=4)
 
 

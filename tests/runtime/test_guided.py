@@ -66,7 +66,7 @@ def test_every_output_of_a_choice_is_one_of_its_strings(llm):
 
 def test_free_requests_are_undisturbed_by_guided_ones(llm):
     free = [
-        SamplingParams(max_tokens=30, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
         SamplingParams(max_tokens=25, temperature=0.9, seed=5),
     ]
     alone = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:2], free)]
@@ -78,7 +78,7 @@ def test_free_requests_are_undisturbed_by_guided_ones(llm):
 
 
 def test_a_bad_grammar_fails_its_request_alone(llm):
-    p = SamplingParams(max_tokens=10, ignore_eos=True)
+    p = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     expected = llm.generate([PROMPTS[0]], p)[0].outputs[0].token_ids
     with pytest.raises(
         RequestError, match=r"(?i)request 1: guided regex does not compile: .*unclosed"
@@ -89,10 +89,10 @@ def test_a_bad_grammar_fails_its_request_alone(llm):
 
 def test_hostile_constraints_are_their_requests_own_errors(llm):
     """Constraints that are not JSON data, or do not compile, fail alone; the engine serves on."""
-    good = SamplingParams(max_tokens=8, ignore_eos=True)
+    good = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = llm.generate([PROMPTS[0]], good)[0].outputs[0].token_ids
     hostile = [spec for spec, _ in MALFORMED if isinstance(spec, dict)] + UNCOMPILABLE
-    params = [good] + [SamplingParams(max_tokens=8, guided=spec) for spec in hostile]
+    params = [good] + [SamplingParams(temperature=0.0, max_tokens=8, guided=spec) for spec in hostile]
     outs = llm.generate([PROMPTS[0]] * len(params), params, errors="return")
     assert outs[0].outputs[0].token_ids == expected
     for spec, out in zip(hostile, outs[1:], strict=True):

@@ -14,7 +14,7 @@ PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2,
 def test_fp32_greedy_tokens_equal_hf(hf_checkpoints, arch):
     path = hf_checkpoints[arch]
     llm = LLM(str(path), device="cpu", dtype="float32", max_seq_len=256, max_batch_size=4)
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=40, ignore_eos=True))
+    outs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
     for prompt, out in zip(PROMPTS, outs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(path, prompt, 40), (
             f"{arch}: prompt of {len(prompt)} tokens"
@@ -35,7 +35,9 @@ def test_half_precision_matches_hf_until_a_near_tie(hf_checkpoints, arch, dtype)
     name = str(dtype).removeprefix("torch.")
     llm = LLM(str(path), device="cpu", dtype=name, max_seq_len=256, max_batch_size=4)
     for prompt in PROMPTS:
-        ours = llm.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True, logprobs=True))[0]
+        ours = llm.generate(
+            [prompt], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=True)
+        )[0]
         ref = hf_greedy(path, prompt, 24, dtype=dtype)
         first = hf_logits_first_step(path, prompt, dtype)
         mine = llm.prompt_logits(prompt)

@@ -118,7 +118,7 @@ def test_event_order_before_loop_once_and_shutdown():
         return original()
 
     ex.execution_stream_scope = scope
-    p = SamplingParams(max_tokens=3, ignore_eos=True)
+    p = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     llm.generate([[5, 6]], p)
     llm.generate([[7, 8]], p)
     llm.close()
@@ -146,7 +146,7 @@ def test_at_shutdown_runs_after_a_loop_error():
 
     llm.executor.launch_decode = broken
     with pytest.raises(RuntimeError, match="device fell over"):
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert [e for e, _ in rec.log][-1] == "at_shutdown"
 
 
@@ -164,11 +164,11 @@ def test_a_failing_prologue_names_itself_and_closes_the_engine_with_the_reason()
     with pytest.raises(
         HookError, match=r"decode_prologue hook .*ExplodingPrologue raised ValueError: planted"
     ):
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     with pytest.raises(
         EngineClosedError, match=r"the engine is closed: a step failed with HookError: .*planted"
     ):
-        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+        llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     with pytest.raises(EngineClosedError):
         llm.submit([5, 6, 7])
 
@@ -184,7 +184,7 @@ def test_loop_scope_is_gated_with_guided_decoding_and_logged(caplog):
 def test_retain_host_pages_and_health_check(caplog):
     assert retain_host_pages(None) is True  # this CI machine runs glibc
     llm = _llm(RuntimeHooks())
-    llm.generate([[5, 6]], SamplingParams(max_tokens=2))
+    llm.generate([[5, 6]], SamplingParams(temperature=0.0, max_tokens=2))
     report = health_check(llm.executor)
     assert report["kv_blocks_leaked"] == 0 and report["requests_stranded"] == 0
     llm.executor.allocator.allocate(2)  # a planted leak

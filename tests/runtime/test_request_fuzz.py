@@ -58,11 +58,13 @@ EXTREME = st.sampled_from(
         SamplingParams(max_tokens=4, ignore_eos=True, seed=(1 << 63) - 1, temperature=1.0, n=2),
         SamplingParams(max_tokens=4, ignore_eos=True, top_k=(1 << 31) - 1, temperature=0.7, seed=1),
         SamplingParams(max_tokens=4, ignore_eos=True, top_p=1e-50, temperature=1.0, seed=2),
-        SamplingParams(max_tokens=4, ignore_eos=True, stop_token_ids=[VOCAB - 1], logprobs=20),
-        SamplingParams(max_tokens=4, ignore_eos=True, stop=["\x00", "ü" * 50], min_tokens=2),
+        SamplingParams(
+            temperature=0.0, max_tokens=4, ignore_eos=True, stop_token_ids=[VOCAB - 1], logprobs=20
+        ),
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, stop=["\x00", "ü" * 50], min_tokens=2),
     ]
 )
-GOOD = SamplingParams(max_tokens=5, ignore_eos=True)
+GOOD = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +88,7 @@ def test_hostile_requests_fail_alone(llm, solo, kinds, bad_prompt, bad_guided, e
             params.append(GOOD)
         elif kind == "bad_guided":
             prompts.append(good)
-            params.append(SamplingParams(max_tokens=3, guided=bad_guided))
+            params.append(SamplingParams(temperature=0.0, max_tokens=3, guided=bad_guided))
         else:
             prompts.append(good)
             params.append(extreme if kind == "extreme" else GOOD)

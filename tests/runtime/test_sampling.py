@@ -37,7 +37,7 @@ def test_unseeded_requests_differ_but_the_engine_seed_reproduces():
 
 def test_top_k_one_and_tiny_top_p_are_greedy():
     llm = _llm()
-    greedy = llm.generate(PROMPTS, SamplingParams(max_tokens=10, ignore_eos=True))
+    greedy = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
     k1 = llm.generate(
         PROMPTS, SamplingParams(max_tokens=10, temperature=2.0, top_k=1, seed=3, ignore_eos=True)
     )
@@ -53,7 +53,9 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
 
 def test_logprobs_are_those_of_the_chosen_tokens():
     llm = _llm()
-    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=6, logprobs=0, ignore_eos=True))[0].outputs[0]
+    out = llm.generate(
+        [PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=6, logprobs=0, ignore_eos=True)
+    )[0].outputs[0]
     assert len(out.logprobs) == 6
     ids = list(PROMPTS[0])
     for token, position in zip(out.token_ids, out.logprobs, strict=True):
@@ -64,7 +66,10 @@ def test_logprobs_are_those_of_the_chosen_tokens():
     assert out.cumulative_logprob == pytest.approx(
         sum(p[t].logprob for t, p in zip(out.token_ids, out.logprobs, strict=True))
     )
-    assert llm.generate([PROMPTS[0]], SamplingParams(max_tokens=3))[0].outputs[0].logprobs is None
+    assert (
+        llm.generate([PROMPTS[0]], SamplingParams(temperature=0.0, max_tokens=3))[0].outputs[0].logprobs
+        is None
+    )
 
 
 def test_sampler_follows_the_distribution_with_top_k():

@@ -81,9 +81,12 @@ def hf_generate(path, prompt, n, **kw) -> list[int]:
 def test_greedy_with_repetition_penalty_equals_hf(hf_checkpoints, arch):
     path = hf_checkpoints[arch]
     llm = _llm(path)
-    plain = [token_ids(o) for o in llm.generate(PROMPTS, SamplingParams(max_tokens=24, ignore_eos=True))]
+    plain = [
+        token_ids(o)
+        for o in llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    ]
     for penalty in (1.3, 0.8):
-        params = SamplingParams(max_tokens=24, ignore_eos=True, repetition_penalty=penalty)
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, repetition_penalty=penalty)
         got = [token_ids(o) for o in llm.generate(PROMPTS, params)]
         for prompt, ours in zip(PROMPTS, got, strict=True):
             assert ours == hf_generate(path, prompt, 24, repetition_penalty=penalty), f"{arch} x{penalty}"
@@ -98,9 +101,11 @@ def test_greedy_with_min_tokens_equals_hf_min_new_tokens(hf_checkpoints, arch):
     for prompt in PROMPTS:
         plain = hf_generate(path, prompt, 20)
         stop = plain[1]  # greedy would stop at its second token
-        early = llm.generate([prompt], SamplingParams(max_tokens=20, stop_token_ids=[stop]))[0]
+        early = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop]))[
+            0
+        ]
         assert len(token_ids(early)) <= 2
-        params = SamplingParams(max_tokens=20, min_tokens=6, stop_token_ids=[stop])
+        params = SamplingParams(temperature=0.0, max_tokens=20, min_tokens=6, stop_token_ids=[stop])
         ours = token_ids(llm.generate([prompt], params)[0])
         ref = hf_generate(path, prompt, 20, min_new_tokens=6, eos_token_id=[*eos, stop])
         ref = ref[: next((i + 1 for i, t in enumerate(ref) if t in (*eos, stop)), len(ref))]
@@ -114,9 +119,9 @@ def test_top_logprobs_equal_hf_log_softmax(hf_checkpoints, arch):
     llm = _llm(path)
     recorder = TopRecorder(llm)
     params = [
-        SamplingParams(max_tokens=12, ignore_eos=True, logprobs=5),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=5),
         SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3, temperature=0.9, seed=4),
-        SamplingParams(max_tokens=12, ignore_eos=True, logprobs=1, repetition_penalty=1.5),
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1, repetition_penalty=1.5),
     ]
     outs = llm.generate(PROMPTS[:3], params)
     model = hf_model(str(path))

@@ -15,11 +15,11 @@ from fastpath.runtime.runner.penalties import PenaltyFill, PenaltySlots, Penalty
 CPU32 = dict(device="cpu", dtype="float32", max_seq_len=128, max_batch_size=3)
 PROMPTS = [list(range(3, 40)), [1, 2, 3], [9] * 20, [4, 5], [7, 8, 9, 10, 11], [30, 31] * 6]
 PARAMS = [
-    SamplingParams(max_tokens=20, ignore_eos=True, repetition_penalty=1.4),
+    SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, repetition_penalty=1.4),
     SamplingParams(max_tokens=20, temperature=0.5, top_k=40, seed=11, presence_penalty=2.0, logprobs=3),
-    SamplingParams(max_tokens=20, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
     SamplingParams(max_tokens=20, temperature=1.2, top_p=0.8, min_p=0.05, seed=3, frequency_penalty=0.7),
-    SamplingParams(max_tokens=20, min_tokens=12, stop_token_ids=[5, 6, 7, 8, 9, 10]),
+    SamplingParams(temperature=0.0, max_tokens=20, min_tokens=12, stop_token_ids=[5, 6, 7, 8, 9, 10]),
     SamplingParams(max_tokens=20, temperature=0.7, seed=5, repetition_penalty=0.7, ignore_eos=True),
 ]
 
@@ -42,10 +42,12 @@ def test_each_request_equals_its_solo_run_through_batching_chunking_preemption_a
 
 def test_greedy_rows_of_a_general_step_equal_the_greedy_fast_path_bit_for_bit():
     llm = LLM("random:tiny-llama", **CPU32)
-    greedy = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=0)
+    greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=0)
     fast = llm.generate(PROMPTS[:2], greedy)
     # The same batch, but a row asks for top-1 logprobs: every step runs the general sampler.
-    general = llm.generate(PROMPTS[:2], [greedy, SamplingParams(max_tokens=12, ignore_eos=True, logprobs=1)])
+    general = llm.generate(
+        PROMPTS[:2], [greedy, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)]
+    )
     for a, b in zip(fast, general, strict=True):
         assert token_ids(a) == token_ids(b)
         assert chosen_logprobs(a) == chosen_logprobs(b)
@@ -66,20 +68,26 @@ def _seq(params: SamplingParams, generated: int = 0) -> Sequence:
 
 
 def test_only_rows_that_need_it_leave_the_greedy_fast_path():
-    plain = [SamplingParams(), SamplingParams(logprobs=0), SamplingParams(stop_token_ids=[3])]
+    plain = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, logprobs=0),
+        SamplingParams(temperature=0.0, stop_token_ids=[3]),
+    ]
     for p in plain:
         assert not needs_general(_seq(p))
     general = [
         SamplingParams(temperature=0.5),
-        SamplingParams(repetition_penalty=1.1),
-        SamplingParams(presence_penalty=0.1),
-        SamplingParams(frequency_penalty=-0.1),
-        SamplingParams(logprobs=1),
-        SamplingParams(min_tokens=3),
+        SamplingParams(temperature=0.0, repetition_penalty=1.1),
+        SamplingParams(temperature=0.0, presence_penalty=0.1),
+        SamplingParams(temperature=0.0, frequency_penalty=-0.1),
+        SamplingParams(temperature=0.0, logprobs=1),
+        SamplingParams(temperature=0.0, min_tokens=3),
     ]
     for p in general:
         assert needs_general(_seq(p)), p
-    assert not needs_general(_seq(SamplingParams(min_tokens=3), generated=3)), "min_tokens is reached"
+    assert not needs_general(_seq(SamplingParams(temperature=0.0, min_tokens=3), generated=3)), (
+        "min_tokens is reached"
+    )
     packed = torch.zeros(4, 6, dtype=torch.int64)
     assert decode_step([_seq(p) for p in plain], packed, 4, False, False).sampling is None
     step = decode_step([_seq(plain[0]), _seq(general[1])], packed, 4, False, False)
@@ -92,7 +100,10 @@ def test_only_rows_that_need_it_leave_the_greedy_fast_path():
 def test_large_seeds_and_top_k_and_a_vanishing_top_p_sample_sensibly():
     llm = LLM("random:tiny-llama", **CPU32)
     prompts = PROMPTS[:3]
-    greedy = [token_ids(o) for o in llm.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))]
+    greedy = [
+        token_ids(o)
+        for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    ]
     tiny_p = SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, top_p=1e-50, seed=1)
     assert [token_ids(o) for o in llm.generate(prompts, tiny_p)] == greedy, "top_p ~0 keeps the top token"
     runs = {}
@@ -137,7 +148,7 @@ def test_penalty_table_fill_enters_every_token_and_clears_the_slot_first():
 
 def test_slots_are_reused_once_their_sequence_is_released():
     slots = PenaltySlots(2)
-    a, b, c = (_seq(SamplingParams(repetition_penalty=1.2)) for _ in range(3))
+    a, b, c = (_seq(SamplingParams(temperature=0.0, repetition_penalty=1.2)) for _ in range(3))
     for i, s in enumerate((a, b, c)):
         s.seq_id = i
     assert {slots.assign(a), slots.assign(b)} == {1, 2}

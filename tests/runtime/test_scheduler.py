@@ -5,7 +5,7 @@ import pytest
 from fastpath.runtime import LLM, SamplingParams
 
 PROMPTS = [list(range(3, 3 + n)) for n in (70, 5, 33, 1, 48, 12)]
-PARAMS = SamplingParams(max_tokens=20, ignore_eos=True)
+PARAMS = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
@@ -44,19 +44,23 @@ def test_stop_tokens_and_eos_end_requests():
     llm = LLM("random:tiny-qwen2", device="cpu", max_seq_len=128)
     free = llm.generate([PROMPTS[1]], PARAMS)[0].outputs[0].token_ids
     stop_at = free[5]
-    out = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=20, stop_token_ids=[stop_at]))[0]
+    out = llm.generate(
+        [PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[stop_at])
+    )[0]
     assert out.outputs[0].token_ids == free[: free.index(stop_at) + 1]
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop_at
     llm.eos_ids = frozenset({stop_at})
-    eos = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=20))[0]
+    eos = llm.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=20))[0]
     assert (
         eos.outputs[0].token_ids == free[: free.index(stop_at) + 1] and eos.outputs[0].finish_reason == "stop"
     )
-    ignored = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    ignored = llm.generate([PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))[0]
     assert ignored.outputs[0].token_ids == free and ignored.outputs[0].finish_reason == "length"
 
 
 def test_max_seq_len_ends_a_request():
     llm = LLM("random:tiny-qwen2", device="cpu", max_seq_len=32)
-    out = llm.generate([list(range(3, 23))], SamplingParams(max_tokens=50, ignore_eos=True))[0]
+    out = llm.generate([list(range(3, 23))], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))[
+        0
+    ]
     assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].finish_reason == "length"

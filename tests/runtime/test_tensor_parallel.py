@@ -13,7 +13,7 @@ from fastpath.runtime import LLM, SamplingParams
 from fastpath.runtime.model.presets import PRESETS
 
 PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
-GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 CPU32 = dict(device="cpu", dtype="float32", max_seq_len=256, max_batch_size=4)
 
 
@@ -40,10 +40,10 @@ def test_tp2_equals_tp1_through_chunking_preemption_sampling_and_an_odd_vocabula
     kw = dict(CPU32, max_num_batched_tokens=24, kv_cache_blocks=8, max_seq_len=96)
     prompts = [list(range(3, 40)), [1, 2, 3], [9] * 20, [4, 5]]
     params = [
-        SamplingParams(max_tokens=24, ignore_eos=True, logprobs=True),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=True),
         SamplingParams(max_tokens=24, temperature=0.9, top_k=40, seed=11, ignore_eos=True, logprobs=True),
         SamplingParams(max_tokens=24, temperature=1.2, top_p=0.8, seed=3, ignore_eos=True),
-        SamplingParams(max_tokens=24, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
     ]
     one = LLM(cfg, **kw)
     want = one.generate(prompts, params)
@@ -84,5 +84,5 @@ def test_torchrun_ranks_each_build_the_engine_and_rank_0_gets_the_tokens(tmp_pat
     got = json.loads(out.read_text())
     assert got["rank1_outputs"] == []
     one = LLM("random:tiny-llama", device="cpu", max_seq_len=128)
-    params = SamplingParams(max_tokens=got["max_tokens"], ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=got["max_tokens"], ignore_eos=True)
     assert got["tokens"] == _tokens(one, got["prompts"], params)

@@ -5,7 +5,9 @@ from fastpath.runtime import LLM, SamplingParams
 
 def test_text_prompts_and_outputs(tiny_text_checkpoint):
     llm = LLM(str(tiny_text_checkpoint), device="cpu", max_seq_len=128)
-    out = llm.generate(["The quick brown fox", [5, 6, 7]], SamplingParams(max_tokens=12, ignore_eos=True))
+    out = llm.generate(
+        ["The quick brown fox", [5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    )
     assert out[0].prompt_token_ids == llm.tokenizer("The quick brown fox")["input_ids"]
     assert out[0].prompt == "The quick brown fox" and out[1].prompt is None
     first = out[0].outputs[0]
@@ -19,7 +21,7 @@ def test_text_prompts_and_outputs(tiny_text_checkpoint):
 def test_stream_yields_the_generated_tokens_and_text_in_order(tiny_text_checkpoint):
     llm = LLM(str(tiny_text_checkpoint), device="cpu", max_seq_len=96, max_batch_size=2)
     prompts = [[5, 6, 7], "The quick brown fox", [9]]
-    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (5, 9, 3)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (5, 9, 3)]
     expected = {o.request_id: o.outputs[0] for o in llm.generate(prompts, params)}
     ids: dict[str, list[int]] = {}
     text: dict[str, str] = {}
@@ -42,9 +44,9 @@ def test_stream_yields_the_generated_tokens_and_text_in_order(tiny_text_checkpoi
 
 def test_stopping_a_stream_early_leaves_the_engine_usable():
     llm = LLM("random:tiny-qwen3", device="cpu", max_seq_len=96)
-    p = SamplingParams(max_tokens=8, ignore_eos=True)
+    p = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = llm.generate([[4, 5]], p)[0].outputs[0].token_ids
-    stream = llm.stream([[7, 8, 9], [1, 2]], SamplingParams(max_tokens=30, ignore_eos=True))
+    stream = llm.stream([[7, 8, 9], [1, 2]], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
     for i, _ in enumerate(stream):
         if i == 3:
             break

@@ -11,7 +11,7 @@ from fastpath.runtime.model.config import ConfigError, ModelConfig
 from fastpath.runtime.model.weights import WeightError
 
 PROMPT = [[5, 9, 13, 2, 77]]
-P = SamplingParams(max_tokens=10, ignore_eos=True)
+P = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
 
 def _copy(src, dst):

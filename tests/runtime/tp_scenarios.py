@@ -38,7 +38,7 @@ launcher.WorkerSet = RecordedWorkerSet
 
 DEVICE = os.environ.get("TP_SCENARIO_DEVICE", "cpu")
 MODEL = dict(model="random:tiny-llama", device=DEVICE, max_seq_len=128, max_batch_size=4, tp=2)
-LONG = SamplingParams(max_tokens=100, ignore_eos=True)
+LONG = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
 
 
 def after_warmup() -> LLM:

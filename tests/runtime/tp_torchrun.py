@@ -13,7 +13,7 @@ MAX_TOKENS = 24
 
 if __name__ == "__main__":
     llm = LLM("random:tiny-llama", device="cpu", max_seq_len=128, tp=2)
-    outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     llm.close()
     if dist.get_rank() == 1:
         with open(sys.argv[1] + ".rank1", "w") as f:

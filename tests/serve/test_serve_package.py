@@ -45,7 +45,9 @@ def test_a_generated_package_serves_its_manifests_model(tiny_text_checkpoint, tm
             extra_body={"return_token_ids": True, "ignore_eos": True},
         )
         assert r.usage.completion_tokens == 32, "the manifest's max_tokens is the default"
-        expected = llm.chat(messages, SamplingParams(max_tokens=32, ignore_eos=True), use_tqdm=False)[0]
+        expected = llm.chat(
+            messages, SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True), use_tqdm=False
+        )[0]
         assert r.choices[0].token_ids == expected.outputs[0].token_ids
         too_many = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 33}, timeout=30)
         assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "max_tokens"
