@@ -12,7 +12,7 @@ import tokenize
 import pytest
 import yaml
 from compile_helpers import compile_text
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from fastpath.schema import ManifestError
@@ -58,6 +58,9 @@ SENTINEL = "qzxsentinel"  # lower case, so a hostile string can still be a valid
 hostile = st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=3), min_size=1, max_size=6).map(
     lambda parts: SENTINEL + "".join(parts)
 )
+
+IDENTIFIER = r"[A-Za-z_]\w*"
+IMPORT_PATH = rf"{IDENTIFIER}(\.{IDENTIFIER})*:{IDENTIFIER}"
 
 BASE = {"schema_version": 1, "name": "hostile", "model": {"checkpoint": "random:tiny-llama"}}
 FIELDS = {
@@ -108,6 +111,7 @@ def assert_data_only(value: str, files: dict[str, str]) -> None:
 @pytest.mark.parametrize("field", sorted(FIELDS))
 @settings(max_examples=60, deadline=None)
 @given(value=hostile)
+@example(value=SENTINEL + ":A")  # a valid import path, which the hook fields accept (found by CI)
 def test_hostile_strings_are_refused_or_held_as_data(field, value):
     result = compile_or_refuse({**BASE, **FIELDS[field](value)})
     if result is None:
@@ -116,6 +120,9 @@ def test_hostile_strings_are_refused_or_held_as_data(field, value):
     for path, text in files.items():
         if path.endswith(".py"):
             compile(text, path, "exec")
+    if field in ("decode_prologue", "event"):  # an import path: dotted identifiers, a colon, an attribute
+        assert re.fullmatch(IMPORT_PATH, value, re.ASCII), f"{field} accepted {value!r}"
+        return
     if field != "checkpoint":  # only free text may hold more than an identifier
         assert re.fullmatch(r"[a-z0-9_-]+", value), f"{field} accepted {value!r}"
         return
