@@ -65,8 +65,8 @@ class HookContext:
 
 # A hook is imported as `hook_<n>`, numbered in declaration order. No name the template defines
 # or imports (Executor, ExecutorCore, Iterator, HookSites, call_hook, instantiate, _sites,
-# _decode_prologue, _after_warmup, the loop variables `index` and `hook`, builtins such as super) has that form, so no hook can
-# shadow one, and the lines that use hooks stay short whatever the hooks are called.
+# _decode_prologue, _decode_prologue_site, _after_warmup, the loop variables `index` and `hook`,
+# builtins such as super) has that form, so no hook can shadow one, and the lines that use hooks stay short whatever the hooks are called.
 HOOK_PREFIX = "hook_"
 LINE_LENGTH = 110  # pyproject.toml's [tool.ruff] line-length
 

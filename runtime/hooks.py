@@ -62,8 +62,9 @@ def hook_name(fn: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__qualname__)}"
 
 
-def _declared_at(declared: str | None) -> str:
-    return f" (declared at {declared})" if declared else ""
+def _declared_at(declared: object | None) -> str:
+    site = str(declared) if declared is not None else ""
+    return f" (declared at {site})" if site else ""
 
 
 def call_hook(fn: EventFn, event: str, executor: ExecutorCore, declared: str | None = None) -> None:
@@ -78,7 +79,7 @@ def call_hook(fn: EventFn, event: str, executor: ExecutorCore, declared: str | N
 
 
 def call_prologue(
-    prologue: DecodePrologue, executor: ExecutorCore, inputs: DecodeInputs, declared: str | None = None
+    prologue: DecodePrologue, executor: ExecutorCore, inputs: DecodeInputs, declared: object | None = None
 ) -> bool:
     """Run the decode_prologue hook; an error names the hook (the step, and with it the engine, ends)."""
     try:
@@ -168,34 +169,54 @@ def instantiate(obj: Any) -> Any:
     return obj() if isinstance(obj, type) else obj
 
 
-@dataclass(frozen=True, slots=True)
 class HookSites:
     """Where a compiled package's manifest declares each hook ("path:line"), read from its lock.
 
     Kept in the lock, not in the executor's code, so a comment added to the manifest rewrites no
-    code and keeps the package's version.
+    code and keeps the package's version. Read on first use only, which is a failing hook's message:
+    importing a package and running its steps never touch the file.
     """
 
-    sites: Mapping[str, Any]
+    __slots__ = ("_lock", "_sites")
+
+    def __init__(self, lock: Path) -> None:
+        self._lock = lock
+        self._sites: Mapping[str, Any] | None = None
 
     @classmethod
     def beside(cls, module_file: str) -> HookSites:
-        """The sites in the manifest.lock.json beside `module_file`; none when it is unreadable
-        (they only make messages better, so they never stop an import)."""
-        try:
-            lock = json.loads(Path(module_file).with_name(LOCK_FILE).read_text(encoding="utf-8"))
-            sites = lock.get("hook_sites")
-        except (OSError, ValueError, AttributeError):
-            sites = None
-        return cls(sites if isinstance(sites, dict) else {})
+        return cls(Path(module_file).with_name(LOCK_FILE))
+
+    def _read(self) -> Mapping[str, Any]:
+        if self._sites is None:
+            try:  # they only make messages better: an unreadable lock gives none
+                sites = json.loads(self._lock.read_text(encoding="utf-8")).get("hook_sites")
+            except (OSError, ValueError, AttributeError):
+                sites = None
+            self._sites = sites if isinstance(sites, dict) else {}
+        return self._sites
 
     def of(self, hook: str, index: int | None = None) -> str | None:
         """The site of decode_prologue, or of an event's index-th callable."""
+        sites = self._read()
         try:
-            site = self.sites[hook] if index is None else self.sites["executor_events"][hook][index]
+            site = sites[hook] if index is None else sites["executor_events"][hook][index]
         except (KeyError, IndexError, TypeError):
             return None
         return site if isinstance(site, str) else None
+
+    def site(self, hook: str) -> HookSite:
+        """A hook's site, looked up only when printed: cheap to pass on every step."""
+        return HookSite(self, hook)
+
+
+@dataclass(frozen=True, slots=True)
+class HookSite:
+    sites: HookSites
+    hook: str
+
+    def __str__(self) -> str:
+        return self.sites.of(self.hook) or ""
 
 
 def hooks_from_lock(plan_hooks: Mapping[str, Any]) -> RuntimeHooks:

@@ -14,6 +14,7 @@ from fastpath.runtime.prologues import FusedDecodePrologue as hook_1
 
 _sites = HookSites.beside(__file__)  # the manifest line of each hook, for its HookError
 _decode_prologue = instantiate(hook_1)
+_decode_prologue_site = _sites.site("decode_prologue")
 _after_warmup = (instantiate(hook_2),)
 _at_shutdown = (instantiate(hook_3),)
 
@@ -26,7 +27,7 @@ class Executor(ExecutorCore):
         return True  # the prologue hook does the embedding lookup
 
     def decode_prologue(self, inputs) -> None:
-        if not call_prologue(_decode_prologue, self, inputs, _sites.of("decode_prologue")):
+        if not call_prologue(_decode_prologue, self, inputs, _decode_prologue_site):
             self.native_decode_prologue(inputs)
 
     def start(self) -> None:
