@@ -17,21 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
-
-
-def _stub(llm) -> None:
-    from fastpath.runtime.runner.sampler import Sampled
-
-    def run(n: int) -> Sampled:
-        return Sampled(torch.full((n,), 7, dtype=torch.int64), torch.zeros(n))
-
-    runner = llm.executor.runner
-    runner.run_decode = lambda step, prev: run(step.num_seqs)
-    runner.run_prefill = lambda step, guided=None: run(step.logits_rows.numel())
+from stub_device import stub_runner
 
 
 def host_step_us(batch: int, repeats: int) -> float:
@@ -44,7 +32,7 @@ def host_step_us(batch: int, repeats: int) -> float:
         max_seq_len=512,
         kv_cache_blocks=batch * 16 + 64,
     )
-    _stub(llm)
+    stub_runner(llm.executor.runner)
     prompts = [[5 + i % 50] * 16 for i in range(batch)]
 
     def run(n: int) -> float:

@@ -28,22 +28,9 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
-
-
-def stub_device(llm, step_s: float, prefill_s: float) -> None:
-    from fastpath.runtime.runner.sampler import Sampled
-
-    def run(n: int, seconds: float) -> Sampled:
-        time.sleep(seconds)  # releases the GIL, as waiting for the device does
-        return Sampled(torch.full((n,), 7, dtype=torch.int64), torch.zeros(n))
-
-    runner = llm.executor.runner
-    runner.run_decode = lambda step, prev: run(step.num_seqs, step_s)
-    runner.run_prefill = lambda step, guided=None: run(step.logits_rows.numel(), prefill_s)
+from stub_device import SleepingExecutor
 
 
 def by_generate(llm, prompts, params, concurrency) -> list[float]:
@@ -99,6 +86,8 @@ def by_asyncio(llm, prompts, params, concurrency) -> list[float]:
 
 
 WAYS = {"generate": by_generate, "threads": by_threads, "asyncio": by_asyncio}
+# (engine, ways): the engine's loop beside its consumers, then in a process of its own
+RUNS = (("in process", ("generate", "threads", "asyncio")), ("engine process", ("threads", "asyncio")))
 
 
 def main() -> None:
@@ -113,31 +102,36 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     args = ap.parse_args()
     os.environ.setdefault("FASTPATH_PROGRESS", "0")
+    os.environ["FASTPATH_STUB_STEP_US"] = str(args.step_us)  # read by SleepingExecutor in the child
+    os.environ["FASTPATH_STUB_PREFILL_US"] = str(args.prefill_us)
     from fastpath.runtime import LLM, SamplingParams
 
     prompts = [[5 + (i + j) % 200 for j in range(args.input_len)] for i in range(args.requests)]
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     blocks = args.concurrency * (-(-(args.input_len + args.output_len) // 16) + 1) + 64
     rows = []
-    with LLM(args.model, device="cpu", max_batch_size=args.concurrency, max_seq_len=args.input_len +
-             args.output_len + 16, kv_cache_blocks=blocks) as llm:  # fmt: skip
-        stub_device(llm, args.step_us * 1e-6, args.prefill_us * 1e-6)
-        llm.generate(
-            prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
-        )
-        for name, way in WAYS.items():
-            start = time.perf_counter()
-            gaps = way(llm, prompts, params, args.concurrency)
-            seconds = time.perf_counter() - start
-            rows.append({
-                "way": name, "seconds": seconds, "output_tok_s": args.requests * args.output_len / seconds,
-                "itl_p50_ms": statistics.median(gaps) * 1e3 if gaps else None,
-            })  # fmt: skip
-            print(rows[-1], flush=True)
+    for engine, ways in RUNS:
+        remote = engine == "engine process"
+        with LLM(args.model, device="cpu", max_batch_size=args.concurrency, max_seq_len=args.input_len +
+                 args.output_len + 16, kv_cache_blocks=blocks, engine_process=remote,
+                 executor_cls=SleepingExecutor) as llm:  # fmt: skip
+            llm.generate(
+                prompts[:4], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
+            )
+            for name in ways:
+                start = time.perf_counter()
+                gaps = WAYS[name](llm, prompts, params, args.concurrency)
+                seconds = time.perf_counter() - start
+                rows.append({
+                    "engine": engine, "way": name, "seconds": seconds,
+                    "output_tok_s": args.requests * args.output_len / seconds,
+                    "itl_p50_ms": statistics.median(gaps) * 1e3 if gaps else None,
+                })  # fmt: skip
+                print(rows[-1], flush=True)
     ceiling = rows[0]["output_tok_s"]
-    body = [[r["way"], f"{r['output_tok_s']:.0f}", f"{r['output_tok_s'] / ceiling:.1%}",
+    body = [[r["engine"], r["way"], f"{r['output_tok_s']:.0f}", f"{r['output_tok_s'] / ceiling:.1%}",
              "-" if r["itl_p50_ms"] is None else f"{r['itl_p50_ms']:.2f}"] for r in rows]  # fmt: skip
-    text = markdown_table(["consumers", "output tok/s", "vs generate", "ITL p50 ms"], body)
+    text = markdown_table(["engine loop", "consumers", "output tok/s", "vs generate", "ITL p50 ms"], body)
     text += (f"\n\n{args.requests} requests of {args.input_len} + {args.output_len} tokens, concurrency "
              f"{args.concurrency}, a {args.step_us:.0f} µs device step as a GIL-free sleep.")  # fmt: skip
     write_outputs(args.out, "serve_host", {"env": environment(), "setup": vars(args) | {"out": str(args.out)},

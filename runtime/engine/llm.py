@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import pickle
 import threading
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
@@ -77,6 +78,9 @@ class LLM:
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}
+        if o.engine_process:
+            self._start_process(model, kwargs)
+            return
         hooks = o.hooks if o.hooks is not None else runtime_hooks_of(model)
         self._start(hooks, o.executor_cls or NativeExecutor, o.tp_timeout_s)
 
@@ -122,6 +126,32 @@ class LLM:
         self._guided = GuidedAdmission(runner.guided, self._guided_hint)
         self._ids = itertools.count()
         self._requests = itertools.count()
+
+    def _start_process(self, model: Any, kwargs: dict[str, Any]) -> None:
+        """The engine in a process of its own, built there from the same arguments (core_process.py)."""
+        from .core_client import start_engine_process
+        from .core_process import Recipe
+
+        self.parallel = None
+        self.executor = None
+        self.core = None
+        recipe = Recipe(type(self), model, {**kwargs, "engine_process": False}, logging.getLogger().level)
+        try:
+            pickle.dumps(recipe)
+        except Exception as exc:
+            raise TypeError(
+                "engine_process=True sends the engine's arguments to a new process, and one of them "
+                f"cannot be sent ({type(exc).__name__}: {exc}); hooks and executor classes must be "
+                "importable by name"
+            ) from None
+        client = start_engine_process(recipe)
+        self.core = client
+        self.config = client.info["config"]
+        self._limits = client.info["limits"]
+        self._guided = None
+        self._ids = itertools.count()
+        self._requests = itertools.count()
+        self._finalizer = weakref.finalize(self, client.close)
 
     @classmethod
     def from_lock(cls, lock: Mapping[str, Any], **overrides: Any) -> LLM:
@@ -177,14 +207,6 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         admitted = encode(prompt, self.tokenizer, self._limits)
         check_request(admitted.prompt_ids, params, self._limits)
-        guided = [None] * params.n
-        if params.guided is not None:
-            try:
-                guided = [self._guided.state(params.guided) for _ in range(params.n)]
-            except ValueError:
-                raise
-            except Exception as exc:  # a constraint a backend chokes on fails its request alone
-                raise ValueError(f"guided: {type(exc).__name__}: {exc}") from exc
         rid = request_id if request_id is not None else str(next(self._requests))
         handle = RequestHandle(
             rid,
@@ -196,12 +218,7 @@ class LLM:
             loop=loop,
             wake=wake,
         )
-        if params.prompt_logprobs is not None:
-            handle.prompt_logprobs = self.core.call(
-                lambda: prompt_logprobs(
-                    self.executor, admitted.prompt_ids, params.prompt_logprobs, self.tokenizer
-                )
-            )
+        guided = self._prepare(handle, admitted.prompt_ids, params)
         seq_ids = [next(self._ids) for _ in range(params.n)]
         derived = (self.config.seed * 1_000_003 + seq_ids[0]) & 0x7FFFFFFF
         seqs = make_sequences(
@@ -211,6 +228,39 @@ class LLM:
             handle.attach(seq)
             seq.streams = stream or bool(params.stop)
         return handle
+
+    def _prepare(self, handle: RequestHandle, prompt_ids: list[int], params: SamplingParams) -> list[Any]:
+        """What a request needs from the engine before it joins: its constraint's matcher states (one
+        per completion) and its prompt logprobs. An engine process keeps the states itself."""
+        guided: list[Any] = [None] * params.n
+        if params.guided is None and params.prompt_logprobs is None:
+            return guided
+        if self.executor is None:  # the engine runs in its own process
+            handle.engine_token, handle.prompt_logprobs = self.core.prepare(prompt_ids, params)
+            return guided
+        if params.guided is not None:
+            guided = [self._guided_state(params.guided) for _ in range(params.n)]
+        if params.prompt_logprobs is not None:
+            handle.prompt_logprobs = self.core.call(
+                lambda: prompt_logprobs(self.executor, prompt_ids, params.prompt_logprobs, self.tokenizer)
+            )
+        return guided
+
+    def _guided_state(self, guided: Any) -> Any:
+        try:
+            return self._guided.state(guided)
+        except ValueError:
+            raise
+        except Exception as exc:  # a constraint a backend chokes on fails its request alone
+            raise ValueError(f"guided: {type(exc).__name__}: {exc}") from exc
+
+    @property
+    def executor_name(self) -> str:
+        """The executor class's qualified name (in the engine process, when there is one)."""
+        if self.executor is None and self.core is not None:
+            return self.core.info["executor"]
+        cls = type(self.executor)
+        return f"{cls.__module__}.{cls.__qualname__}"
 
     def generate(
         self,
@@ -248,6 +298,8 @@ class LLM:
                 problems.append(f"request {i}: {exc}")
         if handles and not (problems and stream):
             self.core.submit(list(handles.values()))
+        elif self.executor is None and self.core is not None:
+            self.core.forget([h.engine_token for h in handles.values() if h.engine_token is not None])
         return outputs, handles, problems, wake
 
     def _raise_if_failed(self, handles) -> None:

@@ -98,6 +98,13 @@ class EngineOptions:
     executor_cls: Any = field(
         default=None, metadata=doc("The executor class; a generated package passes its own.")
     )
+    engine_process: bool = field(
+        default=False,
+        metadata=doc(
+            "Run the scheduler and the device in a process of their own (as vLLM's V1 engine core), so "
+            "the caller's Python never holds the engine's GIL; `fastpath serve` turns it on."
+        ),
+    )
 
 
 NAMES = tuple(f.name for f in fields(EngineOptions))

@@ -67,6 +67,7 @@ class RequestHandle:
         self._async_wake = asyncio.Event() if loop is not None else None
         self.error: str | None = None
         self.created: float = 0.0  # set by the engine: when it was submitted (time.monotonic)
+        self.engine_token: int | None = None  # what an engine process prepared for it (core_client.py)
 
     # --- the engine's side (its loop thread) ------------------------------------------------------
 

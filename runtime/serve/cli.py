@@ -88,6 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     e.add_argument(
         "--enforce-eager", dest="engine_enforce_eager", action="store_const", const=True, default=None
     )
+    e.add_argument(
+        "--engine-process",
+        dest="engine_engine_process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine in a process of its own, so the server's Python never holds its GIL "
+        "(default: on; --no-engine-process runs it in the server's process)",
+    )
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:

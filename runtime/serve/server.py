@@ -76,13 +76,12 @@ def serve(
 ) -> None:
     """Serve until SIGTERM or SIGINT, drain, return. The caller closes `llm`."""
     server = make_server(llm, config, model_name=model_name)
-    executor = type(getattr(llm, "executor", None))
     log.info(
-        "serving %r on http://%s:%d (OpenAI API under /v1; executor %s.%s)",
+        "serving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
         server.state.model_name,
         config.host,
         config.port,
-        executor.__module__,
-        executor.__qualname__,
+        llm.executor_name,
+        " in its own process" if llm.executor is None else "",
     )
     server.run(sockets=[sock] if sock is not None else None)

@@ -23,7 +23,10 @@ STOP_S = 30.0
 
 @contextlib.contextmanager
 def engine(checkpoint: Path, **kwargs) -> Iterator[LLM]:
-    options = dict(device="cpu", max_seq_len=512, max_batch_size=16, guided_backend="auto")
+    # The engine runs in a process of its own, as `fastpath serve` runs it.
+    options = dict(
+        device="cpu", max_seq_len=512, max_batch_size=16, guided_backend="auto", engine_process=True
+    )
     with LLM(str(checkpoint), **{**options, **kwargs}) as llm:
         yield llm
 

@@ -35,7 +35,7 @@ def test_a_manifest_gives_the_defaults_and_flags_win(tmp_path, calls, monkeypatc
     config = runtime_cli.serve_config(args)
     assert name == "acme/m"
     assert (config.port, config.max_tokens, config.api_key) == (9123, 8, "sesame")
-    assert runtime_cli.engine_kwargs(args) == {"max_batch_size": 2}
+    assert runtime_cli.engine_kwargs(args) == {"max_batch_size": 2, "engine_process": True}
 
 
 def test_a_model_is_served_under_its_own_name_with_flag_aliases(calls, monkeypatch):
@@ -46,9 +46,19 @@ def test_a_model_is_served_under_its_own_name_with_flag_aliases(calls, monkeypat
     )
     ((_, args, name),) = calls
     assert name == "random:tiny-llama"
-    assert runtime_cli.engine_kwargs(args) == {"max_batch_size": 3, "max_seq_len": 128}
+    assert runtime_cli.engine_kwargs(args) == {
+        "max_batch_size": 3,
+        "max_seq_len": 128,
+        "engine_process": True,
+    }
     config = runtime_cli.serve_config(args)
     assert config.api_key is None and config.port == 0 and config.host == "127.0.0.1"
+
+
+def test_the_engine_runs_in_the_servers_process_when_asked(calls):
+    assert main(["serve", "random:tiny-llama", "--no-engine-process"]) == 0
+    ((_, args, _),) = calls
+    assert runtime_cli.engine_kwargs(args) == {"engine_process": False}
 
 
 def test_a_bad_manifest_is_reported_with_its_line(tmp_path, capsys):

@@ -1,0 +1,256 @@
+"""The parent's side of the engine process: EngineCore's interface, with the loop in another process.
+
+With `LLM(..., engine_process=True)` the scheduler and the device run in a spawned process
+(engine/core_process.py). This object stands where EngineCore stands: `submit`, `abort`, `stats`,
+`close`. Requests keep their RequestHandles here, with sequences that mirror the engine's; a reader
+thread applies each step's message to them and wakes their consumers, so consumers cost the parent's
+GIL and never the engine's. A request that needs the engine before it can join (a grammar to
+compile, prompt logprobs) is prepared by a round trip first, so its errors are raised to its caller.
+
+When the engine process ends (a failed step, a crash, a kill), every running request fails with the
+reason and later calls raise EngineClosedError naming it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import logging
+import multiprocessing as mp
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from typing import Any
+
+from .core import EngineCore, EngineStats
+from .core_process import Recipe, engine_process_main
+from .outputs import EngineClosedError
+from .request import RequestHandle, closed_error
+from .sequence import Sequence, Status
+
+log = logging.getLogger("fastpath.engine")
+
+JOIN_S = 30.0  # how long close() waits for the engine process to stop its step and exit
+RPC_S = 60.0  # bounds a round trip (stats, prepare): the engine answers between steps
+
+
+class EngineProcessError(RuntimeError):
+    """The engine process could not start, or ended."""
+
+
+class EngineCoreClient:
+    def __init__(self, conn: Any, process: Any, info: dict[str, Any]) -> None:
+        self._conn, self.process, self.info = conn, process, info
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._seqs: dict[int, Sequence] = {}
+        self._live: set[RequestHandle] = set()
+        self._replies: dict[int, Future] = {}
+        self._tokens = itertools.count(1)
+        self._closed: str | None = None
+        self.failure: BaseException | None = None
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self._reader = threading.Thread(target=self._read, name="fastpath-engine-reader", daemon=True)
+        self._reader.start()
+        _open_clients.add(self)
+
+    @property
+    def closed_reason(self) -> str | None:
+        return self._closed
+
+    # --- requests ---------------------------------------------------------------------------------
+
+    def prepare(self, prompt_ids: list[int], params: Any) -> tuple[int, Any]:
+        """Compile the request's constraint and take its prompt logprobs in the engine: (token to pass
+        with its sequences, prompt logprobs). Raises what the engine raised (ValueError: invalid)."""
+        token = next(self._tokens)
+        return token, self._rpc("prepare", token, prompt_ids, params)
+
+    def forget(self, tokens: list[int]) -> None:
+        """Prepared requests that will not be submitted."""
+        if tokens and self._closed is None:
+            self._send(("forget", tokens))
+
+    def submit(self, handles: list[RequestHandle]) -> None:
+        now = time.monotonic()
+        items = []
+        with self._lock:
+            if self._closed is not None:
+                raise closed_error(self._closed)
+            for h in handles:
+                h.created = now
+                self._live.add(h)
+                seqs = h.sequences
+                self._seqs.update((s.seq_id, s) for s in seqs)
+                self.prompt_tokens += len(h.prompt_ids) * len(seqs)
+                members = [(s.seq_id, s.index, s.seed) for s in seqs]
+                items.append((h.engine_token, h.prompt_ids, h.params, seqs[0].streams, members))
+        self._send(("add", items))
+
+    def abort(self, seq: Sequence) -> None:
+        if not seq.finished and self._closed is None:
+            self._send(("abort", [seq.seq_id]))
+
+    def call(self, fn: Any) -> Any:
+        raise RuntimeError("the engine runs in its own process (engine_process=True): nothing runs beside it")
+
+    def stats(self) -> EngineStats:
+        return self._rpc("stats", next(self._tokens))
+
+    # --- the pipe ---------------------------------------------------------------------------------
+
+    def _send(self, message: tuple) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except (OSError, ValueError) as exc:
+            raise closed_error(self._closed or f"the engine process is unreachable ({exc})") from None
+
+    def _rpc(self, kind: str, token: int, *body: Any) -> Any:
+        future: Future = Future()
+        with self._lock:
+            if self._closed is not None:
+                raise closed_error(self._closed)
+            self._replies[token] = future
+        self._send((kind, token, *body))
+        return future.result(RPC_S)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                kind, *body = self._conn.recv()
+                if kind == "step":
+                    self._apply(body[0])
+                elif kind == "reply":
+                    self._answer(*body)
+                elif kind == "closed":
+                    self._end(*body)
+        except (EOFError, OSError):
+            pass
+        except BaseException as exc:  # a bug here must not leave callers waiting forever
+            log.exception("the engine process's reader failed")
+            self._end(f"its reader failed with {type(exc).__name__}: {exc}", None)
+            return
+        self.process.join(5)
+        self._end(f"the engine process exited with code {self.process.exitcode}", None)
+
+    def _answer(self, token: int, ok: bool, payload: Any) -> None:
+        with self._lock:
+            future = self._replies.pop(token, None)
+        if future is None:
+            return
+        if ok:
+            future.set_result(payload)
+        else:
+            future.set_exception(payload)
+
+    def _apply(self, updates: list[tuple]) -> None:
+        """One step's outputs into the mirrored sequences; their consumers are woken once."""
+        touched: set[RequestHandle] = set()
+        done = []
+        for seq_id, ids, lps, tops, first, finished, reason, stop in updates:
+            seq = self._seqs.get(seq_id)
+            if seq is None:
+                continue
+            seq.output_ids += ids
+            seq.logprobs += lps
+            seq.top_logprobs += tops
+            self.generation_tokens += len(ids)
+            if seq.first_token_at is None:
+                seq.first_token_at = first
+            if finished:
+                seq.finish_reason, seq.stop_reason, seq.status = reason, stop, Status.FINISHED
+                done.append(seq_id)
+            if seq.sink is not None:
+                seq.sink.post(("finish" if finished else "tokens", seq.index, len(seq.output_ids)))
+                touched.add(seq.sink)
+        EngineCore._wake(touched)
+        with self._lock:
+            for seq_id in done:
+                self._seqs.pop(seq_id, None)
+            for h in touched:
+                if all(s.finished for s in h.sequences):
+                    self._live.discard(h)
+
+    def _end(self, reason: str, failure: BaseException | None) -> None:
+        """The engine is gone: fail what waits on it, once."""
+        with self._lock:
+            if self._closed is None:
+                self._closed = reason
+                if failure is not None:
+                    log.error("engine process closed: %s", reason)
+            self.failure = self.failure or failure
+            live, self._live = self._live, set()
+            replies, self._replies = self._replies, {}
+            self._seqs.clear()
+        error = closed_error(self._closed)
+        for h in live:
+            if not h.finished:
+                h.fail(str(error))
+        for future in replies.values():
+            if not future.done():
+                future.set_exception(error)
+
+    def close(self, reason: str = "close() was called") -> bool:
+        """Tell the engine process to stop after its step, wait for it (JOIN_S), then end it."""
+        _open_clients.discard(self)
+        with self._lock:
+            running = self._closed is None
+        if running:
+            with contextlib.suppress(EngineClosedError):  # the process is gone already
+                self._send(("close", reason))
+        self.process.join(JOIN_S)
+        stopped = not self.process.is_alive()
+        if not stopped:
+            log.warning("the engine process did not stop within %.0f s; terminating it", JOIN_S)
+            self.process.terminate()
+            self.process.join(5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+        self._end(reason, None)
+        self._conn.close()
+        return stopped
+
+
+def start_engine_process(recipe: Recipe) -> EngineCoreClient:
+    """Spawn the engine process and wait for it to build its engine (or say why it could not)."""
+    ctx = mp.get_context("spawn")  # a fresh interpreter: CUDA and threads in this one do not carry over
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=engine_process_main, args=(child, recipe), name="fastpath-engine-core")
+    process.start()  # not a daemon: it may start tensor-parallel workers of its own
+    child.close()
+    while not parent.poll(0.5):
+        if not process.is_alive():
+            process.join()
+            parent.close()
+            raise EngineProcessError(
+                f"the engine process exited with code {process.exitcode} before it was ready"
+            )
+    try:
+        kind, payload = parent.recv()
+    except EOFError:
+        process.join(10)
+        parent.close()
+        raise EngineProcessError(
+            f"the engine process exited with code {process.exitcode} before it was ready"
+        ) from None
+    if kind == "failed":
+        process.join(JOIN_S)
+        parent.close()
+        raise payload
+    return EngineCoreClient(parent, process, payload)
+
+
+_open_clients: weakref.WeakSet[EngineCoreClient] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_clients() -> None:
+    # Registered after multiprocessing's own exit hook, so it runs first: multiprocessing would
+    # otherwise wait at exit for an engine process still waiting on this one.
+    for client in list(_open_clients):
+        client.close("the interpreter is exiting")
