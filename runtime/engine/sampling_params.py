@@ -7,6 +7,7 @@ stop ids fit a step) are checked again at admission (engine/admission.py).
 
 from __future__ import annotations
 
+import difflib
 import math
 import reprlib
 from dataclasses import dataclass, field
@@ -182,6 +183,16 @@ class SamplingParams:
         hash=False,
         compare=False,
     )
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # A misspelt keyword gets the field it was meant to be, not only the dataclass's TypeError.
+        names = cls.__dataclass_fields__
+        for key in kwargs:
+            if key not in names:
+                close = difflib.get_close_matches(key, list(names), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"SamplingParams() got an unexpected keyword argument {key!r}{hint}")
+        return object.__new__(cls)
 
     def __post_init__(self) -> None:
         self._check_sampling()

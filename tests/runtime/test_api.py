@@ -145,6 +145,15 @@ def test_chat_uses_the_template_once_with_no_double_bos(llm):
     assert len(batch) == 2 and batch[0].outputs[0].token_ids == out.outputs[0].token_ids
 
 
+def test_a_misspelt_sampling_keyword_gets_a_suggestion():
+    with pytest.raises(TypeError, match=r"argument 'temprature'; did you mean 'temperature'\?$"):
+        SamplingParams(temprature=0.5)
+    with pytest.raises(TypeError, match=r"argument 'max_new_tokens'; did you mean 'max_tokens'\?$"):
+        SamplingParams(max_new_tokens=5)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'zzz'$"):
+        SamplingParams(zzz=1)
+
+
 def test_engine_keywords_follow_vllm_and_unknown_ones_get_a_suggestion(tiny_text_checkpoint):
     with pytest.raises(
         TypeError, match=r"unexpected keyword argument 'max_model_length'; did you mean 'max_model_len'"
