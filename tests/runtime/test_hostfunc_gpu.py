@@ -36,6 +36,11 @@ def wait_until(predicate, timeout=20.0) -> bool:
 
 @pytest.fixture(autouse=True)
 def quiet_fallbacks():
+    # Earlier tests' cycles (graphs, dispatchers) are collected now, while no callback waits for
+    # the GIL: collected mid-replay, a graph's destructor syncs the device holding the GIL, which
+    # a blocking callback queued before it needs (a hang seen once on the H200).
+    gc.collect()
+    torch.cuda.synchronize()
     hostfunc._reset_fallback_warning()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", HostDispatchFallbackWarning)
