@@ -84,13 +84,13 @@ def replay_time(llm, batch: int, kind: str, replays: int = 50) -> float | None:
     return start.elapsed_time(end) / 1e3 / replays
 
 
-def hf_step_time(batch: int, short: int, long: int) -> float:
+def hf_step_time(model: str, batch: int, short: int, long: int) -> float:
     import transformers
 
     from fastpath.runtime.model.presets import resolve_random
 
     cfg = transformers.LlamaConfig(
-        **{k: v for k, v in resolve_random(MODEL).to_hf_dict().items() if k != "architectures"}
+        **{k: v for k, v in resolve_random(model).to_hf_dict().items() if k != "architectures"}
     )
     model = transformers.LlamaForCausalLM(cfg).to("cuda", torch.bfloat16).eval()
     ids = torch.randint(1000, 100000, (batch, PROMPT_LEN), device="cuda")
@@ -107,6 +107,10 @@ def hf_step_time(batch: int, short: int, long: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument(
+        "--model", default=MODEL, help="a random: preset (random:llama-8b for tensor parallelism)"
+    )
+    ap.add_argument("--name", default="decode", help="the output files' stem")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     ap.add_argument("--no-hf", action="store_true")
@@ -141,7 +145,7 @@ def main() -> None:
                 print(f"skipping tp={tp}: {torch.cuda.device_count()} CUDA devices are visible", flush=True)
                 continue
             llm = LLM(
-                MODEL,
+                args.model,
                 device="cuda",
                 dtype="bfloat16",
                 max_batch_size=max_batch,
@@ -160,6 +164,7 @@ def main() -> None:
                     row = {"engine": label, "batch": b, "step_s": step, "tp": tp, "variant": variant}
                     row |= {"sampling": sampling, "floor_step_s": rank_bytes / bw}
                     row["replay_s"] = replay_time(llm, b, "greedy" if sampling == "greedy" else "general")
+                    row["allreduce"] = llm.parallel.tp.allreduce_path if llm.parallel is not None else None
                     results["rows"].append(row)
                     print(f"{label} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
             llm.close()
@@ -182,7 +187,7 @@ def main() -> None:
     if not args.no_compile_peer:
         from compile_peer import step_time as peer_step_time
 
-        hf_dict = resolve_random(MODEL).to_hf_dict()
+        hf_dict = resolve_random(args.model).to_hf_dict()
         for b in args.batch:
             step = peer_step_time(hf_dict, b, PROMPT_LEN, short, long)
             gc.collect()
@@ -191,13 +196,13 @@ def main() -> None:
             print(f"torch.compile peer batch {b}: {step * 1e6:.0f} us/step", flush=True)
     if not args.no_hf:
         for b in args.batch:
-            step = hf_step_time(b, 4 if args.quick else 8, 16 if args.quick else 40)
+            step = hf_step_time(args.model, b, 4 if args.quick else 8, 16 if args.quick else 40)
             gc.collect()
             torch.cuda.empty_cache()
             results["rows"].append({"engine": "HF transformers generate (eager)", "batch": b, "step_s": step})
             print(f"hf batch {b}: {step * 1e6:.0f} us/step", flush=True)
     if floor_bytes is None:  # only tensor-parallel rows ran: the one-GPU floor from the parameter count
-        floor_bytes = resolve_random(MODEL).num_parameters() * 2
+        floor_bytes = resolve_random(args.model).num_parameters() * 2
     floor_step = floor_bytes / bw
     results["weight_bytes"] = floor_bytes
     results["floor_step_s"] = floor_step
@@ -251,8 +256,12 @@ def main() -> None:
                "replay µs", "wall / replay"]  # fmt: skip
     table = markdown_table(headers, rows)
     table += f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; weights {floor_bytes / 1e9:.2f} GB; {results['env']}"
-    write_outputs(args.out, "decode", results, table)
-    plot(results, args.out / "decode.png")
+    paths = sorted({r["allreduce"] for r in results["rows"] if r.get("allreduce")})
+    table += "".join(f"\n\nTensor-parallel all-reduce: {p}." for p in paths)
+    results["model"] = args.model
+    table += f"\n\nModel {args.model}."
+    write_outputs(args.out, args.name, results, table)
+    plot(results, args.out / f"{args.name}.png")
 
 
 def plot(results: dict, path: Path) -> None:

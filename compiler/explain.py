@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fastpath.vocab import allreduce_policy
+
 from .plan import Plan
 
 # plan -> {library: reasons it is unavailable here (empty: available)}, or one line saying why there is no answer
@@ -38,6 +40,8 @@ def explain(plan: Plan, availability: Availability | None = None) -> str:
     for i, name in enumerate(plan.fmha_order, 1):
         lines.append(f"    {i}. {name:<{name_width}}  {_status(report, name)}".rstrip())
     lines.append(f"  host dispatch: {plan.dispatch_mode}, {decisions['host_dispatch'].reason}")
+    if plan.tensor_parallel_size > 1:
+        lines.append(f"  all-reduce: {allreduce_policy('auto')} (LLM(tp_allreduce='nccl') for NCCL alone)")
     return "\n".join(lines) + "\n"
 
 

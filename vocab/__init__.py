@@ -67,6 +67,7 @@ RANDOM_PRESET_SPLITS: dict[str, tuple[int, int, int]] = {
     "tiny-qwen3": (4, 2, 160),
     "tiny-mistral": (4, 2, 160),
     "llama-1b": (32, 8, 8192),
+    "llama-8b": (32, 8, 14336),
 }
 
 # --- hooks ----------------------------------------------------------------------------------------
@@ -113,6 +114,32 @@ def default_graph_batch_sizes(max_batch_size: int) -> tuple[int, ...]:
 
 
 # --- tensor parallelism --------------------------------------------------------------------------
+
+# How a tensor-parallel all-reduce travels: "auto" picks by message size on CUDA (symmetric memory
+# for small messages, NCCL above), "nccl" always uses NCCL.
+TP_ALLREDUCE: tuple[str, ...] = ("auto", "nccl")
+# auto's sizes: a one-shot (every rank reads every peer's buffer over NVLink) up to the first, a
+# two-shot (reduce-scatter, then all-gather) up to the second, NCCL above.
+ALLREDUCE_ONE_SHOT_MAX_BYTES = 512 << 10
+ALLREDUCE_TWO_SHOT_MAX_BYTES = 8 << 20
+# NVLink multicast (NVLS) stays off: a shared machine must never see cuMulticastCreate. The engine
+# sets these before it creates any communicator and never sets them otherwise.
+MULTICAST_OFF_ENV: dict[str, str] = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def allreduce_policy(mode: str) -> str:
+    """The all-reduce choice in words, for --explain and the engine's log."""
+    if mode == "nccl":
+        return "NCCL for every message"
+    return (
+        f"on CUDA, symmetric-memory one-shot up to {ALLREDUCE_ONE_SHOT_MAX_BYTES >> 10} KiB and two-shot "
+        f"up to {ALLREDUCE_TWO_SHOT_MAX_BYTES >> 20} MiB (P2P loads, no NVLink multicast), NCCL above "
+        "and wherever symmetric memory cannot be set up"
+    )
 
 
 def tensor_parallel_problems(

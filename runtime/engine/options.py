@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from fastpath.vocab import LLM_INT_BOUNDS
+from fastpath.vocab import LLM_INT_BOUNDS, TP_ALLREDUCE
 
 from ..model.config import ModelConfig
 from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
@@ -89,6 +89,13 @@ class EngineOptions:
     tensor_parallel_size: int = field(
         default=1, metadata=doc("GPUs that split each layer (alias: tp), 1 to 64.")
     )
+    tp_allreduce: str = field(
+        default="auto",
+        metadata=doc(
+            "How tensor-parallel all-reduces travel: auto (symmetric memory for small messages on "
+            "CUDA, NCCL above) or nccl."
+        ),
+    )
     tp_timeout_s: float = field(
         default=300.0, metadata=doc("Bounds a rank's start-up and each device collective, in seconds.")
     )
@@ -159,6 +166,8 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
     if not (isinstance(o.gpu_memory_utilization, (int, float)) and 0 < o.gpu_memory_utilization <= 1):
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {o.gpu_memory_utilization!r}")
     graphs = False if o.enforce_eager else o.cuda_graphs
+    if o.tp_allreduce not in TP_ALLREDUCE:
+        raise ValueError(f"tp_allreduce must be one of {', '.join(TP_ALLREDUCE)}, got {o.tp_allreduce!r}")
     return EngineConfig(
         model=cfg,
         checkpoint=checkpoint,
@@ -182,4 +191,5 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         guided_backend=o.guided_backend,
         seed=seed,
         tensor_parallel_size=tp,
+        tp_allreduce=o.tp_allreduce,
     )

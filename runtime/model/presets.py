@@ -49,6 +49,24 @@ PRESETS: dict[str, ModelConfig] = {
         eos_token_ids=(128001, 128008, 128009),
         name="llama-1b",
     ),
+    # An 8B-class Llama (Llama 3.1 8B's shape), where tensor parallelism is measured.
+    "llama-8b": ModelConfig(
+        family="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192),
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+        name="llama-8b",
+    ),
 }
 
 

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from fastpath.vocab import MULTICAST_OFF_ENV
+
 from ..model.collectives import TPContext
 from ..model.sharding import tp_problems
 from ..runner.config import EngineConfig
@@ -63,6 +65,7 @@ def start_group(config: EngineConfig, hooks: Any, executor_cls: type, timeout_s:
         raise ValueError(
             f"tensor_parallel_size={world} needs {world} CUDA devices, but {torch.cuda.device_count()} are visible"
         )
+    keep_multicast_off()
     threads = share_cores(config.device, world)
     try:
         if under_torchrun():
@@ -74,6 +77,18 @@ def start_group(config: EngineConfig, hooks: Any, executor_cls: type, timeout_s:
         raise
     state.restore_threads = threads
     return state, config
+
+
+def keep_multicast_off() -> None:
+    """NVLink multicast off in this process and the workers it spawns (they inherit the environment),
+    before any communicator or symmetric memory exists: set to off where unset or set otherwise."""
+    for name, off in MULTICAST_OFF_ENV.items():
+        if os.environ.get(name) != off:
+            if name in os.environ:
+                log.warning(
+                    "%s=%s turns NVLink multicast on; the engine sets it to %s", name, os.environ[name], off
+                )
+            os.environ[name] = off
 
 
 def share_cores(device: torch.device, world: int) -> int:

@@ -36,6 +36,7 @@ class EngineConfig:
     guided_backend: str = "none"
     seed: int = 0
     tensor_parallel_size: int = 1
+    tp_allreduce: str = "auto"  # vocab.TP_ALLREDUCE
     tokenizer: Path | None = None  # None: the checkpoint's own, if it has one
 
 

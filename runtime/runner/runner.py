@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from fastpath.vocab import ALLREDUCE_TWO_SHOT_MAX_BYTES
+
 from ..attention.manager import FmhaManager
 from ..attention.metadata import AttentionConfig, AttentionMetadata
 from ..guided.decoder import GuidedDecoder
@@ -65,6 +67,11 @@ class ModelRunner:
             config.fused_kernels,
             tp=parallel.tp if parallel is not None else SINGLE,
         )
+        if parallel is not None:  # collective, before the cache takes what memory is left
+            path = parallel.tp.setup_allreduce(
+                config.tp_allreduce, config.device, config.dtype, self._allreduce_bytes()
+            )
+            log.info("tensor-parallel all-reduce: %s", path)
         local = local_config(
             config.model, self.model.part
         )  # this rank's heads: the cache and attention see these
@@ -94,6 +101,13 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         for line in self.fmha.explain():
             log.info("fmha %s", line)
+
+    def _allreduce_bytes(self) -> int:
+        """The largest message symmetric memory takes: a prefill chunk's hidden states, within the cap."""
+        c = self.config
+        rows = max(c.max_batch_size, c.max_num_batched_tokens)
+        elem = torch.empty((), dtype=c.dtype).element_size()
+        return min(ALLREDUCE_TWO_SHOT_MAX_BYTES, rows * c.model.hidden_size * elem)
 
     def _size_cache(self, local, parallel) -> CacheSizing:
         c = self.config

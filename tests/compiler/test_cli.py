@@ -131,6 +131,16 @@ def test_explain_says_so_when_the_runtime_cannot_answer():
     assert "    1. flex_attention\n" in text
 
 
+def test_explain_names_the_all_reduce_path_under_tensor_parallelism():
+    unavailable = lambda plan: "not asked"  # noqa: E731
+    one, _ = compile_text(ALL_HOOKS)
+    assert "all-reduce" not in explain(one, availability=unavailable)
+    two, _ = compile_text(ALL_HOOKS + "runtime: {tensor_parallel_size: 2, device: cuda}\n")
+    text = explain(two, availability=unavailable)
+    assert "all-reduce: on CUDA, symmetric-memory one-shot up to 512 KiB and two-shot up to 8 MiB" in text
+    assert "NCCL above" in text and "tp_allreduce='nccl'" in text
+
+
 def test_bin_compile_says_when_it_runs_under_the_checkouts_venv(tmp_path):
     # bin/compile's shebang is the system python3; without fastpath there, it re-runs with .venv's, aloud.
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}

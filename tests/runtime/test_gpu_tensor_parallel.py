@@ -71,3 +71,28 @@ def test_after_warmup_failure_on_cuda_rank_1_stops_every_rank():
         "start-up failed on rank 1: executor_events.after_warmup hook tp_hooks:fail_on_rank_1"
         in report["message"]
     )
+
+
+@pytest.mark.parametrize("mode", ["auto", "nccl"])
+def test_tp2_gives_the_tp1_tokens_on_each_all_reduce_path(hf_checkpoints, mode):
+    """auto: the decode graphs' all-reduces travel through symmetric memory; nccl: the fallback."""
+    path = str(hf_checkpoints["llama"])
+    with LLM(path, **CUDA32, tp=2, tp_allreduce=mode) as llm:
+        fast = llm.parallel.tp.fast is not None
+        assert fast == (mode == "auto"), llm.parallel.tp.allreduce_path
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert got == _tokens(path)
+
+
+def test_tp2_two_shot_prefill_chunks_give_the_tp1_tokens():
+    """Hidden 256 in fp32: a 1500-token prefill chunk is 1.5 MiB, past the one-shot's 512 KiB."""
+    from fastpath.runtime.model.presets import PRESETS
+
+    cfg = PRESETS["tiny-llama"].replace(hidden_size=256, head_dim=64, random_seed=3)
+    prompts = [list(range(3, 1503)), [5, 6, 7]]
+    kw = dict(device="cuda", dtype="float32", max_seq_len=2048, max_batch_size=4)
+    with LLM(cfg, **kw) as one:
+        want = [o.outputs[0].token_ids for o in one.generate(prompts, GREEDY)]
+    with LLM(cfg, tp=2, **kw) as two:
+        assert two.parallel.tp.fast is not None and two.parallel.tp.fast.max_bytes > 512 << 10
+        assert [o.outputs[0].token_ids for o in two.generate(prompts, GREEDY)] == want

@@ -86,3 +86,32 @@ def test_torchrun_ranks_each_build_the_engine_and_rank_0_gets_the_tokens(tmp_pat
     one = LLM("random:tiny-llama", device="cpu", max_seq_len=128)
     params = SamplingParams(temperature=0.0, max_tokens=got["max_tokens"], ignore_eos=True)
     assert got["tokens"] == _tokens(one, got["prompts"], params)
+
+
+def test_tp4_on_gloo_equals_tp1():
+    """Any power of two: four ranks, with the KV heads (2) replicated across them."""
+    kw = dict(CPU32, max_seq_len=96)
+    prompts, params = PROMPTS[:3], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    want = _tokens(LLM("random:tiny-llama", **kw), prompts, params)
+    with LLM("random:tiny-llama", tp=4, **kw) as llm:
+        assert llm.parallel.world == 4 and llm.parallel.tp.allreduce_path == "gloo (CPU)"
+        assert _tokens(llm, prompts, params) == want
+
+
+def test_nvlink_multicast_is_turned_off_and_never_on(monkeypatch):
+    from fastpath.vocab import MULTICAST_OFF_ENV
+
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "1")  # someone turned it on: the engine turns it off
+    monkeypatch.delenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", raising=False)
+    monkeypatch.setenv("NVSHMEM_DISABLE_NVLS", "1")
+    with LLM("random:tiny-llama", tp=2, **CPU32):
+        assert {k: os.environ.get(k) for k in MULTICAST_OFF_ENV} == MULTICAST_OFF_ENV
+    assert {k: os.environ.get(k) for k in MULTICAST_OFF_ENV} == MULTICAST_OFF_ENV
+    assert MULTICAST_OFF_ENV == {
+        "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"
+    }  # fmt: skip
+
+
+def test_an_unknown_all_reduce_path_is_refused():
+    with pytest.raises(ValueError, match="tp_allreduce must be one of auto, nccl, got 'nvls'"):
+        LLM("random:tiny-llama", device="cpu", tp=2, tp_allreduce="nvls")
