@@ -15,6 +15,7 @@ rank agrees on the outcome before any rank uses it; otherwise all stay on NCCL.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import torch
@@ -31,6 +32,11 @@ class SymmAllReduce:
 
         self.dtype, self.max_bytes = dtype, max_bytes
         self.group_name = group.group_name
+        enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+        if enable is not None:  # needed before torch 2.9 or so; later a deprecated no-op
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                enable(group.group_name)
         numel = max_bytes // torch.empty((), dtype=dtype).element_size()
         self.buffers = [symm_mem.empty(numel, dtype=dtype, device=device) for _ in range(2)]
         for buf in self.buffers:
