@@ -73,19 +73,34 @@ class SymmAllReduce:
         return x
 
 
+# Group names whose symmetric memory this process set up. torch keys that state by group name, and a
+# later engine's group in this process can get the same name (names restart when the default group
+# is destroyed), so only the first engine's group takes the fast path; later ones stay on NCCL.
+_set_up: set[str] = set()
+
+
 def setup(group: Any, rank: int, device: torch.device, dtype: torch.dtype, max_bytes: int):
-    """(a checked SymmAllReduce that every rank agreed to use, "") or (None, why not). Collective."""
+    """(a checked SymmAllReduce that every rank agreed to use, "") or (None, why not). Collective:
+    the ranks agree that all may try before any allocates, and that all succeeded before any uses it."""
+    if not _agree(group, device, group.group_name not in _set_up):
+        return None, f"an earlier engine in this process used symmetric memory for group {group.group_name}"
     fast, why = None, ""
     try:
         fast = SymmAllReduce(group, device, dtype, max_bytes)
         why = _check(fast, group, rank, device)
     except Exception as exc:  # no P2P, no symmetric memory in this torch, ...
         why = f"symmetric memory is unavailable here ({type(exc).__name__}: {exc})"
-    ok = torch.tensor([0 if why else 1], dtype=torch.int32, device=device)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-    if ok.item() != 1:
+    _set_up.add(group.group_name)
+    if not _agree(group, device, not why):
         return None, why or "another rank could not set up symmetric memory"
     return fast, ""
+
+
+def _agree(group: Any, device: torch.device, mine: bool) -> bool:
+    """True when every rank says True (an NCCL all-reduce of one flag)."""
+    flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return flag.item() == 1
 
 
 def _check(fast: SymmAllReduce, group: Any, rank: int, device: torch.device) -> str:
