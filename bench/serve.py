@@ -9,8 +9,9 @@ length, `ignore_eos` and a fixed `max_tokens`, so every request makes the same w
 - offline: an in-process LLM; at concurrency c, c threads each submit one request at a time through
   the engine API (`LLM.submit`, no HTTP), so c requests are always in flight; plus one `generate`
   of all the requests at once, the engine's own ceiling.
-- server: `python -m fastpath.serve` in a subprocess, driven by an asyncio client over loopback that
-  keeps c streaming requests in flight (vLLM's benchmark_serving with --max-concurrency c).
+- server: `python -m fastpath.serve` in a subprocess, driven over loopback by asyncio clients that
+  keep c streaming requests in flight (vLLM's benchmark_serving with --max-concurrency c), spread
+  over `--client-processes` processes so the clients' own Python is not what is measured.
 
 Reported per row, as vLLM's benchmark reports them: output throughput, time to first token and
 inter-token latency (p50, p99; a chunk of k tokens counts as k gaps of its interval / k). The
@@ -250,6 +251,40 @@ def run_offline(args, prompts: list[list[int]]) -> list[dict]:
     return rows
 
 
+def _drive_part(url: str, prompts: list[list[int]], output_len: int, concurrency: int, start_at: float):
+    """One client process's share, started at a wall-clock instant common to all of them."""
+    time.sleep(max(0.0, start_at - time.time()))
+    start = time.time()
+    timings, _ = asyncio.run(drive(url, prompts, output_len, concurrency))
+    return timings, start, time.time()
+
+
+def _ready(_: int) -> None:
+    pass
+
+
+def drive_from_processes(
+    url: str, prompts: list[list[int]], output_len: int, concurrency: int, processes: int
+):
+    """c streams spread over client processes: one Python client parsing every stream's events
+    would measure itself (a 1B model at 1 ms a step sends tens of thousands of events a second)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    n = max(1, min(processes, concurrency))
+    if n == 1:
+        return asyncio.run(drive(url, prompts, output_len, concurrency))
+    shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
+    parts = [prompts[i::n] for i in range(n)]
+    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as pool:
+        list(pool.map(_ready, range(4 * n)))  # every process started and imported before the clock
+        start_at = time.time() + 0.5
+        futures = [pool.submit(_drive_part, url, parts[i], output_len, shares[i], start_at) for i in range(n)]
+        results = [f.result() for f in futures]
+    seconds = max(end for *_, end in results) - min(start for _, start, _ in results)
+    return [t for timings, *_ in results for t in timings], seconds
+
+
 def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
     port = free_port()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -259,7 +294,7 @@ def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
     try:
         asyncio.run(drive(url, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency)))
         for c in args.concurrency:
-            timings, seconds = asyncio.run(drive(url, prompts, args.output_len, c))
+            timings, seconds = drive_from_processes(url, prompts, args.output_len, c, args.client_processes)
             rows.append(summarize("server (HTTP, streamed)", c, timings, seconds))
             print(rows[-1], flush=True)
     finally:
@@ -292,6 +327,9 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--start-timeout", type=float, default=600)
+    ap.add_argument(
+        "--client-processes", type=int, default=4, help="processes the HTTP clients are spread over"
+    )
     ap.add_argument(
         "--quick", action="store_true", help="a tiny random model on the CPU: the bench's smoke test"
     )
