@@ -202,8 +202,7 @@ class EngineCoreClient:
         if running:
             with contextlib.suppress(EngineClosedError):  # the process is gone already
                 self._send(("close", reason))
-        self.process.join(JOIN_S)
-        stopped = not self.process.is_alive()
+        stopped = _wait_for_exit(self.process, JOIN_S)
         if not stopped:
             log.warning("the engine process did not stop within %.0f s; terminating it", JOIN_S)
             self.process.terminate()
@@ -214,6 +213,18 @@ class EngineCoreClient:
         self._end(reason, None)
         self._conn.close()
         return stopped
+
+
+def _wait_for_exit(process: Any, timeout: float) -> bool:
+    """Whether the process exited within `timeout`. Polled: its sentinel can turn readable a moment
+    before the exit is reapable (seen as join() returning early with the process still alive)."""
+    deadline = time.monotonic() + timeout
+    while process.is_alive():
+        if time.monotonic() > deadline:
+            return False
+        process.join(0.05)
+        time.sleep(0.005)  # join returns at once while the sentinel is ready and the exit is not
+    return True
 
 
 def start_engine_process(recipe: Recipe) -> EngineCoreClient:
