@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""What serving costs the host per output token, without a GPU: CPU time of the API process (HTTP,
+SSE, outputs) and of the engine process, per token streamed at concurrency c.
+
+    python bench/serve_cpu.py [--out DIR] [--concurrency 64] [--requests 256] [--step-us 1000]
+
+The server is the real one (uvicorn, the OpenAI routes, the engine in its own process), but its
+device is bench/stub_device.py's: every step sleeps `--step-us` without the GIL and returns token 7.
+Clients run in `--client-processes` processes (bench/serve.py's). At a 1 ms step and 64 streams the
+API process must turn 64,000 tokens a second into SSE; its CPU µs per token says how far one
+process is from that, whatever machine runs the bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, markdown_table, write_outputs
+
+from serve import drive_from_processes, free_port, make_prompts, summarize
+
+SERVER = """
+import sys
+sys.path.insert(0, {bench!r})
+from stub_device import SleepingExecutor
+from fastpath.runtime import LLM
+from fastpath.runtime.serve.cli import configure_logging
+from fastpath.runtime.serve.config import ServeConfig
+from fastpath.runtime.serve.server import serve
+
+if __name__ == "__main__":
+    configure_logging("warning")
+    with LLM({model!r}, device="cpu", max_batch_size={batch}, max_seq_len={seq}, kv_cache_blocks={blocks},
+             engine_process={remote}, executor_cls=SleepingExecutor) as llm:
+        serve(llm, ServeConfig(port={port}, access_log=False))
+"""
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def run(args, remote: bool) -> dict:
+    port = free_port()
+    blocks = args.concurrency * (-(-(args.input_len + args.output_len) // 16) + 1) + 64
+    script = SERVER.format(bench=str(Path(__file__).resolve().parent), model=args.model, batch=args.concurrency,
+                           seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port)  # fmt: skip
+    env = {**os.environ, "FASTPATH_STUB_STEP_US": str(args.step_us), "FASTPATH_STUB_PREFILL_US": "0"}
+    server = subprocess.Popen([sys.executable, "-c", script], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.2)
+        prompts = make_prompts(args.requests, args.input_len, vocab=500)
+        drive_from_processes(
+            url, prompts[: args.concurrency], args.output_len, args.concurrency, args.client_processes
+        )
+        api = psutil.Process(server.pid)
+        engines = [p for p in api.children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
+        before = (cpu_seconds(api), sum(cpu_seconds(p) for p in engines))
+        timings, seconds = drive_from_processes(
+            url, prompts, args.output_len, args.concurrency, args.client_processes
+        )
+        after = (cpu_seconds(api), sum(cpu_seconds(p) for p in engines))
+    finally:
+        server.terminate()
+        server.wait(60)
+    row = summarize("engine process" if remote else "in process", args.concurrency, timings, seconds)
+    tokens = row["output_tokens"]
+    row["api_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
+    row["engine_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6 if remote else None
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--model", default="random:tiny-llama", help="its tokenizer is used; its weights are not")
+    ap.add_argument("--step-us", type=float, default=1000.0)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--client-processes", type=int, default=2)
+    args = ap.parse_args()
+    os.environ.setdefault("FASTPATH_PROGRESS", "0")
+    rows = [run(args, remote) for remote in (False, True)]
+    for r in rows:
+        print(r, flush=True)
+    body = [[r["mode"], f"{r['output_tok_s']:.0f}", f"{r['ttft_p50_ms']:.1f}", f"{r['itl_p50_ms']:.2f}",
+             f"{r['api_cpu_us_per_token']:.1f}",
+             "-" if r["engine_cpu_us_per_token"] is None else f"{r['engine_cpu_us_per_token']:.1f}"]
+            for r in rows]  # fmt: skip
+    text = markdown_table(
+        ["engine loop", "output tok/s", "TTFT p50 ms", "ITL p50 ms", "API process CPU µs/token",
+         "engine process CPU µs/token"], body,
+    )  # fmt: skip
+    text += (f"\n\n{args.requests} streamed requests of {args.input_len} + {args.output_len} tokens at concurrency "
+             f"{args.concurrency}, a {args.step_us:.0f} µs stub device step, clients in {args.client_processes} "
+             f"processes; {os.cpu_count()} CPU cores.")  # fmt: skip
+    write_outputs(args.out, "serve_cpu", {"env": environment(), "setup": vars(args) | {"out": str(args.out)},
+                                         "rows": rows}, text)  # fmt: skip
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
