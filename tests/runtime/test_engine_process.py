@@ -151,3 +151,13 @@ def test_close_ends_running_requests_and_the_process():
     assert out.finished and (out.error is not None or out.outputs[0].finish_reason is not None)
     with pytest.raises(EngineClosedError):
         llm.submit([5], SamplingParams(max_tokens=2))
+
+
+def test_tensor_parallel_ranks_run_under_the_engine_process():
+    """The engine process is not a daemon, so it can start its own tensor-parallel workers."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    kw = dict(device="cpu", dtype="float32", max_seq_len=64)
+    with LLM("random:tiny-llama", **kw) as one:
+        want = [o.outputs[0].token_ids for o in one.generate(PROMPTS[2:], params, use_tqdm=False)]
+    with LLM("random:tiny-llama", **kw, tp=2, engine_process=True) as llm:
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[2:], params, use_tqdm=False)] == want
