@@ -14,19 +14,19 @@ reason and later calls raise EngineClosedError naming it.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import queue
 import threading
 import time
 import weakref
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .core import EngineCore, EngineStats
 from .core_process import Recipe, engine_process_main
-from .outputs import EngineClosedError
 from .request import RequestHandle, closed_error
 from .sequence import Sequence, Status
 
@@ -44,7 +44,6 @@ class EngineCoreClient:
     def __init__(self, conn: Any, process: Any, info: dict[str, Any]) -> None:
         self._conn, self.process, self.info = conn, process, info
         self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
         self._seqs: dict[int, Sequence] = {}
         self._live: set[RequestHandle] = set()
         self._replies: dict[int, Future] = {}
@@ -53,6 +52,11 @@ class EngineCoreClient:
         self.failure: BaseException | None = None
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        # Sends go through a thread of their own: a caller (the server's event loop aborting a
+        # request) never waits on a pipe the engine process is slow to drain.
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender = threading.Thread(target=self._write, name="fastpath-engine-sender", daemon=True)
+        self._sender.start()
         self._reader = threading.Thread(target=self._read, name="fastpath-engine-reader", daemon=True)
         self._reader.start()
         _open_clients.add(self)
@@ -72,7 +76,7 @@ class EngineCoreClient:
     def forget(self, tokens: list[int]) -> None:
         """Prepared requests that will not be submitted."""
         if tokens and self._closed is None:
-            self._send(("forget", tokens))
+            self._outbox.put(("forget", tokens))
 
     def submit(self, handles: list[RequestHandle]) -> None:
         now = time.monotonic()
@@ -91,8 +95,9 @@ class EngineCoreClient:
         self._send(("add", items))
 
     def abort(self, seq: Sequence) -> None:
+        """Never raises and never blocks: an engine that is gone has ended the sequence already."""
         if not seq.finished and self._closed is None:
-            self._send(("abort", [seq.seq_id]))
+            self._outbox.put(("abort", [seq.seq_id]))
 
     def call(self, fn: Any) -> Any:
         raise RuntimeError("the engine runs in its own process (engine_process=True): nothing runs beside it")
@@ -103,11 +108,16 @@ class EngineCoreClient:
     # --- the pipe ---------------------------------------------------------------------------------
 
     def _send(self, message: tuple) -> None:
-        try:
-            with self._send_lock:
+        if self._closed is not None:
+            raise closed_error(self._closed)
+        self._outbox.put(message)
+
+    def _write(self) -> None:
+        while (message := self._outbox.get()) is not None:
+            try:
                 self._conn.send(message)
-        except (OSError, ValueError) as exc:
-            raise closed_error(self._closed or f"the engine process is unreachable ({exc})") from None
+            except (OSError, ValueError):  # the process is gone: the reader reports why
+                return
 
     def _rpc(self, kind: str, token: int, *body: Any) -> Any:
         future: Future = Future()
@@ -116,7 +126,14 @@ class EngineCoreClient:
                 raise closed_error(self._closed)
             self._replies[token] = future
         self._send((kind, token, *body))
-        return future.result(RPC_S)
+        try:
+            return future.result(RPC_S)
+        except FutureTimeout:
+            with self._lock:
+                self._replies.pop(token, None)
+            if kind == "prepare":
+                self.forget([token])
+            raise TimeoutError(f"the engine process did not answer {kind} within {RPC_S:.0f} s") from None
 
     def _read(self) -> None:
         try:
@@ -197,19 +214,15 @@ class EngineCoreClient:
     def close(self, reason: str = "close() was called") -> bool:
         """Tell the engine process to stop after its step, wait for it (JOIN_S), then end it."""
         _open_clients.discard(self)
-        with self._lock:
-            running = self._closed is None
-        if running:
-            with contextlib.suppress(EngineClosedError):  # the process is gone already
-                self._send(("close", reason))
+        # Told even when its engine has failed: its main thread still waits for the parent's word.
+        self._outbox.put(("close", reason))
+        self._outbox.put(None)
+        self._sender.join(JOIN_S)
         stopped = _wait_for_exit(self.process, JOIN_S)
         if not stopped:
-            log.warning("the engine process did not stop within %.0f s; terminating it", JOIN_S)
-            self.process.terminate()
+            log.warning("the engine process did not stop within %.0f s; killing it", JOIN_S)
+            self.process.kill()  # it ignores SIGTERM: signals are the parent's to act on
             self.process.join(5)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(5)
         self._end(reason, None)
         self._conn.close()
         return stopped
@@ -234,26 +247,33 @@ def start_engine_process(recipe: Recipe) -> EngineCoreClient:
     process = ctx.Process(target=engine_process_main, args=(child, recipe), name="fastpath-engine-core")
     process.start()  # not a daemon: it may start tensor-parallel workers of its own
     child.close()
+    try:
+        kind, payload = _await_ready(parent, process)
+    except BaseException:  # Ctrl-C during a long load, too: the child must not outlive this
+        parent.close()
+        process.kill()
+        process.join(5)
+        raise
+    if kind == "failed":
+        _wait_for_exit(process, JOIN_S)
+        parent.close()
+        raise payload
+    return EngineCoreClient(parent, process, payload)
+
+
+def _await_ready(parent: Any, process: Any) -> tuple[str, Any]:
     while not parent.poll(0.5):
         if not process.is_alive():
-            process.join()
-            parent.close()
             raise EngineProcessError(
                 f"the engine process exited with code {process.exitcode} before it was ready"
             )
     try:
-        kind, payload = parent.recv()
+        return parent.recv()
     except EOFError:
         process.join(10)
-        parent.close()
         raise EngineProcessError(
             f"the engine process exited with code {process.exitcode} before it was ready"
         ) from None
-    if kind == "failed":
-        process.join(JOIN_S)
-        parent.close()
-        raise payload
-    return EngineCoreClient(parent, process, payload)
 
 
 _open_clients: weakref.WeakSet[EngineCoreClient] = weakref.WeakSet()

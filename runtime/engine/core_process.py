@@ -7,8 +7,8 @@ thread reads the parent's messages (add, abort, prepare, stats, close) and answe
 thread does the pickling and writing, so a parent that falls behind never stalls a step.
 
 The parent holds everything a consumer costs: detokenizing, stop strings, HTTP. Signals are the
-parent's to act on: this process ignores SIGINT and SIGTERM, and leaves when the parent says so or
-its pipe closes.
+parent's to act on: this process lets SIGINT and SIGTERM pass, and leaves when the parent says so
+or its pipe closes.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ class PublishingCore(EngineCore):
 
     def _fail_pending(self, error: Exception) -> None:
         failure = portable_error(self.failure) if self.failure is not None else None
-        self._publish(("closed", str(error), failure))
+        self._publish(("closed", self._closed or str(error), failure))  # the reason; the parent words it
         super()._fail_pending(error)
 
 
@@ -216,8 +216,10 @@ class ParentLink:
 
 def engine_process_main(conn: Any, recipe: Recipe) -> None:
     """The child's entry point (spawned by core_client.start_engine_process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Handled, not ignored: an ignored signal stays ignored in the tensor-parallel workers this
+    # process starts, and their supervisor stops them with SIGTERM.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _parents_to_act_on)
     logging.basicConfig(level=recipe.log_level, format="%(levelname)s %(name)s: %(message)s")
     publisher = Publisher(conn)
     try:
@@ -245,6 +247,10 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
         core.close(reason)
         llm.close()
         publisher.close()
+
+
+def _parents_to_act_on(signum: int, frame: Any) -> None:
+    """Ctrl-C reaches the whole process group; the parent drains and then says close."""
 
 
 def _peer_errors(llm: Any) -> contextlib.AbstractContextManager:

@@ -55,20 +55,21 @@ class TPContext:
             return x
         fast = self.fast
         if fast is not None and fast.takes(x):
+            if x.numel() * x.element_size() <= ALLREDUCE_ONE_SHOT_MAX_BYTES:
+                return fast(x)
             try:
                 return fast(x)
-            except RuntimeError as exc:  # a shape the kernel refuses: every rank refuses it alike
-                self._demote(fast, x, exc)
+            except RuntimeError as exc:
+                # A shape the two-shot refuses is refused on every rank alike (shapes are the same
+                # everywhere); memory and device errors are one rank's, and must not split the ranks.
+                if isinstance(exc, torch.OutOfMemoryError) or type(exc).__name__ == "AcceleratorError":
+                    raise
+                fast.two_shot = False
+                log.warning(
+                    "two-shot all-reduce refused %s (%s): NCCL takes those messages", tuple(x.shape), exc
+                )
         dist.all_reduce(x, group=self.group)
         return x
-
-    def _demote(self, fast: Any, x: torch.Tensor, exc: Exception) -> None:
-        if x.numel() * x.element_size() > ALLREDUCE_ONE_SHOT_MAX_BYTES:
-            fast.two_shot = False
-            log.warning("two-shot all-reduce refused %s (%s): NCCL takes those messages", tuple(x.shape), exc)
-        else:
-            self.fast = None
-            log.warning("one-shot all-reduce refused %s (%s): NCCL takes every message", tuple(x.shape), exc)
 
     def gather_columns(self, x: torch.Tensor, total: int) -> torch.Tensor:
         """[T, C] per rank -> [T, total]: each rank's columns side by side, padding past `total` dropped."""

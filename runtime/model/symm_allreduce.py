@@ -5,8 +5,11 @@ Every rank copies its partial sum into a buffer that every peer can read over NV
 no multicast), then one kernel sums them: a one-shot for small messages (each rank reads all
 peers), a two-shot for larger ones (reduce-scatter, then all-gather). Both are captured in the
 decode graphs like any kernel. Two buffers alternate, so a rank that runs ahead never overwrites a
-buffer a slower peer is still reading: a one-shot's barrier sits at its start, and the next use of
-the same buffer is one all-reduce, hence one barrier, later.
+buffer a slower peer is still reading: a one-shot's barrier sits at its start, and within a forward
+the next use of the same buffer is one all-reduce, hence one barrier, later. Across forwards (a
+graph replayed twice, eager steps between replays) the choice fixed at capture can repeat a buffer
+back to back; that stays safe because every forward ends with the logits' NCCL all-gather, which no
+rank leaves before every rank has finished reading.
 
 Setting up is collective (every rank, same order). It checks itself against NCCL once, and every
 rank agrees on the outcome before any rank uses it; otherwise all stay on NCCL.
@@ -27,24 +30,30 @@ log = logging.getLogger("fastpath.parallel")
 
 
 class SymmAllReduce:
-    def __init__(self, group: Any, device: torch.device, dtype: torch.dtype, max_bytes: int) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype, max_bytes: int) -> None:
+        """Allocates the two buffers; `rendezvous` (collective) makes them visible to the peers."""
         import torch.distributed._symmetric_memory as symm_mem
 
         self.dtype, self.max_bytes = dtype, max_bytes
-        self.group_name = group.group_name
+        numel = max_bytes // torch.empty((), dtype=dtype).element_size()
+        self.buffers = [symm_mem.empty(numel, dtype=dtype, device=device) for _ in range(2)]
+        self.group_name = ""
+        ops = torch.ops.symm_mem
+        self._one_shot_out = getattr(ops, "one_shot_all_reduce_out", None)
+        self._calls = 0
+        self.two_shot = True  # off after a two-shot refuses a shape (every rank refuses the same one)
+
+    def rendezvous(self, group: Any) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
         enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
         if enable is not None:  # needed before torch 2.9 or so; later a deprecated no-op
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)
                 enable(group.group_name)
-        numel = max_bytes // torch.empty((), dtype=dtype).element_size()
-        self.buffers = [symm_mem.empty(numel, dtype=dtype, device=device) for _ in range(2)]
         for buf in self.buffers:
             symm_mem.rendezvous(buf, group)
-        ops = torch.ops.symm_mem
-        self._one_shot_out = getattr(ops, "one_shot_all_reduce_out", None)
-        self._calls = 0
-        self.two_shot = True  # off after a two-shot refuses a shape (every rank refuses the same one)
+        self.group_name = group.group_name
 
     def takes(self, x: torch.Tensor) -> bool:
         return (
@@ -81,18 +90,29 @@ _set_up: set[str] = set()
 
 def setup(group: Any, rank: int, device: torch.device, dtype: torch.dtype, max_bytes: int):
     """(a checked SymmAllReduce that every rank agreed to use, "") or (None, why not). Collective:
-    the ranks agree that all may try before any allocates, and that all succeeded before any uses it."""
+    the ranks agree at each stage (may try, allocated, joined, checked) before any goes further,
+    so a rank that fails alone takes the others to NCCL instead of leaving them in a collective."""
     if not _agree(group, device, group.group_name not in _set_up):
         return None, f"an earlier engine in this process used symmetric memory for group {group.group_name}"
-    fast, why = None, ""
-    try:
-        fast = SymmAllReduce(group, device, dtype, max_bytes)
-        why = _check(fast, group, rank, device)
-    except Exception as exc:  # no P2P, no symmetric memory in this torch, ...
-        why = f"symmetric memory is unavailable here ({type(exc).__name__}: {exc})"
     _set_up.add(group.group_name)
-    if not _agree(group, device, not why):
-        return None, why or "another rank could not set up symmetric memory"
+    fast = None
+    stages = (
+        ("allocate", lambda: SymmAllReduce(device, dtype, max_bytes)),
+        ("rendezvous", lambda: fast.rendezvous(group)),
+        ("check", lambda: _check(fast, group, rank, device)),
+    )
+    for stage, run in stages:
+        why = ""
+        try:
+            result = run()
+            if stage == "allocate":
+                fast = result
+            elif stage == "check":
+                why = result
+        except Exception as exc:  # no P2P, no symmetric memory in this torch, out of memory, ...
+            why = f"symmetric memory failed to {stage} ({type(exc).__name__}: {exc})"
+        if not _agree(group, device, not why):
+            return None, why or f"another rank's symmetric memory failed to {stage}"
     return fast, ""
 
 
@@ -104,18 +124,20 @@ def _agree(group: Any, device: torch.device, mine: bool) -> bool:
 
 
 def _check(fast: SymmAllReduce, group: Any, rank: int, device: torch.device) -> str:
-    """A message of each kind against NCCL; empty when they agree."""
+    """A message of each kind against NCCL; empty when they agree. Every rank runs every size, so
+    all make the same collectives whatever any one finds."""
     gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
     elem = torch.empty((), dtype=fast.dtype).element_size()
     sizes = [min(fast.max_bytes, ALLREDUCE_ONE_SHOT_MAX_BYTES) // elem // 4]
     if fast.max_bytes > ALLREDUCE_ONE_SHOT_MAX_BYTES:
         sizes.append(fast.max_bytes // elem)
+    problems = []
     for numel in sizes:
         x = torch.randn(numel, generator=gen).to(device=device, dtype=fast.dtype)
         want = x.clone()
         dist.all_reduce(want, group=group)
         got = fast(x.clone())
         if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
-            return f"the symmetric-memory all-reduce of {numel} elements disagreed with NCCL"
+            problems.append(f"the all-reduce of {numel} elements disagreed with NCCL")
     torch.cuda.synchronize(device)
-    return ""
+    return "; ".join(problems)

@@ -163,7 +163,7 @@ async def _submit_in_thread(state, prompts, params, rid, stream, keys: RequestKe
         # The client left while its prompts were submitted: abort them once they are in.
         future.add_done_callback(lambda f: f.cancelled() or f.exception() or [h.abort() for h in f.result()])
         raise
-    except EngineClosedError as exc:
+    except (EngineClosedError, TimeoutError) as exc:  # TimeoutError: an engine process that did not answer
         raise Unavailable(str(exc)) from None
     except ServeError:
         raise

@@ -161,3 +161,36 @@ def test_tensor_parallel_ranks_run_under_the_engine_process():
         want = [o.outputs[0].token_ids for o in one.generate(PROMPTS[2:], params, use_tqdm=False)]
     with LLM("random:tiny-llama", **kw, tp=2, engine_process=True) as llm:
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[2:], params, use_tqdm=False)] == want
+
+
+class FailingStepExecutor(NativeExecutor):
+    steps_done = 0
+
+    def complete(self, step):
+        FailingStepExecutor.steps_done += 1
+        if FailingStepExecutor.steps_done > 3:
+            raise RuntimeError("boom in step 4")
+        return super().complete(step)
+
+
+def test_a_failed_step_reaches_the_caller_once_worded_and_close_stays_quick():
+    llm = LLM(
+        "random:tiny-llama",
+        device="cpu",
+        max_seq_len=256,
+        engine_process=True,
+        executor_cls=FailingStepExecutor,
+    )
+    try:
+        handle = llm.submit([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
+        out = handle.result(timeout=BOUND_S)
+        assert out.error is not None and "RuntimeError: boom in step 4" in out.error
+        assert out.error.count("the engine is closed") == 1, out.error
+        assert isinstance(llm.core.failure, RuntimeError) and "boom in step 4" in str(llm.core.failure)
+        handle.abort()  # the engine is gone: aborting is a no-op, not an error
+        with pytest.raises(RuntimeError, match="boom in step 4"):
+            llm.generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm=False)
+    finally:
+        start = time.monotonic()
+        llm.close()
+    assert time.monotonic() - start < 15 and llm.core.process.exitcode == 0
