@@ -22,6 +22,7 @@ import queue
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,13 +152,16 @@ class ParentLink:
     def __init__(self, conn: Any, llm: Any, core: PublishingCore, publisher: Publisher) -> None:
         self.conn, self.llm, self.core, self.publisher = conn, llm, core, publisher
         self._prepared: dict[int, list[Any]] = {}  # guided states compiled for a request not yet added
+        # Compiling a grammar can take a while: off this thread, so adds and aborts go on meanwhile.
+        # The parent sends a request's add only after its prepare's reply, so the states are there.
+        self._compiler = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fastpath-engine-prepare")
 
     def serve(self) -> str:
         """Until close or a closed pipe; the reason to stop."""
         handlers = {
             "add": self._add,
             "abort": lambda ids: self.core.abort_ids(ids),
-            "prepare": self._prepare,
+            "prepare": lambda *body: self._compiler.submit(self._prepare, *body),
             "forget": lambda tokens: [self._prepared.pop(t, None) for t in tokens],
             "stats": lambda token: self._reply(token, True, self.core.stats()),
         }
@@ -169,6 +173,10 @@ class ParentLink:
             if kind == "close":
                 return body[0]
             handlers[kind](*body)
+
+    def stop(self) -> None:
+        """Let a prepare under way finish (its caller waits for the reply); start no other."""
+        self._compiler.shutdown(wait=True, cancel_futures=True)
 
     def _reply(self, token: int, ok: bool, payload: Any) -> None:
         self.publisher.put(("reply", token, ok, payload))
@@ -241,9 +249,11 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
         })
     )  # fmt: skip
     reason = "the engine process stopped"
+    link = ParentLink(conn, llm, core, publisher)
     try:
-        reason = ParentLink(conn, llm, core, publisher).serve()
+        reason = link.serve()
     finally:
+        link.stop()
         core.close(reason)
         llm.close()
         publisher.close()
