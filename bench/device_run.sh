@@ -25,9 +25,9 @@ export FASTPATH_PROGRESS=0 PYTHONUNBUFFERED=1
 
 for step in "$@"; do
   case "$step" in
-    # A hung test ends its run after 120 s (pytest-timeout dumps every thread's stack), not the call's.
-    tests) timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|Timeout" | tail -80 ;;
-    tp-tests) timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
+    # A test hung in C++ ends the run after 120 s with every thread's stack (pytest-timeout, thread method).
+    tests) timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|Timeout" | tail -80 ;;
+    tp-tests) timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;

@@ -96,10 +96,15 @@ def _one_rank(model, lens: list[int]) -> list[list[int]]:
         return [o.outputs[0].token_ids for o in llm.generate([list(range(3, 3 + n)) for n in lens], params)]
 
 
-@pytest.mark.parametrize("mode", ["auto", "nccl"])
-def test_tp2_gives_the_tp1_tokens_on_each_all_reduce_path(hf_checkpoints, mode):
+# Every architecture on the fast path; the fallback once (the tests above run it for every one,
+# since only a process's first tensor-parallel engine takes symmetric memory).
+@pytest.mark.parametrize(
+    ("arch", "mode"),
+    [(a, "auto") for a in ("llama", "llama-tied-mqa", "qwen2", "qwen3", "mistral")] + [("llama", "nccl")],
+)
+def test_tp2_gives_the_tp1_tokens_on_each_all_reduce_path(hf_checkpoints, arch, mode):
     """auto: the decode graphs' all-reduces travel through symmetric memory; nccl: the fallback."""
-    path, lens = str(hf_checkpoints["llama"]), [5, 57, 1, 9]
+    path, lens = str(hf_checkpoints[arch]), [5, 57, 1, 9]
     got = _probe(path, mode, 0, lens)
     assert got["fast"] == (mode == "auto"), got["path"]
     assert got["tokens"] == _one_rank(path, lens)
