@@ -14,7 +14,9 @@ length, `ignore_eos` and a fixed `max_tokens`, so every request makes the same w
   over `--client-processes` processes so the clients' own Python is not what is measured.
 
 Reported per row, as vLLM's benchmark reports them: output throughput, time to first token and
-inter-token latency (p50, p99; a chunk of k tokens counts as k gaps of its interval / k). The
+inter-token latency (p50, p99; a chunk of k tokens counts as k gaps of its interval / k); for the
+server also its own view from /metrics: mean time to first token, and mean queue time (arrival to
+the engine's first batch slot), which tell the server's wait from the clients'. The
 issue's target: at concurrency 64 the server's throughput is at least 95% of offline `generate`'s.
 `--quick` runs a tiny random model on the CPU in about a minute (a smoke test of the bench itself).
 """
@@ -285,6 +287,30 @@ def drive_from_processes(
     return [t for timings, *_ in results for t in timings], seconds
 
 
+SERVER_SIDE = {"server_ttft_mean_ms": "fastpath_time_to_first_token_seconds",
+               "queue_mean_ms": "fastpath_request_queue_time_seconds"}  # fmt: skip
+
+
+def server_latencies(url: str) -> dict[str, float]:
+    """The server's own histograms' sums and counts (its /metrics), to tell its time from the client's."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.endswith(("_sum", "_count")) and name.rsplit("_", 1)[0] in SERVER_SIDE.values():
+            values[name] = float(value)
+    return values
+
+
+def server_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    out = {}
+    for key, metric in SERVER_SIDE.items():
+        count = after.get(f"{metric}_count", 0) - before.get(f"{metric}_count", 0)
+        total = after.get(f"{metric}_sum", 0) - before.get(f"{metric}_sum", 0)
+        out[key] = total / count * 1e3 if count else float("nan")
+    return out
+
+
 def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
     port = free_port()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -294,8 +320,10 @@ def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
     try:
         asyncio.run(drive(url, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency)))
         for c in args.concurrency:
+            before = server_latencies(url)
             timings, seconds = drive_from_processes(url, prompts, args.output_len, c, args.client_processes)
             rows.append(summarize("server (HTTP, streamed)", c, timings, seconds))
+            rows[-1] |= server_means(before, server_latencies(url))
             print(rows[-1], flush=True)
     finally:
         code = stop_server(proc)
@@ -304,11 +332,14 @@ def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
 
 def table(rows: list[dict], generate_tok_s: float) -> str:
     headers = ["mode", "concurrency", "requests", "output tok/s", "vs offline generate",
-               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"]  # fmt: skip
+               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "server: TTFT mean ms",
+               "server: queue mean ms"]  # fmt: skip
     body = [
         [r["mode"], r["concurrency"], r["requests"], f"{r['output_tok_s']:.0f}",
          f"{r['output_tok_s'] / generate_tok_s:.1%}", f"{r['ttft_p50_ms']:.1f}", f"{r['ttft_p99_ms']:.1f}",
-         f"{r['itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f}"]
+         f"{r['itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f}",
+         f"{r['server_ttft_mean_ms']:.1f}" if "server_ttft_mean_ms" in r else "-",
+         f"{r['queue_mean_ms']:.1f}" if "queue_mean_ms" in r else "-"]
         for r in rows
     ]  # fmt: skip
     return markdown_table(headers, body)

@@ -168,7 +168,7 @@ class EngineCoreClient:
         """One step's outputs into the mirrored sequences; their consumers are woken once."""
         touched: set[RequestHandle] = set()
         done = []
-        for seq_id, ids, lps, tops, first, finished, reason, stop in updates:
+        for seq_id, ids, lps, tops, first, scheduled, finished, reason, stop in updates:
             seq = self._seqs.get(seq_id)
             if seq is None:
                 continue
@@ -178,6 +178,8 @@ class EngineCoreClient:
             self.generation_tokens += len(ids)
             if seq.first_token_at is None:
                 seq.first_token_at = first
+            if seq.scheduled_at is None:
+                seq.scheduled_at = scheduled
             if finished:
                 seq.finish_reason, seq.stop_reason, seq.status = reason, stop, Status.FINISHED
                 done.append(seq_id)

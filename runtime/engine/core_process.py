@@ -128,6 +128,7 @@ class PublishingCore(EngineCore):
             seq.logprobs[lps:],
             seq.top_logprobs[tops:],
             seq.first_token_at,
+            seq.scheduled_at,
             seq.finished,
             seq.finish_reason,
             seq.stop_reason,

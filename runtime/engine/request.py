@@ -94,6 +94,10 @@ class RequestHandle:
         """time.monotonic() when completion `index` got its first token; None before that."""
         return self._completions[index].seq.first_token_at
 
+    def scheduled_at(self, index: int) -> float | None:
+        """time.monotonic() when completion `index` first got a batch slot; None before that."""
+        return self._completions[index].seq.scheduled_at
+
     def post(self, event: tuple) -> None:
         """('tokens', i, n) | ('finish', i, n) | ('error', message): from the loop thread."""
         self._events.append(event)

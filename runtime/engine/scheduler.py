@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -107,6 +108,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.status = Status.RUNNING
+            if seq.scheduled_at is None:  # for queue time; a preempted sequence keeps its first
+                seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             budget -= taken
         return batch if batch.seqs else None

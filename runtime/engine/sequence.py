@@ -40,6 +40,7 @@ class Sequence:
     streams: bool = False  # report every step's tokens, not only the finish
     penalty_slot: int = 0  # its row in the sampler's penalty tables (0: none)
     first_token_at: float | None = None  # time.monotonic() when its first output token was read back
+    scheduled_at: float | None = None  # time.monotonic() when the scheduler first gave it a batch slot
 
     @property
     def max_new_tokens(self) -> int:

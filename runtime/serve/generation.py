@@ -94,6 +94,8 @@ class Generation:
         metrics = self.state.metrics
         if last is None:
             metrics.ttft.observe(now - self.arrival)
+            for c in out.outputs:
+                self._observe_queue(i, c.index)
         else:
             per_token = (now - last) / tokens
             for _ in range(tokens):
@@ -108,10 +110,17 @@ class Generation:
             if first is None:
                 continue
             metrics.ttft.observe(max(0.0, first - self.arrival))
+            self._observe_queue(i, c.index)
             if len(c.token_ids) > 1:
                 per_token = (now - first) / (len(c.token_ids) - 1)
                 for _ in range(len(c.token_ids) - 1):
                     metrics.itl.observe(per_token)
+
+    def _observe_queue(self, i: int, index: int) -> None:
+        """Arrival to the engine's first batch slot: the wait that is not the model's."""
+        scheduled = self.handles[i].scheduled_at(index)
+        if scheduled is not None:
+            self.state.metrics.queue.observe(max(0.0, scheduled - self.arrival))
 
     async def collect(self) -> list[RequestOutput]:
         """Every prompt's whole output, once all have finished."""

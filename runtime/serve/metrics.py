@@ -64,6 +64,12 @@ class ServerMetrics:
             buckets=ITL_BUCKETS,
             registry=r,
         )
+        self.queue = Histogram(
+            "fastpath_request_queue_time_seconds",
+            "From a request's arrival to its first batch slot in the engine (vLLM's request_queue_time).",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
             "fastpath_e2e_request_latency_seconds",
             "From a request's arrival to its last token.",

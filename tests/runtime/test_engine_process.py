@@ -194,3 +194,12 @@ def test_a_failed_step_reaches_the_caller_once_worded_and_close_stays_quick():
         start = time.monotonic()
         llm.close()
     assert time.monotonic() - start < 15 and llm.core.process.exitcode == 0
+
+
+def test_a_request_knows_when_it_was_scheduled_and_got_its_first_token(engines):
+    for llm in engines:
+        handle = llm.submit([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+        handle.result(timeout=BOUND_S)
+        scheduled, first = handle.scheduled_at(0), handle.first_token_at(0)
+        assert scheduled is not None and first is not None
+        assert handle.created <= scheduled <= first <= time.monotonic()

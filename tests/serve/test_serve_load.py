@@ -143,6 +143,9 @@ def test_metrics_count_tokens_and_latencies(llm, stream):
         wait_until(lambda: metric(url, route) == 1, 10, "the request count")
         ttft = "fastpath_time_to_first_token_seconds_count"
         assert metric(url, ttft) == 1, "TTFT is measured on every request, streamed or not"
+        queue = "fastpath_request_queue_time_seconds"
+        assert metric(url, f"{queue}_count") == 1, "so is the wait for a batch slot"
+        assert 0 <= metric(url, f"{queue}_sum") <= metric(url, "fastpath_time_to_first_token_seconds_sum")
         gaps = metric(url, "fastpath_inter_token_latency_seconds_count")
         # Whole: the four gaps between five tokens. Streamed: a chunk may carry several tokens.
         assert gaps == 4 if not stream else 1 <= gaps <= 4, gaps
