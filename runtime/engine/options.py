@@ -153,7 +153,18 @@ def model_dtype(o: EngineOptions) -> torch.dtype:
     return resolve_dtype(o.dtype or ("bfloat16" if resolve_device(o.device).type == "cuda" else "float32"))
 
 
+def _check_switches(o: EngineOptions) -> None:
+    """A switch is True or False (None where it means "decide for me"): "no" is not False."""
+    for name, optional in (("cuda_graphs", True), ("enforce_eager", False), ("fused_kernels", True),
+                           ("engine_process", False)):  # fmt: skip
+        value = getattr(o, name)
+        if not isinstance(value, bool) and not (optional and value is None):
+            allowed = "True, False or None" if optional else "True or False"
+            raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
 def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -> EngineConfig:
+    _check_switches(o)
     dev = resolve_device(o.device)
     max_batch = _int("max_batch_size", o.max_batch_size, *LLM_INT_BOUNDS["max_batch_size"])
     max_seq = _int(

@@ -165,6 +165,12 @@ def test_engine_keywords_follow_vllm_and_unknown_ones_get_a_suggestion(tiny_text
         LLM(str(tiny_text_checkpoint), gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="seed must be an int >= 0"):
         LLM(str(tiny_text_checkpoint), seed=-1)
+    with pytest.raises(ValueError, match="enforce_eager must be True or False, got 'no'"):
+        LLM(str(tiny_text_checkpoint), enforce_eager="no")
+    with pytest.raises(ValueError, match="cuda_graphs must be True, False or None, got 1"):
+        LLM(str(tiny_text_checkpoint), cuda_graphs=1)
+    with pytest.raises(ValueError, match="engine_process must be True or False, got 'yes'"):
+        LLM(str(tiny_text_checkpoint), engine_process="yes")
 
 
 def test_prompt_logprobs_match_the_prompt_logits(llm):
