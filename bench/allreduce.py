@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, markdown_table, write_outputs
+from common import environment, markdown_table, replay_seconds, write_outputs
 
 SIZES_KIB = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192]
 REPEATS, REPLAYS = 20, 20
@@ -41,13 +41,7 @@ def graph_time(fn, x: torch.Tensor) -> float:
             fn(x)
     graph.replay()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (REPLAYS * REPEATS)
+    return replay_seconds(graph, REPLAYS) * 1e6 / REPEATS
 
 
 def rank_main(rank: int, world: int, port: int, out: str) -> None:

@@ -31,6 +31,17 @@ def copy_bandwidth(gib: float = 2.0, repeats: int = 10) -> float:
     return 2 * n * 2 / statistics.median(times)
 
 
+def replay_seconds(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """Seconds per replay of a captured graph, back to back on the current stream (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / replays
+
+
 def wall(fn: Callable[[], object]) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()

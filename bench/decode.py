@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth, environment, markdown_table, wall, write_outputs
+from common import copy_bandwidth, environment, markdown_table, replay_seconds, wall, write_outputs
 
 from fastpath.runtime.model.presets import resolve_random
 
@@ -75,13 +75,7 @@ def replay_time(llm, batch: int, kind: str, replays: int = 50) -> float | None:
     with torch.cuda.stream(stream):
         for _ in range(3):
             graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / replays
+        return replay_seconds(graph, replays)
 
 
 def hf_step_time(model: str, batch: int, short: int, long: int) -> float:

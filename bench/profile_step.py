@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth, markdown_table, write_outputs
+from common import copy_bandwidth, markdown_table, replay_seconds, write_outputs
 
 GROUPS = [
     ("gemv", ("gemv", "gemm_small", "gemm", "cutlass", "sm90_xmma", "nvjet", "ampere", "sgemm")),
@@ -47,16 +47,10 @@ def profile_graph(llm, rows: int, replays: int = 20) -> dict:
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             per_kernel[evt.name] += evt.device_time_total / replays
             counts[evt.name] += 1 / replays
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    end.synchronize()
     return {
         "kernels": dict(per_kernel),
         "counts": dict(counts),
-        "step_us": start.elapsed_time(end) * 1e3 / replays,
+        "step_us": replay_seconds(g, replays) * 1e6,
     }
 
 
