@@ -183,17 +183,22 @@ async def drive(url: str, prompts: list[list[int]], output_len: int, concurrency
 def start_server(args, port: int, log: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "fastpath.serve", args.model, "--port", str(port), "--no-access-log",
            "--log-level", "warning", *engine_flags(args)]  # fmt: skip
+    return launch_server(cmd, port, log, args.start_timeout)
+
+
+def launch_server(
+    cmd: list[str], port: int, log: Path, timeout: float, env: dict | None = None
+) -> subprocess.Popen:
+    """Start a server process (its output to `log`) and return it once /health answers."""
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + args.start_timeout
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(
-                f"the server did not start in {args.start_timeout} s:\n{log.read_text()[-4000:]}"
-            )
+            raise RuntimeError(f"the server did not start in {timeout} s:\n{log.read_text()[-4000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                 return proc

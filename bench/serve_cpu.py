@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
 
-from serve import drive_from_processes, free_port, make_prompts, summarize
+from serve import drive_from_processes, free_port, launch_server, make_prompts, stop_server, summarize
 
 SERVER = """
 import sys
@@ -56,19 +53,10 @@ def run(args, remote: bool) -> dict:
     script = SERVER.format(bench=str(Path(__file__).resolve().parent), model=args.model, batch=args.concurrency,
                            seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port)  # fmt: skip
     env = {**os.environ, "FASTPATH_STUB_STEP_US": str(args.step_us), "FASTPATH_STUB_PREFILL_US": "0"}
-    server = subprocess.Popen([sys.executable, "-c", script], env=env)
+    args.out.mkdir(parents=True, exist_ok=True)
+    server = launch_server([sys.executable, "-c", script], port, args.out / "serve_cpu-server.log", 120, env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.2)
         prompts = make_prompts(args.requests, args.input_len, vocab=500)
         drive_from_processes(
             url, prompts[: args.concurrency], args.output_len, args.concurrency, args.client_processes
@@ -81,8 +69,7 @@ def run(args, remote: bool) -> dict:
         )
         after = (cpu_seconds(api), sum(cpu_seconds(p) for p in engines))
     finally:
-        server.terminate()
-        server.wait(60)
+        stop_server(server)
     row = summarize("engine process" if remote else "in process", args.concurrency, timings, seconds)
     tokens = row["output_tokens"]
     row["api_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
