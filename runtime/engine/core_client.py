@@ -17,7 +17,6 @@ import atexit
 import itertools
 import logging
 import multiprocessing as mp
-import queue
 import threading
 import time
 import weakref
@@ -26,7 +25,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .core import EngineCore, EngineStats
-from .core_process import Recipe, engine_process_main
+from .core_process import PipeSender, Recipe, engine_process_main
 from .request import RequestHandle, closed_error
 from .sequence import Sequence, Status
 
@@ -52,11 +51,8 @@ class EngineCoreClient:
         self.failure: BaseException | None = None
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        # Sends go through a thread of their own: a caller (the server's event loop aborting a
-        # request) never waits on a pipe the engine process is slow to drain.
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._sender = threading.Thread(target=self._write, name="fastpath-engine-sender", daemon=True)
-        self._sender.start()
+        # A caller (the server's event loop aborting a request) never waits on the pipe.
+        self._sender = PipeSender(conn)
         self._reader = threading.Thread(target=self._read, name="fastpath-engine-reader", daemon=True)
         self._reader.start()
         _open_clients.add(self)
@@ -76,7 +72,7 @@ class EngineCoreClient:
     def forget(self, tokens: list[int]) -> None:
         """Prepared requests that will not be submitted."""
         if tokens and self._closed is None:
-            self._outbox.put(("forget", tokens))
+            self._sender.put(("forget", tokens))
 
     def submit(self, handles: list[RequestHandle]) -> None:
         now = time.monotonic()
@@ -97,7 +93,7 @@ class EngineCoreClient:
     def abort(self, seq: Sequence) -> None:
         """Never raises and never blocks: an engine that is gone has ended the sequence already."""
         if not seq.finished and self._closed is None:
-            self._outbox.put(("abort", [seq.seq_id]))
+            self._sender.put(("abort", [seq.seq_id]))
 
     def call(self, fn: Any) -> Any:
         raise RuntimeError("the engine runs in its own process (engine_process=True): nothing runs beside it")
@@ -110,14 +106,7 @@ class EngineCoreClient:
     def _send(self, message: tuple) -> None:
         if self._closed is not None:
             raise closed_error(self._closed)
-        self._outbox.put(message)
-
-    def _write(self) -> None:
-        while (message := self._outbox.get()) is not None:
-            try:
-                self._conn.send(message)
-            except (OSError, ValueError):  # the process is gone: the reader reports why
-                return
+        self._sender.put(message)
 
     def _rpc(self, kind: str, token: int, *body: Any) -> Any:
         future: Future = Future()
@@ -217,9 +206,8 @@ class EngineCoreClient:
         """Tell the engine process to stop after its step, wait for it (JOIN_S), then end it."""
         _open_clients.discard(self)
         # Told even when its engine has failed: its main thread still waits for the parent's word.
-        self._outbox.put(("close", reason))
-        self._outbox.put(None)
-        self._sender.join(JOIN_S)
+        self._sender.put(("close", reason))
+        self._sender.close()
         stopped = _wait_for_exit(self.process, JOIN_S)
         if not stopped:
             log.warning("the engine process did not stop within %.0f s; killing it", JOIN_S)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .core import EngineCore
+from .llm import peer_errors
 from .prompt_logprobs import prompt_logprobs
 from .sequence import Sequence
 
@@ -52,13 +53,14 @@ def portable_error(exc: BaseException) -> BaseException:
     return exc
 
 
-class Publisher:
-    """Sends messages to the parent from a thread of its own, in the order they were put."""
+class PipeSender:
+    """Sends messages down a pipe from a thread of its own, in the order they were put: whoever puts
+    one never waits on a reader that is slow to drain (both sides of the engine process use it)."""
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="fastpath-engine-publisher", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="fastpath-pipe-sender", daemon=True)
         self._thread.start()
 
     def put(self, message: tuple) -> None:
@@ -150,7 +152,7 @@ class PublishingCore(EngineCore):
 class ParentLink:
     """The child's side of the pipe: admits, aborts and answers until the parent says close."""
 
-    def __init__(self, conn: Any, llm: Any, core: PublishingCore, publisher: Publisher) -> None:
+    def __init__(self, conn: Any, llm: Any, core: PublishingCore, publisher: PipeSender) -> None:
         self.conn, self.llm, self.core, self.publisher = conn, llm, core, publisher
         self._prepared: dict[int, list[Any]] = {}  # guided states compiled for a request not yet added
         # Compiling a grammar can take a while: off this thread, so adds and aborts go on meanwhile.
@@ -230,7 +232,7 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _parents_to_act_on)
     logging.basicConfig(level=recipe.log_level, format="%(levelname)s %(name)s: %(message)s")
-    publisher = Publisher(conn)
+    publisher = PipeSender(conn)
     try:
         llm = recipe.llm_cls(recipe.model, **recipe.kwargs)
     except BaseException as exc:
@@ -239,7 +241,7 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
         return
     # The engine was built with an ordinary loop; its replacement publishes to the parent.
     llm.core.close("replaced by the engine process's loop")
-    core = PublishingCore(llm.executor, functools.partial(_peer_errors, llm), publisher.put)
+    core = PublishingCore(llm.executor, functools.partial(peer_errors, llm.parallel), publisher.put)
     executor = type(llm.executor)
     publisher.put(
         ("ready", {
@@ -262,7 +264,3 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
 
 def _parents_to_act_on(signum: int, frame: Any) -> None:
     """Ctrl-C reaches the whole process group; the parent drains and then says close."""
-
-
-def _peer_errors(llm: Any) -> contextlib.AbstractContextManager:
-    return llm._peer_errors()
