@@ -55,14 +55,17 @@ class TPContext:
             return x
         fast = self.fast
         if fast is not None and fast.takes(x):
-            if x.numel() * x.element_size() <= ALLREDUCE_ONE_SHOT_MAX_BYTES:
-                return fast(x)
             try:
                 return fast(x)
             except RuntimeError as exc:
                 # A shape the two-shot refuses is refused on every rank alike (shapes are the same
                 # everywhere); memory and device errors are one rank's, and must not split the ranks.
-                if isinstance(exc, torch.OutOfMemoryError) or type(exc).__name__ == "AcceleratorError":
+                one_shot = x.numel() * x.element_size() <= ALLREDUCE_ONE_SHOT_MAX_BYTES
+                if (
+                    one_shot
+                    or isinstance(exc, torch.OutOfMemoryError)
+                    or type(exc).__name__ == "AcceleratorError"
+                ):
                     raise
                 fast.two_shot = False
                 log.warning(
