@@ -112,6 +112,7 @@ def assert_data_only(value: str, files: dict[str, str]) -> None:
 @settings(max_examples=60, deadline=None)
 @given(value=hostile)
 @example(value=SENTINEL + ":A")  # a valid import path, which the hook fields accept (found by CI)
+@example(value=SENTINEL + "\x85")  # NEL: a line break to YAML (found in a fresh clone's run)
 def test_hostile_strings_are_refused_or_held_as_data(field, value):
     result = compile_or_refuse({**BASE, **FIELDS[field](value)})
     if result is None:
@@ -130,8 +131,11 @@ def test_hostile_strings_are_refused_or_held_as_data(field, value):
     package = plan.package
     init = ast.parse(files[f"{package}/__init__.py"])
     (defaults,) = [n.value for n in init.body if isinstance(n, ast.Assign) and n.targets[0].id == "DEFAULTS"]
-    assert ast.literal_eval(defaults)["model"] == value
-    assert json.loads(files[f"{package}/manifest.lock.json"])["llm_kwargs"]["model"] == value
+    # What the manifest holds is what YAML reads back: a NEL (U+0085) that PyYAML's dumper writes
+    # raw is a line break to its loader, folded to a space.
+    held = yaml.safe_load(yaml.safe_dump(FIELDS[field](value), allow_unicode=True))["model"]["checkpoint"]
+    assert ast.literal_eval(defaults)["model"] == held
+    assert json.loads(files[f"{package}/manifest.lock.json"])["llm_kwargs"]["model"] == held
 
 
 def test_a_checkpoint_full_of_quotes_and_braces_is_accepted_as_data():
