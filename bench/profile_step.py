@@ -22,7 +22,24 @@ GROUPS = [
     ("norm", ("rms_norm",)),
     ("rope+kv", ("qkv_rope",)),
     ("silu", ("silu",)),
-    ("sampler", ("argmax", "softmax", "reduce", "gather", "max")),
+    (
+        "sampler",
+        (
+            "argmax",
+            "softmax",
+            "reduce",
+            "gather",
+            "max",
+            "stats_kernel",
+            "hist_kernel",
+            "select_kernel",
+            "draw_kernel",
+            "decide_kernel",
+            "final_kernel",
+            "index_put",
+            "scatter",
+        ),
+    ),
 ]
 
 
@@ -31,9 +48,9 @@ def group_of(name: str) -> str:
     return next((g for g, keys in GROUPS if any(k in low for k in keys)), "other")
 
 
-def profile_graph(llm, rows: int, replays: int = 20) -> dict:
+def profile_graph(llm, rows: int, replays: int = 20, kind: str = "greedy") -> dict:
     graphs = llm.executor.graphs
-    g = graphs.graphs[(rows, "greedy")].graph
+    g = graphs.graphs[(rows, kind)].graph
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
@@ -97,6 +114,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument(
+        "--kind", choices=["greedy", "general"], default="greedy",
+        help="the greedy graph, or the general one as decode.py's sampled-with-penalties row runs it",
+    )  # fmt: skip
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/profile_step.py needs a CUDA device")
@@ -106,14 +127,17 @@ def main() -> None:
     bw = copy_bandwidth()
     llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512,
               graph_batch_sizes=args.batch)  # fmt: skip
-    llm.generate(
-        [[1000 + i for i in range(32)]] * max(args.batch),
-        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
-    )
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    if args.kind == "general":  # the graph's sampling inputs and penalty table hold these rows' state
+        from decode import SAMPLED
+
+        params = SamplingParams(**SAMPLED, max_tokens=8, ignore_eos=True, seed=0)
+    for b in sorted(args.batch):
+        llm.generate([[1000 + i + j for i in range(32)] for j in range(b)], params)
     payload = {"copy_bandwidth": bw, "steps": {}}
     rows = []
     for b in args.batch:
-        prof = profile_graph(llm, b)
+        prof = profile_graph(llm, b, kind=args.kind)
         payload["steps"][b] = prof
         groups = collections.Counter()
         for name, us in prof["kernels"].items():
@@ -137,7 +161,9 @@ def main() -> None:
     lin = linear_bandwidth(llm, bw)
     table += "\n\n" + markdown_table(["M", "linear", "weight", "impl", "µs", "TB/s", "of copy bw"], lin)
     payload["linears"] = lin
-    write_outputs(args.out, "profile_step", payload, table)
+    write_outputs(
+        args.out, "profile_step" if args.kind == "greedy" else "profile_step-general", payload, table
+    )
 
 
 if __name__ == "__main__":

@@ -296,23 +296,43 @@ SERVER_SIDE = {"server_ttft_mean_ms": "fastpath_time_to_first_token_seconds",
                "queue_mean_ms": "fastpath_request_queue_time_seconds"}  # fmt: skip
 
 
+STEP_METRICS = ("fastpath_engine_steps_total", "fastpath_engine_step_tokens_total",
+                "fastpath_engine_step_seconds_total")  # fmt: skip
+
+
 def server_latencies(url: str) -> dict[str, float]:
-    """The server's own histograms' sums and counts (its /metrics), to tell its time from the client's."""
+    """The server's own histograms' sums and counts, and its step counters by phase (its /metrics),
+    to tell its time from the client's."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     values = {}
     for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.endswith(("_sum", "_count")) and name.rsplit("_", 1)[0] in SERVER_SIDE.values():
+        name, _, value = line.rpartition(" ")
+        base = name.split("{", 1)[0]
+        histogram = base.endswith(("_sum", "_count")) and base.rsplit("_", 1)[0] in SERVER_SIDE.values()
+        if histogram or base in STEP_METRICS:
             values[name] = float(value)
     return values
 
 
 def server_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    def delta(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
     out = {}
     for key, metric in SERVER_SIDE.items():
-        count = after.get(f"{metric}_count", 0) - before.get(f"{metric}_count", 0)
-        total = after.get(f"{metric}_sum", 0) - before.get(f"{metric}_sum", 0)
+        count, total = delta(f"{metric}_count"), delta(f"{metric}_sum")
         out[key] = total / count * 1e3 if count else float("nan")
+    # The engine's step mix: how many steps of each phase, their mean pace and tokens.
+    for phase in ("prefill", "decode"):
+        label = f'{{phase="{phase}"}}'
+        steps = delta(f"fastpath_engine_steps_total{label}")
+        out[f"{phase}_steps"] = steps
+        out[f"{phase}_step_ms"] = (
+            delta(f"fastpath_engine_step_seconds_total{label}") / steps * 1e3 if steps else 0.0
+        )
+        out[f"{phase}_step_tokens"] = (
+            delta(f"fastpath_engine_step_tokens_total{label}") / steps if steps else 0.0
+        )
     return out
 
 
@@ -335,16 +355,23 @@ def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
     return rows, code
 
 
+def _steps(row: dict, phase: str) -> str:
+    if f"{phase}_steps" not in row:
+        return "-"
+    return f"{row[f'{phase}_steps']:.0f} ({row[f'{phase}_step_ms']:.2f}, {row[f'{phase}_step_tokens']:.1f})"
+
+
 def table(rows: list[dict], generate_tok_s: float) -> str:
     headers = ["mode", "concurrency", "requests", "output tok/s", "vs offline generate",
                "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "server: TTFT mean ms",
-               "server: queue mean ms"]  # fmt: skip
+               "server: queue mean ms", "prefill steps (ms, tokens each)", "decode steps (ms, rows each)"]  # fmt: skip
     body = [
         [r["mode"], r["concurrency"], r["requests"], f"{r['output_tok_s']:.0f}",
          f"{r['output_tok_s'] / generate_tok_s:.1%}", f"{r['ttft_p50_ms']:.1f}", f"{r['ttft_p99_ms']:.1f}",
          f"{r['itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f}",
          f"{r['server_ttft_mean_ms']:.1f}" if "server_ttft_mean_ms" in r else "-",
-         f"{r['queue_mean_ms']:.1f}" if "queue_mean_ms" in r else "-"]
+         f"{r['queue_mean_ms']:.1f}" if "queue_mean_ms" in r else "-",
+         _steps(r, "prefill"), _steps(r, "decode")]
         for r in rows
     ]  # fmt: skip
     return markdown_table(headers, body)

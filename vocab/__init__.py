@@ -23,6 +23,7 @@ def install_line(extra: str) -> str:
 # first, the reference last so that something always supports a call.
 DEFAULT_FMHA_ORDER: tuple[str, ...] = (
     "triton_decode",
+    "triton_prefill",
     "flashinfer",
     "sdpa_flash",
     "sdpa_cudnn",
@@ -41,6 +42,7 @@ FMHA_LIBRARIES: tuple[str, ...] = (
     "flex_attention",
     "flashinfer",
     "triton_decode",
+    "triton_prefill",
 )
 
 # --- models ---------------------------------------------------------------------------------------

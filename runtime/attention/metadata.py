@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -45,6 +46,7 @@ class AttentionMetadata:
     sliding_window: int | None = None
     capturing: bool = False
     _decode_mask: torch.Tensor | None = None
+    _tables: dict = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:
@@ -65,6 +67,15 @@ class AttentionMetadata:
     def prefill_shapes(self) -> AttentionShapes:
         chunked = any(c != q for c, q in zip(self.context_lens_host, self.query_lens, strict=True))
         return AttentionShapes("prefill", self.sliding_window is not None, chunked, self.capturing)
+
+    def host_table(self, name: str, variant: int, build: Callable[[], list[int]]) -> torch.Tensor:
+        """An int32 table a kernel reads, built on the host once per step and shared by every layer."""
+        key = (name, variant)
+        table = self._tables.get(key)
+        if table is None:
+            table = torch.tensor(build(), dtype=torch.int32).to(self.block_tables.device)
+            self._tables[key] = table
+        return table
 
     def decode_mask(self) -> torch.Tensor:
         """[S, 1, 1, L] True where a key is visible; built once per step, shared by every layer."""

@@ -15,9 +15,11 @@ from .metadata import AttentionConfig
 from .reference import ReferenceAttention
 from .sdpa import SdpaAttention
 from .triton_decode import TritonDecodeAttention
+from .triton_prefill import TritonPrefillAttention
 
 LIBRARIES: dict[str, Callable[[], FmhaLibrary]] = {
     "triton_decode": TritonDecodeAttention,
+    "triton_prefill": TritonPrefillAttention,
     "flashinfer": FlashInferAttention,
     "sdpa_flash": lambda: SdpaAttention("sdpa_flash"),
     "sdpa_cudnn": lambda: SdpaAttention("sdpa_cudnn"),

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .executor import ExecutorCore, StepRecord
@@ -38,6 +38,11 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     preemptions: int
+    # Steps by phase ("prefill", "decode"): how many, the tokens they computed, and the seconds from
+    # the previous step's delivery to theirs (while the engine runs without a pause).
+    steps: dict[str, int] = field(default_factory=dict)
+    step_tokens: dict[str, int] = field(default_factory=dict)
+    step_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -58,6 +63,8 @@ class EngineCore:
         self._live: set[RequestHandle] = set()
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self._steps: dict[str, list] = {}  # phase -> [steps, tokens, seconds]
+        self._last_delivery = 0.0
         self._thread = threading.Thread(target=self._run, name="fastpath-engine", daemon=True)
         self._thread.start()
 
@@ -107,6 +114,9 @@ class EngineCore:
             self.prompt_tokens,
             self.generation_tokens,
             sched.num_preemptions,
+            {phase: int(v[0]) for phase, v in self._steps.items()},
+            {phase: int(v[1]) for phase, v in self._steps.items()},
+            {phase: float(v[2]) for phase, v in self._steps.items()},
         )
 
     def close(self, reason: str = "close() was called") -> bool:
@@ -125,6 +135,7 @@ class EngineCore:
     def _run(self) -> None:
         try:
             while self._wait_for_work():
+                self._last_delivery = time.monotonic()
                 with self._errors(), contextlib.closing(self.executor.steps()) as steps:
                     for record in steps:
                         self._deliver(record)
@@ -167,8 +178,7 @@ class EngineCore:
 
     def _deliver(self, record: StepRecord) -> None:
         touched: set[RequestHandle] = set()
-        self.generation_tokens += len(record.new_tokens)
-        now = time.monotonic()
+        now = self._count(record)
         for seq, _ in record.new_tokens:
             if seq.first_token_at is None:  # for time-to-first-token, streamed or not
                 seq.first_token_at = now
@@ -183,6 +193,17 @@ class EngineCore:
         for handle in touched:
             if all(s.finished for s in handle.sequences):
                 self._live.discard(handle)
+
+    def _count(self, record: StepRecord) -> float:
+        """Tally a completed step; the time now."""
+        self.generation_tokens += len(record.new_tokens)
+        now = time.monotonic()
+        tally = self._steps.setdefault(record.phase, [0, 0, 0.0])
+        tally[0] += 1
+        tally[1] += record.num_tokens
+        tally[2] += now - self._last_delivery
+        self._last_delivery = now
+        return now
 
     def _report_finish(self, seq: Sequence) -> None:
         if seq.sink is not None:

@@ -21,7 +21,6 @@ import pickle
 import queue
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -105,8 +104,7 @@ class PublishingCore(EngineCore):
             self.abort(seq)
 
     def _deliver(self, record: Any) -> None:
-        self.generation_tokens += len(record.new_tokens)
-        now = time.monotonic()
+        now = self._count(record)
         updates, seen = [], set()
         for seq, _ in record.new_tokens:
             if seq.first_token_at is None:

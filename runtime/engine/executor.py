@@ -227,7 +227,7 @@ class ExecutorCore:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
         self.readback.wait(step.ticket, step.event)
         self.dispatcher.check()  # a host callback's exception surfaces here, with its traceback
-        record = StepRecord(step.batch.phase)
+        record = StepRecord(step.batch.phase, step.batch.num_tokens)
         host = step.host
         tops = None
         if host.top_ids is not None:  # some row asked for top-k logprobs

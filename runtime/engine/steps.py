@@ -38,6 +38,7 @@ class InflightStep:
 @dataclass(slots=True)
 class StepRecord:
     phase: str
+    num_tokens: int = 0  # tokens the step computed (a decode step: one per sequence)
     finished: list[Sequence] = field(default_factory=list)
     new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
 

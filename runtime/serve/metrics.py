@@ -37,6 +37,19 @@ class EngineCollector:
         yield _counter("fastpath_prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens)
         yield _counter("fastpath_generation_tokens", "Tokens generated.", s.generation_tokens)
         yield _counter("fastpath_preemptions", "Sequences preempted to free KV cache.", s.preemptions)
+        for name, doc, values in (
+            ("fastpath_engine_steps", "Engine steps completed, by phase.", s.steps),
+            ("fastpath_engine_step_tokens", "Tokens the engine's steps computed, by phase.", s.step_tokens),
+            (
+                "fastpath_engine_step_seconds",
+                "Seconds from each step's previous delivery to its own, by phase (the engine's pace).",
+                s.step_seconds,
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["phase"])
+            for phase in ("prefill", "decode"):
+                family.add_metric([phase], values.get(phase, 0))
+            yield family
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -124,6 +124,38 @@ def test_triton_decode_matches_the_reference(window):
     assert float((got - ref).norm() / ref.norm()) < 1e-2
 
 
+@pytest.mark.parametrize("window", [None, 40])
+def test_triton_prefill_matches_the_reference_and_sdpa_engines_tokens(window):
+    from fastpath.runtime.attention.metadata import AttentionMetadata
+    from fastpath.runtime.attention.reference import ReferenceAttention
+    from fastpath.runtime.attention.triton_prefill import TritonPrefillAttention
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    qlens, ctxs, block, heads, kv_heads, dim = [128, 33, 1, 200], [128, 90, 77, 200], 16, 32, 8, 64
+    width = -(-max(ctxs) // block)
+    nblocks = 1 + len(qlens) * width
+    k = torch.randn(nblocks, block, kv_heads, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(nblocks, block, kv_heads, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    perm = torch.randperm(nblocks - 1, generator=gen, device="cuda")[: len(qlens) * width] + 1
+    q = torch.randn(sum(qlens), heads, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    meta = AttentionMetadata(
+        "prefill", torch.zeros(sum(qlens), dtype=torch.int64, device="cuda"), perm.view(len(qlens), -1).int(),
+        torch.tensor(ctxs, dtype=torch.int32, device="cuda"), query_lens=qlens, context_lens_host=ctxs,
+        block_size=block, sliding_window=window,
+    )  # fmt: skip
+    ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.125)
+    got = TritonPrefillAttention().forward(q, k, v, meta, 0.125).float()
+    assert float((got - ref).norm() / ref.norm()) < 1e-2
+    # In the engine: a prompt's logits with its prefill in this kernel are SDPA's, to bf16 rounding.
+    prompt = [(7 * j) % 500 + 1 for j in range(130)]
+    logits = []
+    for fmha in (["triton_decode", "triton_prefill", "sdpa_math"], ["triton_decode", "sdpa_math"]):
+        llm = LLM("random:tiny-llama", device="cuda", dtype="bfloat16", max_seq_len=256, fmha_enabled=fmha)
+        logits.append(llm.executor.prompt_logits(prompt, every_position=True).float().cpu())
+        llm.close()
+    assert float((logits[0] - logits[1]).norm() / logits[1].norm()) < 2e-2
+
+
 def test_fused_ops_match_torch_ops():
     from fastpath.runtime.kernels.torch_ops import TorchOps
     from fastpath.runtime.kernels.triton_ops import TritonOps

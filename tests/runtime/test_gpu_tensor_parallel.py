@@ -90,10 +90,12 @@ def _probe(model: str, mode: str, hidden: int, lens: list[int]) -> dict:
 
 
 def _one_rank(model, lens: list[int]) -> list[list[int]]:
+    from tp_allreduce_probe import prompts_of
+
     kw = dict(device="cuda", dtype="float32", max_seq_len=2048, max_batch_size=4)
     with LLM(model, **kw) as llm:
         params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-        return [o.outputs[0].token_ids for o in llm.generate([list(range(3, 3 + n)) for n in lens], params)]
+        return [o.outputs[0].token_ids for o in llm.generate(prompts_of(lens), params)]
 
 
 # Every architecture on the fast path; the fallback once (the tests above run it for every one,

@@ -11,6 +11,7 @@ import torch
 from fastpath.runtime.attention.metadata import AttentionMetadata
 from fastpath.runtime.attention.reference import ReferenceAttention
 from fastpath.runtime.attention.triton_decode import TritonDecodeAttention
+from fastpath.runtime.attention.triton_prefill import TritonPrefillAttention
 from fastpath.runtime.kernels.torch_ops import TorchOps
 from fastpath.runtime.kernels.triton_ops import TritonOps
 from fastpath.runtime.runner.decode_inputs import FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
@@ -81,6 +82,35 @@ def decode_attention() -> bool:
     return good
 
 
+def prefill_attention() -> bool:
+    """Every kind of query a prefill step holds: whole prompts, a chunk after a cached prefix, a
+    lone token (a decode riding along), a prompt over two tiles; with and without a window."""
+    good = True
+    for window in (None, 7):
+        qlens, ctxs, block, kvh, heads, dim, width = [5, 17, 1, 70], [5, 40, 9, 70], 16, 2, 8, 16, 5
+        nblocks = 1 + len(qlens) * width
+        k, v = rand(nblocks, block, kvh, dim), rand(nblocks, block, kvh, dim)
+        tables = (
+            (torch.randperm(nblocks - 1, generator=g)[: len(qlens) * width] + 1).view(len(qlens), -1).int()
+        )
+        q = rand(sum(qlens), heads, dim)
+        meta = AttentionMetadata(
+            "prefill", torch.zeros(sum(qlens), dtype=torch.int64), tables, torch.tensor(ctxs, dtype=torch.int32),
+            query_lens=qlens, context_lens_host=ctxs, block_size=block, sliding_window=window,
+        )  # fmt: skip
+        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
+        got = TritonPrefillAttention().forward(q, k, v, meta, 0.25).float()
+        good &= check(f"triton_prefill window={window}", float((got - ref).norm() / ref.norm()) < 2e-3)
+        # A sequence's rows do not depend on the others in the step.
+        alone = AttentionMetadata(
+            "prefill", torch.zeros(17, dtype=torch.int64), tables[1:2], torch.tensor(ctxs[1:2], dtype=torch.int32),
+            query_lens=[17], context_lens_host=[40], block_size=block, sliding_window=window,
+        )  # fmt: skip
+        solo = TritonPrefillAttention().forward(q[5:22].clone(), k, v, alone, 0.25).float()
+        good &= check(f"triton_prefill batch-independent window={window}", torch.equal(solo, got[5:22]))
+    return good
+
+
 def fused_prologue() -> bool:
     from fastpath.runtime.prologues import _load_kernel
 
@@ -118,5 +148,5 @@ def fused_prologue() -> bool:
 
 
 if __name__ == "__main__":
-    results = [ops(), decode_attention(), fused_prologue()]
+    results = [ops(), decode_attention(), prefill_attention(), fused_prologue()]
     sys.exit(0 if all(results) else 1)
