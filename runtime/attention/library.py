@@ -17,6 +17,8 @@ class FmhaLibrary(ABC):
     """An attention implementation. `is_available` and `supports` return reasons; an empty list means yes."""
 
     name: str = ""
+    # One launch takes every sequence of a prefill step (a dense library runs them one by one).
+    batched_prefill: bool = False
 
     def is_available(self, cfg: AttentionConfig) -> list[str]:
         return []

@@ -64,6 +64,15 @@ class FmhaManager:
             f"no attention library supports {_describe(shapes)}: {self._format(rejected)}"
         )
 
+    def batched_prefill(self) -> bool:
+        """Whether a prefill step's attention is one launch for all its sequences (then a step may mix
+        decoding sequences into a prefill cheaply)."""
+        shapes = AttentionShapes("prefill", self.cfg.sliding_window is not None, True, False)
+        try:
+            return self.select(shapes).batched_prefill
+        except NoAttentionLibrary:
+            return False
+
     def forward(self, shapes: AttentionShapes, q, k_cache, v_cache, meta, scale):
         """Attention through the selected library; a kernel that refuses this call hands it to the next one."""
         lib = self.select(shapes)

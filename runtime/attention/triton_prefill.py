@@ -109,6 +109,7 @@ def tile_map(query_lens: list[int], block_m: int) -> list[int]:
 
 class TritonPrefillAttention(FmhaLibrary):
     name = "triton_prefill"
+    batched_prefill = True
 
     def is_available(self, cfg: AttentionConfig) -> list[str]:
         reasons = []

@@ -59,8 +59,20 @@ class ExecutorCore:
             decode_from_embeds=self.starts_from_embeddings(),
         )
         self.allocator = BlockAllocator(self.runner.sizing.num_blocks)
+        mixed = config.mixed_batches
         self.scheduler = Scheduler(
-            self.allocator, self.runner.block_size, config.max_batch_size, config.max_num_batched_tokens
+            self.allocator,
+            self.runner.block_size,
+            config.max_batch_size,
+            config.max_num_batched_tokens,
+            mixed_batches=self.runner.fmha.batched_prefill() if mixed is None else mixed,
+        )
+        log.info(
+            "mixed batches %s (%s)",
+            "on" if self.scheduler.mixed_batches else "off",
+            "as configured"
+            if mixed is not None
+            else "prefill attention in one launch: " + ("yes" if self.scheduler.mixed_batches else "no"),
         )
         self.readback = Readback(self.dispatcher, config.device, parallel)
         self.in_warmup_guard = False

@@ -75,6 +75,13 @@ class EngineOptions:
     fmha_prepend: tuple[str, ...] = field(
         default=(), metadata=doc("Attention libraries tried before the others.")
     )
+    mixed_batches: bool | None = field(
+        default=None,
+        metadata=doc(
+            "Running sequences decode in the same step as a prefill, instead of waiting for it; None: "
+            "when the prefill attention takes every sequence in one launch (triton_prefill)."
+        ),
+    )
     dispatch_mode: str | None = field(
         default=None,
         metadata=doc("Host dispatch: blocking, spin or auto; None: the extension's fixed mode, else auto."),
@@ -156,7 +163,7 @@ def model_dtype(o: EngineOptions) -> torch.dtype:
 def _check_switches(o: EngineOptions) -> None:
     """A switch is True or False (None where it means "decide for me"): "no" is not False."""
     for name, optional in (("cuda_graphs", True), ("enforce_eager", False), ("fused_kernels", True),
-                           ("engine_process", False)):  # fmt: skip
+                           ("engine_process", False), ("mixed_batches", True)):  # fmt: skip
         value = getattr(o, name)
         if not isinstance(value, bool) and not (optional and value is None):
             allowed = "True, False or None" if optional else "True or False"
@@ -197,6 +204,7 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         fused_kernels=o.fused_kernels,
         fmha_enabled=tuple(o.fmha_enabled) if o.fmha_enabled is not None else None,
         fmha_prepend=tuple(o.fmha_prepend),
+        mixed_batches=o.mixed_batches,
         dispatch_mode=o.dispatch_mode,
         on_unsupported=o.on_unsupported,
         guided_backend=o.guided_backend,

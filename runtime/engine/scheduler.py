@@ -30,9 +30,17 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(
-        self, allocator: BlockAllocator, block_size: int, max_batch_size: int, max_num_batched_tokens: int
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        max_batch_size: int,
+        max_num_batched_tokens: int,
+        mixed_batches: bool = False,
     ) -> None:
         self.allocator = allocator
+        # A prefill step also carries each decoding sequence's next token (as a one-token chunk), so
+        # running requests keep their pace while new ones are prefilled.
+        self.mixed_batches = mixed_batches
         self.block_size = block_size
         self.max_batch_size = max_batch_size
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -97,6 +105,15 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         # Sequences part-way through a chunked prefill go first, then new admissions in arrival order.
         candidates = [s for s in self.running if s.num_tokens - s.num_computed > 1]
+        admitting = bool(self.waiting) and len(self.running) < self.max_batch_size
+        if not candidates and not admitting:
+            return None
+        decoding = 0
+        if self.mixed_batches:  # decoding sequences ride along first: one token each
+            for seq in self.running:
+                if seq.num_tokens - seq.num_computed == 1 and budget > 0:
+                    budget -= self._add_chunk(batch, seq, budget)
+            decoding = len(batch.seqs)
         for seq in candidates:
             if budget <= 0:
                 break
@@ -112,6 +129,8 @@ class Scheduler:
                 seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             budget -= taken
+        if self.mixed_batches and len(batch.seqs) == decoding:
+            return None  # nothing to prefill after all: a plain decode step (graphs) does the rest
         return batch if batch.seqs else None
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:

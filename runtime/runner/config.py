@@ -31,6 +31,7 @@ class EngineConfig:
     graph_batch_sizes: tuple[int, ...] = ()
     fmha_enabled: tuple[str, ...] | None = None
     fmha_prepend: tuple[str, ...] = ()
+    mixed_batches: bool | None = None  # None: when the prefill attention is one launch for every sequence
     dispatch_mode: str | None = None  # None: the extension's fixed mode, else auto
     on_unsupported: str | None = None  # None: the extension's fixed policy, else warn_once
     guided_backend: str = "none"

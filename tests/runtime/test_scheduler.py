@@ -64,3 +64,60 @@ def test_max_seq_len_ends_a_request():
         0
     ]
     assert len(out.outputs[0].token_ids) == 12 and out.outputs[0].finish_reason == "length"
+
+
+def _prefill_spy(llm) -> list[list[tuple[int, int, int]]]:
+    """Every prefill step the scheduler hands out: (chunk start, chunk length, prompt length) each."""
+    steps = []
+    orig = llm.executor.scheduler._schedule_prefill
+
+    def spy():
+        batch = orig()
+        if batch is not None:
+            steps.append(
+                [
+                    (a, n, len(s.prompt_ids))
+                    for s, a, n in zip(batch.seqs, batch.starts, batch.lens, strict=True)
+                ]
+            )
+        return batch
+
+    llm.executor.scheduler._schedule_prefill = spy
+    return steps
+
+
+@pytest.mark.parametrize("blocks", [None, 10], ids=["roomy", "preempting"])
+def test_mixed_batches_give_the_same_tokens_and_decode_beside_prefills(reference, blocks):
+    kw = dict(
+        device="cpu", max_seq_len=128, max_batch_size=8, max_num_batched_tokens=16, kv_cache_blocks=blocks
+    )
+    llm = LLM("random:tiny-qwen2", mixed_batches=True, **kw)
+    assert llm.executor.scheduler.mixed_batches
+    steps = _prefill_spy(llm)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)] == reference
+    # A chunk past a sequence's prompt: a decode riding along, in a step that prefills another.
+    riding = [step for step in steps if any(start >= plen for start, _, plen in step)]
+    assert riding and all(any(start < plen for start, _, plen in step) for step in riding)
+    assert all(n == 1 for step in steps for start, n, plen in step if start >= plen and blocks is None)
+    assert all(sum(n for _, n, _ in step) <= 16 for step in steps)
+    stats = llm.stats()
+    assert stats.step_tokens["prefill"] > sum(map(len, PROMPTS)), "prefill steps computed decode tokens too"
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+
+
+def test_without_mixed_batches_a_prefill_step_holds_prompt_chunks_only():
+    llm = LLM("random:tiny-qwen2", device="cpu", max_seq_len=128, max_batch_size=8, max_num_batched_tokens=16)
+    assert not llm.executor.scheduler.mixed_batches, (
+        "the CPU's dense prefill attention is one call per sequence"
+    )
+    steps = _prefill_spy(llm)
+    llm.generate(PROMPTS, PARAMS)
+    assert all(start + n <= plen for step in steps for start, n, plen in step), "prompt chunks only"
+    stats = llm.stats()
+    assert stats.step_tokens["prefill"] == sum(map(len, PROMPTS))
+    assert stats.steps["decode"] > 0 and stats.step_seconds["decode"] > 0
+
+
+def test_mixed_batches_is_a_switch():
+    with pytest.raises(ValueError, match="mixed_batches must be True, False or None"):
+        LLM("random:tiny-qwen2", device="cpu", mixed_batches="yes")
