@@ -174,8 +174,7 @@ class Scheduler:
             return None
         if self.waiting and len(self.running) < self.max_batch_size:
             return None  # room to admit: let the full scheduler run
-        in_prev = set(map(id, prev.seqs))
-        if any(id(s) not in in_prev for s in self.running):
+        if not set(map(id, prev.seqs)).issuperset(map(id, self.running)):
             return None
         # One pass, as cheap as it can be: this runs once per decode step for every sequence.
         bs, seqs, growing, need = self.block_size, [], [], 0

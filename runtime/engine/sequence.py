@@ -85,5 +85,8 @@ class Sequence:
             if token in self.eos_ids and not p.ignore_eos:
                 self.finish_reason = "stop"
                 return
-        if len(self.output_ids) >= self.max_new_tokens or self.num_known >= self.max_seq_len:
+        # Inlined max_new_tokens and num_known: this runs for every sequence on every step.
+        n = len(self.output_ids)
+        limit = p.max_tokens if p.max_tokens is not None else self.max_seq_len
+        if n >= limit or len(self.prompt_ids) + n >= self.max_seq_len:
             self.finish_reason = "length"

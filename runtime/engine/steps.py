@@ -54,6 +54,19 @@ def needs_general(seq: Sequence) -> bool:
     )
 
 
+def any_needs_general(seqs: list[Sequence]) -> bool:
+    """needs_general of any sequence, deciding once per SamplingParams: a step's rows share few."""
+    always: dict[int, bool] = {}
+    for seq in seqs:
+        p = seq.params
+        hit = always.get(id(p))
+        if hit is None:
+            hit = always[id(p)] = not p.greedy or p.penalized or (p.logprobs is not None and p.logprobs > 0)
+        if hit or (p.min_tokens and len(seq.output_ids) + seq.num_pending < p.min_tokens):
+            return True
+    return False
+
+
 def keeps_penalty_state(seq: Sequence) -> bool:
     """Whether the sequence needs a penalty-table slot (runner/penalties.py)."""
     return seq.params.penalized or seq.params.min_tokens > 0
@@ -108,7 +121,7 @@ def decode_step(
     slots: PenaltySlots | None = None,
 ) -> DecodeStep:
     """A decode step's payload: the greedy fast path unless some row needs the general sampler."""
-    general = any(needs_general(s) for s in seqs)
+    general = any_needs_general(seqs)
     sampling = sampling_tensors(seqs, rows, slots) if general else None
     return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, wants_top_logprobs(seqs))
 
@@ -159,7 +172,7 @@ def prefill_step(
             logits_rows.append(offset - 1)
             sampled.append(seq)
         seq.num_computed = start + n
-    general = any(needs_general(s) for s in sampled)
+    general = any_needs_general(sampled)
     step = PrefillStep(
         *(
             torch.tensor(v, dtype=torch.int64)

@@ -8,7 +8,7 @@ from test_sampling_controls import chosen_logprobs, token_ids
 
 from fastpath.runtime import LLM, SamplingParams
 from fastpath.runtime.engine.sequence import Sequence
-from fastpath.runtime.engine.steps import decode_step, needs_general, sampling_tensors
+from fastpath.runtime.engine.steps import any_needs_general, decode_step, needs_general, sampling_tensors
 from fastpath.runtime.kernels.sampling import COUNT_MASK, PROMPT_BIT, STOP_BIT
 from fastpath.runtime.runner.penalties import PenaltyFill, PenaltySlots, PenaltyTable
 
@@ -161,3 +161,21 @@ def test_slots_are_reused_once_their_sequence_is_released():
     assert slots.slot_of(a) == 0 and slots.slot_of(c) == got
     slots.release(b)
     assert slots.slot_of(b) == 0 and slots.assign(a) not in (0, got)
+
+
+def test_a_steps_general_flag_is_any_rows_needs_general():
+    """The per-step shortcut (decided once per SamplingParams) agrees with the per-row definition."""
+    import itertools
+
+    kinds = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0.0, repetition_penalty=1.2),
+        SamplingParams(temperature=0.0, logprobs=2),
+        SamplingParams(temperature=0.0, logprobs=0),
+        SamplingParams(temperature=0.0, min_tokens=3),
+    ]
+    seqs = [_seq(p, generated=g) for p in kinds for g in (0, 3)]
+    for k in (1, 2, 3):
+        for combo in itertools.combinations(seqs, k):
+            assert any_needs_general(list(combo)) == any(needs_general(s) for s in combo)
