@@ -31,7 +31,10 @@ def kernel_time(fn) -> tuple[float, int]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [
+        e for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+    ]  # fmt: skip
     return sum(e.device_time_total for e in kernels) / 1e6, len(kernels)
 
 

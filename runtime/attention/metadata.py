@@ -73,7 +73,11 @@ class AttentionMetadata:
         key = (name, variant)
         table = self._tables.get(key)
         if table is None:
-            table = torch.tensor(build(), dtype=torch.int32).to(self.block_tables.device)
+            table = torch.tensor(build(), dtype=torch.int32)
+            device = self.block_tables.device
+            if device.type == "cuda":  # pinned, so the copy does not hold up the host
+                table = table.pin_memory()
+            table = table.to(device, non_blocking=True)
             self._tables[key] = table
         return table
 

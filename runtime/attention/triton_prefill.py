@@ -14,7 +14,7 @@ import importlib.util
 
 import torch
 
-from .library import FmhaLibrary
+from .library import FmhaLibrary, KernelRefused
 from .metadata import AttentionConfig, AttentionShapes
 
 BLOCK_M = 64  # queries per program; one size, so a token's sums never depend on the step's shape
@@ -29,7 +29,7 @@ def _load_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["stride_bt"])  # the table width changes from step to step
     def prefill_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, lens_ptr, tiles_ptr, scale,
         stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
@@ -130,12 +130,21 @@ class TritonPrefillAttention(FmhaLibrary):
         kernel = _load_kernel()
         _, heads, dim = q.shape
         kv_heads, block = k_cache.shape[2], k_cache.shape[1]
+        if block < 16 or block & (block - 1):
+            raise KernelRefused(f"triton_prefill needs a power-of-two cache block >= 16, got {block}")
         tiles = meta.host_table("prefill_tiles", BLOCK_M, lambda: tile_map(meta.query_lens, BLOCK_M))
         out = torch.empty_like(q)
-        kernel[(tiles.shape[0] // 4, heads)](
-            q, k_cache, v_cache, out, meta.block_tables, meta.context_lens, tiles, scale,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
-            GROUP=heads // kv_heads, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK=block, WINDOW=meta.sliding_window or 0,
-        )  # fmt: skip
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources
+
+        try:
+            kernel[(tiles.shape[0] // 4, heads)](
+                q, k_cache, v_cache, out, meta.block_tables, meta.context_lens, tiles, scale,
+                q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), meta.block_tables.stride(0),
+                GROUP=heads // kv_heads, HEAD_DIM=dim, BLOCK_M=BLOCK_M, BLOCK=block,
+                WINDOW=meta.sliding_window or 0,
+            )  # fmt: skip
+        except (CompilationError, OutOfResources) as exc:  # the next library takes the call
+            raise KernelRefused(f"triton_prefill cannot run head_dim={dim} here: {exc}") from exc
         return out

@@ -63,7 +63,9 @@ class EngineCore:
         self._live: set[RequestHandle] = set()
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self._steps: dict[str, list] = {}  # phase -> [steps, tokens, seconds]
+        # phase -> (steps, tokens, seconds); both phases exist from the start, so stats() on another
+        # thread never iterates a dict that grows
+        self._steps: dict[str, tuple[int, int, float]] = {"prefill": (0, 0, 0.0), "decode": (0, 0, 0.0)}
         self._last_delivery = 0.0
         self._thread = threading.Thread(target=self._run, name="fastpath-engine", daemon=True)
         self._thread.start()
@@ -114,9 +116,7 @@ class EngineCore:
             self.prompt_tokens,
             self.generation_tokens,
             sched.num_preemptions,
-            {phase: int(v[0]) for phase, v in self._steps.items()},
-            {phase: int(v[1]) for phase, v in self._steps.items()},
-            {phase: float(v[2]) for phase, v in self._steps.items()},
+            *_columns(list(self._steps.items())),
         )
 
     def close(self, reason: str = "close() was called") -> bool:
@@ -198,10 +198,13 @@ class EngineCore:
         """Tally a completed step; the time now."""
         self.generation_tokens += len(record.new_tokens)
         now = time.monotonic()
-        tally = self._steps.setdefault(record.phase, [0, 0, 0.0])
-        tally[0] += 1
-        tally[1] += record.num_tokens
-        tally[2] += now - self._last_delivery
+        steps, tokens, seconds = self._steps.get(record.phase, (0, 0, 0.0))
+        # One new tuple per step: a reader on another thread sees the old tally or the new, never half.
+        self._steps[record.phase] = (
+            steps + 1,
+            tokens + record.num_tokens,
+            seconds + now - self._last_delivery,
+        )
         self._last_delivery = now
         return now
 
@@ -242,6 +245,15 @@ class EngineCore:
         for _, future in calls:
             if future.set_running_or_notify_cancel():
                 future.set_exception(error)
+
+
+def _columns(rows: list[tuple[str, tuple]]) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
+    """Steps, tokens and seconds by phase, from one snapshot of each phase's tally."""
+    return (
+        {phase: int(v[0]) for phase, v in rows},
+        {phase: int(v[1]) for phase, v in rows},
+        {phase: float(v[2]) for phase, v in rows},
+    )
 
 
 def _wake_all(handles: list[RequestHandle]) -> None:

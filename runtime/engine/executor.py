@@ -65,7 +65,7 @@ class ExecutorCore:
             self.runner.block_size,
             config.max_batch_size,
             config.max_num_batched_tokens,
-            mixed_batches=self.runner.fmha.batched_prefill() if mixed is None else mixed,
+            mixed_batches=self._mixed_batches_by_default() if mixed is None else mixed,
         )
         log.info(
             "mixed batches %s (%s)",
@@ -80,6 +80,11 @@ class ExecutorCore:
         self._staging: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int, int]]]] = {}
         self._closed = False
         self._loop_started = False
+
+    def _mixed_batches_by_default(self) -> bool:
+        """On when a prefill's attention is one launch and a step has room for every decode beside it."""
+        c = self.config
+        return self.runner.fmha.batched_prefill() and c.max_num_batched_tokens >= c.max_batch_size
 
     # What hooks read (FusedDecodePrologue, health_check): the runner's, by the executor's names.
     @property

@@ -184,6 +184,13 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
     if not (isinstance(o.gpu_memory_utilization, (int, float)) and 0 < o.gpu_memory_utilization <= 1):
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {o.gpu_memory_utilization!r}")
     graphs = False if o.enforce_eager else o.cuda_graphs
+    budget = _int("max_num_batched_tokens", o.max_num_batched_tokens or max(2048, max_seq), 1)
+    if o.mixed_batches and budget < max_batch:
+        # Every decoding sequence rides along first: with fewer tokens than sequences, none is admitted.
+        raise ValueError(
+            f"mixed_batches needs max_num_batched_tokens ({budget}) >= max_batch_size ({max_batch}), "
+            "so a prefill step has room beside every decoding sequence"
+        )
     if o.tp_allreduce not in TP_ALLREDUCE:
         raise ValueError(f"tp_allreduce must be one of {', '.join(TP_ALLREDUCE)}, got {o.tp_allreduce!r}")
     return EngineConfig(
@@ -194,9 +201,7 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         dtype=model_dtype(o),
         max_batch_size=max_batch,
         max_seq_len=max_seq,
-        max_num_batched_tokens=_int(
-            "max_num_batched_tokens", o.max_num_batched_tokens or max(2048, max_seq), 1
-        ),
+        max_num_batched_tokens=budget,
         kv_cache_blocks=None if o.kv_cache_blocks is None else _int("kv_cache_blocks", o.kv_cache_blocks, 2),
         memory_fraction=float(o.gpu_memory_utilization),
         cuda_graphs=graphs is not False and dev.type == "cuda",

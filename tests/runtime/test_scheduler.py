@@ -121,3 +121,13 @@ def test_without_mixed_batches_a_prefill_step_holds_prompt_chunks_only():
 def test_mixed_batches_is_a_switch():
     with pytest.raises(ValueError, match="mixed_batches must be True, False or None"):
         LLM("random:tiny-qwen2", device="cpu", mixed_batches="yes")
+
+
+def test_mixed_batches_refuse_a_token_budget_smaller_than_the_batch():
+    # Decodes ride along first: with fewer tokens per step than sequences, no request would be admitted.
+    with pytest.raises(ValueError) as err:
+        LLM("random:tiny-qwen2", device="cpu", max_batch_size=8, max_num_batched_tokens=4, mixed_batches=True)
+    assert str(err.value) == (
+        "mixed_batches needs max_num_batched_tokens (4) >= max_batch_size (8), "
+        "so a prefill step has room beside every decoding sequence"
+    )
