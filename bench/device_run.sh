@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|quick-tests] [decode|decode-quick|decode-fused|tp-decode|allreduce|prefill|profile-general|serve|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|quick-tests] [decode|decode-quick|decode-fused|tp-decode|allreduce|prefill|profile-general|serve|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -43,6 +43,7 @@ for step in "$@"; do
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;
     serve) python3 bench/serve.py --out "$OUT" --requests 128 2>&1 | tail -30 ;;
+    serve-512) python3 bench/serve.py --out "$OUT" --requests 512 --concurrency 64 2>&1 | tail -8 ;;
     guided) python3 bench/guided.py --out "$OUT" 2>&1 | tail -30 ;;
     hostdispatch) python3 bench/hostdispatch.py --quick --out "$OUT" 2>&1 | tail -30 ;;
     *) echo "unknown step $step" ;;
