@@ -79,7 +79,8 @@ class EngineOptions:
         default=None,
         metadata=doc(
             "Running sequences decode in the same step as a prefill, instead of waiting for it; None: "
-            "when the prefill attention takes every sequence in one launch (triton_prefill)."
+            "when the prefill attention takes every sequence in one launch (triton_prefill) and "
+            "max_num_batched_tokens >= max_batch_size (True needs the latter)."
         ),
     )
     dispatch_mode: str | None = field(

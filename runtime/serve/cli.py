@@ -89,6 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         "--enforce-eager", dest="engine_enforce_eager", action="store_const", const=True, default=None
     )
     e.add_argument(
+        "--mixed-batches",
+        dest="engine_mixed_batches",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode running requests in the same step as a prefill (default: on when the prefill "
+        "attention is one launch and --max-num-batched-tokens >= --max-batch-size)",
+    )
+    e.add_argument(
         "--engine-process",
         dest="engine_engine_process",
         action=argparse.BooleanOptionalAction,

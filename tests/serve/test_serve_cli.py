@@ -126,3 +126,11 @@ def test_without_the_serve_extra_the_command_says_what_to_install():
     assert done.stderr.strip() == (
         "error: the server needs fastapi, not installed: pip install 'fastpath-llm[serve]'"
     ), done.stderr
+
+
+def test_mixed_batches_are_the_engines_choice_unless_a_flag_says(calls):
+    assert main(["serve", "random:tiny-llama", "--no-mixed-batches"]) == 0
+    assert main(["serve", "random:tiny-llama", "--mixed-batches"]) == 0
+    assert main(["serve", "random:tiny-llama"]) == 0
+    kwargs = [runtime_cli.engine_kwargs(args) for _, args, _ in calls]
+    assert [k.get("mixed_batches") for k in kwargs] == [False, True, None]
