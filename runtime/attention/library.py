@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 
 import torch
@@ -36,6 +37,28 @@ class FmhaLibrary(ABC):
         scale: float,
     ) -> torch.Tensor:
         """q [T, H, D] and this layer's paged cache -> attention output [T, H, D]."""
+
+
+class TritonFmhaLibrary(FmhaLibrary):
+    """fastpath's own paged Triton kernels: CUDA, fp16/bf16 (tensor cores), a power-of-two head_dim,
+    and one phase each."""
+
+    phase: str = ""
+
+    def is_available(self, cfg: AttentionConfig) -> list[str]:
+        reasons = []
+        if cfg.device_type != "cuda":
+            reasons.append(f"{self.name} runs on CUDA only (device is {cfg.device_type})")
+        if importlib.util.find_spec("triton") is None:
+            reasons.append("the triton package is not installed")
+        if cfg.dtype not in (torch.float16, torch.bfloat16):
+            reasons.append(f"{self.name} uses tensor cores, which would round {cfg.dtype} to tf32")
+        if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
+            reasons.append(f"{self.name} needs a power-of-two head_dim >= 16, got {cfg.head_dim}")
+        return reasons
+
+    def supports(self, shapes: AttentionShapes) -> list[str]:
+        return [] if shapes.phase == self.phase else [f"{self.name} implements the {self.phase} phase only"]
 
 
 class DenseFmhaLibrary(FmhaLibrary):

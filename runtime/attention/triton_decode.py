@@ -6,12 +6,9 @@ gather costs more than the attention. This kernel walks the block table in place
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
-from .library import FmhaLibrary
-from .metadata import AttentionConfig, AttentionShapes
+from .library import TritonFmhaLibrary
 
 _kernels = None
 
@@ -107,23 +104,9 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-class TritonDecodeAttention(FmhaLibrary):
+class TritonDecodeAttention(TritonFmhaLibrary):
     name = "triton_decode"
-
-    def is_available(self, cfg: AttentionConfig) -> list[str]:
-        reasons = []
-        if cfg.device_type != "cuda":
-            reasons.append(f"triton_decode runs on CUDA only (device is {cfg.device_type})")
-        if importlib.util.find_spec("triton") is None:
-            reasons.append("the triton package is not installed")
-        if cfg.dtype not in (torch.float16, torch.bfloat16):
-            reasons.append(f"triton_decode uses tensor cores, which would round {cfg.dtype} to tf32")
-        if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
-            reasons.append(f"triton_decode needs a power-of-two head_dim >= 16, got {cfg.head_dim}")
-        return reasons
-
-    def supports(self, shapes: AttentionShapes) -> list[str]:
-        return [] if shapes.phase == "decode" else ["triton_decode implements the decode phase only"]
+    phase = "decode"
 
     def forward(self, q, k_cache, v_cache, meta, scale):
         split_kernel, reduce_kernel = _load_kernels()

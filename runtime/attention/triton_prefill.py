@@ -10,12 +10,9 @@ the last `sliding_window` of them).
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
-from .library import FmhaLibrary, KernelRefused
-from .metadata import AttentionConfig, AttentionShapes
+from .library import KernelRefused, TritonFmhaLibrary
 
 BLOCK_M = 64  # queries per program; one size, so a token's sums never depend on the step's shape
 
@@ -107,24 +104,10 @@ def tile_map(query_lens: list[int], block_m: int) -> list[int]:
     return tiles
 
 
-class TritonPrefillAttention(FmhaLibrary):
+class TritonPrefillAttention(TritonFmhaLibrary):
     name = "triton_prefill"
+    phase = "prefill"
     batched_prefill = True
-
-    def is_available(self, cfg: AttentionConfig) -> list[str]:
-        reasons = []
-        if cfg.device_type != "cuda":
-            reasons.append(f"triton_prefill runs on CUDA only (device is {cfg.device_type})")
-        if importlib.util.find_spec("triton") is None:
-            reasons.append("the triton package is not installed")
-        if cfg.dtype not in (torch.float16, torch.bfloat16):
-            reasons.append(f"triton_prefill uses tensor cores, which would round {cfg.dtype} to tf32")
-        if cfg.head_dim < 16 or cfg.head_dim & (cfg.head_dim - 1):
-            reasons.append(f"triton_prefill needs a power-of-two head_dim >= 16, got {cfg.head_dim}")
-        return reasons
-
-    def supports(self, shapes: AttentionShapes) -> list[str]:
-        return [] if shapes.phase == "prefill" else ["triton_prefill implements the prefill phase only"]
 
     def forward(self, q, k_cache, v_cache, meta, scale):
         kernel = _load_kernel()

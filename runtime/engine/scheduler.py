@@ -129,9 +129,9 @@ class Scheduler:
                 seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             budget -= taken
-        if self.mixed_batches and len(batch.seqs) == decoding:
+        if len(batch.seqs) == decoding:
             return None  # nothing to prefill after all: a plain decode step (graphs) does the rest
-        return batch if batch.seqs else None
+        return batch
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
         remaining = seq.num_tokens - seq.num_computed

@@ -44,15 +44,14 @@ class StepRecord:
     new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
 
 
+def _general_for_any_row(p: SamplingParams) -> bool:
+    """Whether every row of these parameters needs the general sampler, whatever it has generated."""
+    return not p.greedy or p.penalized or (p.logprobs is not None and p.logprobs > 0)
+
+
 def needs_general(seq: Sequence) -> bool:
     """Whether the sequence's next token needs the general sampler rather than the greedy one."""
-    p = seq.params
-    return (
-        not p.greedy
-        or p.penalized
-        or seq.num_generated < p.min_tokens
-        or (p.logprobs is not None and p.logprobs > 0)
-    )
+    return _general_for_any_row(seq.params) or seq.num_generated < seq.params.min_tokens
 
 
 def any_needs_general(seqs: list[Sequence]) -> bool:
@@ -62,7 +61,7 @@ def any_needs_general(seqs: list[Sequence]) -> bool:
         p = seq.params
         hit = always.get(id(p))
         if hit is None:
-            hit = always[id(p)] = not p.greedy or p.penalized or (p.logprobs is not None and p.logprobs > 0)
+            hit = always[id(p)] = _general_for_any_row(p)
         if hit or (p.min_tokens and len(seq.output_ids) + seq.num_pending < p.min_tokens):
             return True
     return False
