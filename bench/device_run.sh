@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|quick-tests] [decode|decode-quick|decode-fused|tp-decode|allreduce|prefill|profile-general|serve|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|quick-tests] [decode|decode-quick|decode-fused|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|serve|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -40,6 +40,8 @@ for step in "$@"; do
       done ;;
     allreduce) timeout 200 python3 bench/allreduce.py --out "$OUT" 2>&1 | tail -20 ;;
     prefill) timeout 200 python3 bench/prefill.py --out "$OUT" 2>&1 | tail -8 ;;
+    tp-two-shot) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py -k two_shot 2>&1 | tee "$OUT/gpu_tp_two_shot.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
+    sampler) timeout 240 python3 bench/sampler.py --out "$OUT" 2>&1 | tail -16 ;;
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;
     serve) python3 bench/serve.py --out "$OUT" --requests 128 2>&1 | tail -30 ;;
@@ -49,6 +51,7 @@ for step in "$@"; do
     *) echo "unknown step $step" ;;
   esac
   stamp "$step"
+  # After every step, so a run cut short by the device's time limit still returns what it finished.
+  tar -C "$OUT" --exclude=bench-tokenizer-32k -czf "$FINAL/results.tgz" .
+  cp "$log" "$FINAL/device.log"
 done
-tar -C "$OUT" --exclude=bench-tokenizer-32k -czf "$FINAL/results.tgz" .
-cp "$log" "$FINAL/device.log"
