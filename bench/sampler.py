@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import markdown_table, replay_seconds, write_outputs  # noqa: E402
+from common import markdown_table, replay_seconds, write_outputs
 
 VOCAB = 128256
 
@@ -55,6 +56,11 @@ def inputs(batch: int, scale: float, device: str):
     return logits, SamplingTensors(p.data.to(device)), table, TOP_LOGPROBS
 
 
+def greedy(logits: torch.Tensor):
+    x = logits.float()
+    return x.argmax(-1), torch.log_softmax(x, -1)
+
+
 def timed(fn, replays: int) -> tuple[float, dict[str, float]]:
     """(seconds per replay of fn captured in a graph, µs per replay of each kernel)."""
     stream = torch.cuda.Stream()
@@ -84,7 +90,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 64, 256])
-    ap.add_argument("--variants", nargs="+", default=["4096x1024x8", "8192x1024x8", "4096x512x4", "16384x1024x8"])
+    ap.add_argument(
+        "--variants", nargs="+", default=["4096x1024x8", "8192x1024x8", "4096x512x4", "16384x1024x8"]
+    )
     ap.add_argument("--scale", type=float, default=2.0, help="standard deviation of the random logits")
     ap.add_argument("--replays", type=int, default=50)
     args = ap.parse_args()
@@ -97,11 +105,7 @@ def main() -> None:
     for b in args.batch:
         logits, p, table, top = inputs(b, args.scale, "cuda")
 
-        def greedy():
-            x = logits.float()
-            return x.argmax(-1), torch.log_softmax(x, -1)
-
-        base, _ = timed(greedy, args.replays)
+        base, _ = timed(functools.partial(greedy, logits), args.replays)
         rows.append([b, "greedy (argmax, log-softmax)", f"{base * 1e6:.1f}", "", ""])
         payload["rows"].append({"batch": b, "variant": "greedy", "us": base * 1e6})
         for variant in args.variants:
@@ -109,13 +113,13 @@ def main() -> None:
             S.PASS_WARPS = warps
             entries, bits = table.entries.clone(), table.bits.clone()
 
-            def general(chunk=chunk, block=block, entries=entries, bits=bits):
-                return S.sample(logits, p, entries, bits, top, chunk=chunk, block=block)
-
+            general = functools.partial(S.sample, logits, p, entries, bits, top, chunk=chunk, block=block)
             seconds, kernels = timed(general, args.replays)
             split = ", ".join(f"{k} {v:.0f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:6])
             rows.append([b, f"general {variant}", f"{seconds * 1e6:.1f}", f"{seconds / base:.2f}×", split])
-            payload["rows"].append({"batch": b, "variant": variant, "us": seconds * 1e6, "kernels_us": kernels})
+            payload["rows"].append(
+                {"batch": b, "variant": variant, "us": seconds * 1e6, "kernels_us": kernels}
+            )
             print(rows[-1], flush=True)
     table_md = markdown_table(["batch", "sampler", "µs/replay", "vs greedy", "µs per kernel"], rows)
     print(table_md)
