@@ -23,6 +23,20 @@ def float_key(v):
 
 
 @triton.jit
+def signed_key(v):
+    """fp32 -> int32 in the float order: float_key(v) - 2**31, in 32-bit arithmetic."""
+    b = v.to(tl.int32, bitcast=True)
+    k = b ^ ((b >> 31) & 0x7FFFFFFF)
+    return tl.where(k == -1, 0, k)
+
+
+@triton.jit
+def distance(top, k):
+    """top - k of two signed keys, top >= k: a distance in the float order, as uint32."""
+    return top.to(tl.uint32, bitcast=True) - k.to(tl.uint32, bitcast=True)
+
+
+@triton.jit
 def key_float(k):
     b = tl.where(k >= 2147483648, k - 2147483648, ~k & 0xFFFFFFFF).to(tl.int64)
     return b.to(tl.int32).to(tl.float32, bitcast=True)
@@ -36,11 +50,24 @@ def order_key(key, cols):
 
 @triton.jit
 def bucket(d):
-    """A distance in the float order (uint64) -> [0, 240): exact below 16, then 8 per octave."""
-    bits = d.to(tl.float64).to(tl.int64, bitcast=True)
-    e = ((bits >> 52) & 2047) - 1023
-    m = (bits >> 49) & 7
-    return tl.where(d < 16, d.to(tl.int64), 16 + (e - 4) * 8 + m).to(tl.int32)
+    """A distance in the float order (uint32) -> [0, 240): exact below 16, then 8 per octave."""
+    hi = (d.to(tl.float64).to(tl.int64, bitcast=True) >> 32).to(tl.int32)
+    e = ((hi >> 20) & 2047) - 1023
+    m = (hi >> 17) & 7
+    return tl.where(d < 16, d.to(tl.int32), 16 + (e - 4) * 8 + m)
+
+
+@triton.jit
+def bucket_floor(top, cut):
+    """The least signed key whose distance below `top` (a signed key) falls in a bucket <= cut >= 0:
+    `bucket(distance(top, k)) <= cut` is `k >= bucket_floor(top, cut)`, one compare per logit."""
+    c = tl.maximum(cut, 0).to(tl.int64)
+    e = (c - 16) // 8 + 4
+    m = (c - 16) % 8
+    # The largest distance in bucket c: exact buckets hold one; bucket (e, m) ends before 2**e * (1 + (m + 1) / 8).
+    wide = tl.where(c >= 239, 4294967295, (tl.full([], 1, tl.int64) << e) + ((m + 1) << (e - 3)) - 1)
+    d = tl.where(c < 16, c, wide)
+    return (tl.maximum(top.to(tl.int64) + 2147483648 - d, 0) - 2147483648).to(tl.int32)
 
 
 @triton.jit

@@ -5,7 +5,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .sampling_jit import NF, bucket, fixed_mass, float_field, float_key, gumbel, int_field, order_key, scores
+from .sampling_jit import (
+    NF,
+    bucket,
+    bucket_floor,
+    distance,
+    fixed_mass,
+    float_field,
+    float_key,
+    gumbel,
+    int_field,
+    order_key,
+    scores,
+    signed_key,
+)
 
 
 @triton.jit
@@ -59,8 +72,8 @@ def hist_kernel(
     part = tl.program_id(1)
     prow = p_ptr + row * NF
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
-    key_top = float_key(top)
-    key_raw = float_key(top_raw)
+    key_top = signed_key(top)
+    key_raw = signed_key(top_raw)
     hist = tl.zeros([NB], tl.int32)
     rhist = tl.zeros([NB], tl.int32)
     z = tl.zeros([BLOCK], tl.int64)
@@ -68,9 +81,9 @@ def hist_kernel(
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
         inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
         z += fixed_mass(s, top)
-        hist += tl.histogram(bucket(key_top - float_key(s)), NB, mask=inb)
+        hist += tl.histogram(bucket(distance(key_top, signed_key(s))), NB, mask=inb)
         if TOPK:
-            rhist += tl.histogram(bucket(key_raw - float_key(x)), NB, mask=inb)
+            rhist += tl.histogram(bucket(distance(key_raw, signed_key(x))), NB, mask=inb)
     b = tl.arange(0, NB)
     tl.store(hist_ptr + (row * P + part) * NB + b, hist)
     if TOPK:
@@ -189,53 +202,71 @@ def draw_kernel(
 
 
 @triton.jit
+def _compact(ptr, iptr, at, v, cols, keep):
+    """Appends `v` and `cols` where `keep`, in token order, from slot `at`; returns the next slot."""
+    where = at + tl.cumsum(keep.to(tl.int32), 0) - 1
+    tl.store(ptr + where, v, mask=keep)
+    tl.store(iptr + where, cols, mask=keep)
+    return at + tl.sum(keep.to(tl.int32), 0)
+
+
+@triton.jit
 def gather_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, off_ptr,
     roff_ptr, rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr,
     TOPK: tl.constexpr,
 ):  # fmt: skip
+    """Each chunk's candidates (bucket <= cut) into its slots of the row's list. Buckets are a
+    monotone function of a logit's key, so membership is one compare with the cut's lowest key, and
+    the list's compaction (a scan) runs only for the few blocks that hold members."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
-    key_top = float_key(top)
-    key_raw = float_key(top_raw)
     cut = tl.load(sel_ptr + row * 6 + 0)
+    floor = bucket_floor(signed_key(top), cut)
     pos = tl.load(off_ptr + row * P + part)
     rcut = tl.load(sel_ptr + row * 6 + 2)
+    key_raw = signed_key(top_raw)
+    rfloor = bucket_floor(key_raw, rcut)
+    nfloor = bucket_floor(key_raw, rcut + 1)
     rkept = tl.load(sel_ptr + row * 6 + 3)
     rpos = tl.load(roff_ptr + row * P + part)
     npos = rkept + tl.load(rnext_ptr + row * P + part)
     below = tl.full([BLOCK], float("-inf"), tl.float32)
-    lo = tl.full([BLOCK], 0xFFFFFFFF, tl.uint64)
-    hi = tl.zeros([BLOCK], tl.uint64)
+    lo = tl.full([BLOCK], 2147483647, tl.int32)
+    hi = tl.full([BLOCK], -2147483648, tl.int32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
         inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
-        mine = inb & (bucket(key_top - float_key(s)) <= cut)
-        at = pos + tl.cumsum(mine.to(tl.int32), 0) - 1
-        tl.store(cand_ptr + row * CAP + at, s, mask=mine)
-        tl.store(cidx_ptr + row * CAP + at, cols, mask=mine)
-        pos += tl.sum(mine.to(tl.int32), 0)
+        mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
         below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
+        flags = mine.to(tl.int32)
         if TOPK:
-            kx = float_key(x)
-            bx = bucket(key_raw - kx)
-            mine = inb & (bx <= rcut)
-            at = rpos + tl.cumsum(mine.to(tl.int32), 0) - 1
-            tl.store(rcand_ptr + row * RCAP + at, x, mask=mine)
-            tl.store(ridx_ptr + row * RCAP + at, cols, mask=mine)
-            rpos += tl.sum(mine.to(tl.int32), 0)
-            # The next bucket's first members, in token order, fill the rest of the list.
-            nxt = inb & (bx == rcut + 1)
-            at = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
-            tl.store(rcand_ptr + row * RCAP + at, x, mask=nxt & (at < RCAP))
-            tl.store(ridx_ptr + row * RCAP + at, cols, mask=nxt & (at < RCAP))
-            npos += tl.sum(nxt.to(tl.int32), 0)
-            lo = tl.minimum(lo, tl.where(nxt, kx, 0xFFFFFFFF))
-            hi = tl.maximum(hi, tl.where(nxt, kx, 0))
+            kx = signed_key(x)
+            rmine = tl.where(rcut >= 0, inb & (kx >= rfloor), False)
+            nxt = inb & (kx >= nfloor) & ~rmine
+            flags = flags | (rmine.to(tl.int32) << 1) | (nxt.to(tl.int32) << 2)
+        any_flags = tl.reduce_or(flags, 0)
+        if (any_flags & 1) != 0:
+            pos = _compact(cand_ptr + row * CAP, cidx_ptr + row * CAP, pos, s, cols, mine)
+        if TOPK:
+            if (any_flags & 2) != 0:
+                rpos = _compact(rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, rpos, x, cols, rmine)
+            if (any_flags & 4) != 0:
+                # The next bucket's first members, in token order, fill the rest of the list.
+                where = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
+                tl.store(rcand_ptr + row * RCAP + where, x, mask=nxt & (where < RCAP))
+                tl.store(ridx_ptr + row * RCAP + where, cols, mask=nxt & (where < RCAP))
+                npos += tl.sum(nxt.to(tl.int32), 0)
+                lo = tl.minimum(lo, tl.where(nxt, kx, 2147483647))
+                hi = tl.maximum(hi, tl.where(nxt, kx, -2147483648))
     tl.store(below_ptr + row * P + part, tl.max(below, 0))
     if TOPK:
-        tl.store(span_ptr + (row * P + part) * 2 + 0, tl.min(lo, 0).to(tl.int64))
-        tl.store(span_ptr + (row * P + part) * 2 + 1, tl.max(hi, 0).to(tl.int64))
+        # As unsigned keys (float_key), and (0xFFFFFFFF, 0) for a chunk with none of the next bucket.
+        lo_key = tl.min(lo, 0).to(tl.int64) + 2147483648
+        hi_key = tl.max(hi, 0).to(tl.int64) + 2147483648
+        none = hi_key < lo_key
+        tl.store(span_ptr + (row * P + part) * 2 + 0, tl.where(none, 0xFFFFFFFF, lo_key))
+        tl.store(span_ptr + (row * P + part) * 2 + 1, tl.where(none, 0, hi_key))

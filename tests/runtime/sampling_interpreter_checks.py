@@ -8,9 +8,12 @@ import os
 import sys
 
 import torch
+import triton
+import triton.language as tl
 
 from fastpath.runtime.kernels import sampling_triton
 from fastpath.runtime.kernels.sampling import PROMPT_BIT, STOP_BIT, sample_reference
+from fastpath.runtime.kernels.sampling_jit import bucket, bucket_floor, distance, float_key, signed_key
 from fastpath.runtime.runner.penalties import PenaltyTable
 from fastpath.runtime.runner.sampler import SamplingTensors
 
@@ -88,8 +91,46 @@ def rows_mixed(n: int = 12) -> SamplingTensors:
     )
 
 
+@triton.jit
+def _floor_kernel(top_ptr, v_ptr, cut_ptr, out_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    top = tl.load(top_ptr + i)
+    v = tl.load(v_ptr + i)
+    cut = tl.load(cut_ptr + i)
+    kt, kv = signed_key(top), signed_key(v)
+    tl.store(out_ptr + i * 4 + 0, bucket(distance(kt, kv)))
+    tl.store(out_ptr + i * 4 + 1, tl.where(cut >= 0, kv >= bucket_floor(kt, cut), False).to(tl.int32))
+    tl.store(out_ptr + i * 4 + 2, (float_key(v).to(tl.int64) - 2147483648 == kv).to(tl.int32))
+    # The 64-bit distance the keys stood for, bucketed by its float's exponent and top mantissa bits.
+    d = (float_key(top) - float_key(v)).to(tl.float64)
+    e = tl.floor(tl.log2(d))
+    m = tl.floor((d / tl.exp2(e) - 1.0) * 8.0)
+    tl.store(out_ptr + i * 4 + 3, tl.where(d < 16, d, 16 + (e - 4) * 8 + m).to(tl.int32))
+
+
+def check_bucket_floor() -> bool:
+    """One compare with bucket_floor is the bucket test it replaces, for every cut and distance
+    (cut -1 keeps nothing, as in gather_kernel)."""
+    n = 4096
+    top = torch.randn(n, generator=g) * torch.logspace(-3, 30, n).to(torch.float32)
+    v = top - torch.rand(n, generator=g) * torch.logspace(-40, 38, n).float()
+    v[:64] = top[:64]  # distance 0
+    v[64:96], top[64:96] = -0.0, 0.0  # equal keys
+    v[96:128] = float("-inf")
+    v = torch.minimum(v, top)
+    cut = torch.randint(-1, 256, (n,), generator=g)
+    out = torch.empty(n, 4, dtype=torch.int32)
+    _floor_kernel[(1,)](top, v, cut, out, N=n)
+    b = out[:, 0]
+    ok = check("signed keys are float_key - 2**31", bool(out[:, 2].all()))
+    ok &= check("bucket of a 32-bit distance", torch.equal(b, out[:, 3]), f"{(b != out[:, 3]).sum()} differ")
+    want = (b <= cut) & (cut >= 0)
+    bad = (want != out[:, 1].bool()).nonzero().flatten()[:5].tolist()
+    return ok & check("k >= bucket_floor(top, cut) is bucket <= cut", not bad, f"rows {bad}")
+
+
 def main() -> bool:
-    good = True
+    good = check_bucket_floor()
     peaked = (torch.randn(12, VOCAB, generator=g) * 4).half()
     # Greedy rows take neither path. Top-k 200 is past the 128 candidates (so the top-k mass top-p
     # needs is unknown), and the last row keeps 99.9% of the mass: they draw over the whole row.
