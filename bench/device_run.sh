@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|quick-tests] [decode|decode-quick|decode-fused|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|serve|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|quick-tests] [decode|decode-quick|decode-fused|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|serve|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -29,6 +29,7 @@ for step in "$@"; do
     tests) timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|Timeout" | tail -80 ;;
     tp-tests) timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
     attention-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k "triton or graph or mixed" 2>&1 | tee "$OUT/gpu_attention_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
+    sampling-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_sampling.py 2>&1 | tee "$OUT/gpu_sampling_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;

@@ -91,7 +91,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument(
-        "--variants", nargs="+", default=["4096x1024x8", "8192x1024x8", "4096x512x4", "16384x1024x8"]
+        "--variants",
+        nargs="+",
+        default=["4096x1024x8", "4096x512x4", "4096x512x8", "2048x512x4", "8192x512x4"],
     )
     ap.add_argument("--scale", type=float, default=2.0, help="standard deviation of the random logits")
     ap.add_argument("--replays", type=int, default=50)
