@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|quick-tests] [decode|decode-quick|decode-fused|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|serve|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|quick-tests] [decode|decode-quick|decode-fused|decode-sampling|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|serve|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -33,6 +33,7 @@ for step in "$@"; do
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;
+    decode-sampling) timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --batch 8 64 256 --name decode-sampling --out "$OUT" 2>&1 | tail -12 ;;
     decode-fused) python3 bench/decode.py --quick --no-hf --variants fused --out "$OUT" 2>&1 | tail -30 ;;
     tp-decode)
       for m in random:llama-1b random:llama-8b; do

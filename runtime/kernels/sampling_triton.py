@@ -34,12 +34,12 @@ from .sampling_jit import NFIELDS
 from .sampling_passes import draw_kernel, gather_kernel, hist_kernel, select_kernel, stats_kernel
 
 CHUNK = 4096  # logits per program in the row-parallel passes
-BLOCK = 1024  # logits per loop iteration
+BLOCK = 512  # logits per loop iteration
 BUCKETS = 256
 CANDIDATES = 128  # sampling candidates per row
 RAW_CANDIDATES = 64  # top-k logprob candidates per row (k <= 20)
 PIVOTS = 8  # pivots per pass of the slow path's searches
-PASS_WARPS = 8  # warps per program of the row-parallel passes
+PASS_WARPS = 4  # warps per program of the row-parallel passes: 4 x 512 logits keep 4 programs on an SM
 FINAL_WARPS = 16  # per row program: the slow path's passes hide their latency across 16 warps
 
 
