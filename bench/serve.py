@@ -243,6 +243,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def step_mix(before, after) -> dict[str, float]:
+    """The engine's steps between two `LLM.stats()`, in server_means' keys: the same columns for
+    offline rows as /metrics gives for the server's."""
+    out = {}
+    for phase in ("prefill", "decode"):
+        steps = after.steps[phase] - before.steps[phase]
+        seconds = after.step_seconds[phase] - before.step_seconds[phase]
+        tokens = after.step_tokens[phase] - before.step_tokens[phase]
+        out[f"{phase}_steps"] = steps
+        out[f"{phase}_step_ms"] = seconds / steps * 1e3 if steps else 0.0
+        out[f"{phase}_step_tokens"] = tokens / steps if steps else 0.0
+    return out
+
+
 def run_offline(args, prompts: list[list[int]]) -> list[dict]:
     from fastpath.runtime import LLM
 
@@ -250,10 +264,14 @@ def run_offline(args, prompts: list[list[int]]) -> list[dict]:
     with LLM(args.model, **engine_options(args)) as llm:
         offline(llm, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency))  # warm-up
         for c in args.concurrency:
+            before = llm.stats()
             timings, seconds = offline(llm, prompts, args.output_len, c)
-            rows.append(summarize("offline (engine API)", c, timings, seconds))
+            rows.append(
+                summarize("offline (engine API)", c, timings, seconds) | step_mix(before, llm.stats())
+            )
             print(rows[-1], flush=True)
-        rows.append(offline_generate(llm, prompts, args.output_len))
+        before = llm.stats()
+        rows.append(offline_generate(llm, prompts, args.output_len) | step_mix(before, llm.stats()))
         print(rows[-1], flush=True)
     return rows
 
