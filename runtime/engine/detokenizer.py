@@ -59,6 +59,33 @@ def text_decoder(tokenizer: Any) -> Decode:
     return chosen
 
 
+_TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, Callable[[int], str]] = weakref.WeakKeyDictionary()
+
+
+def token_text(tokenizer: Any) -> Callable[[int], str]:
+    """One token's text, as `tokenizer.decode([token])` gives it, remembered per tokenizer.
+
+    Logprobs name every top-k token: at 64 rows and top-5 that was 380 decodes per step, which
+    took more host time than the step itself. A vocabulary's texts fit in a few MB.
+    """
+    try:
+        return _TOKEN_TEXTS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    decode = text_decoder(tokenizer)
+    texts: dict[int, str] = {}
+
+    def text(token: int) -> str:
+        s = texts.get(token)
+        if s is None:
+            s = texts[token] = decode([token], False)
+        return s
+
+    with contextlib.suppress(TypeError):
+        _TOKEN_TEXTS[tokenizer] = text
+    return text
+
+
 class IncrementalText:
     def __init__(
         self,

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .detokenizer import token_text
 from .outputs import Logprob, PositionLogprobs
 
 _CHUNK = 256  # positions per log-softmax, to bound the temporary [rows, vocab] memory
@@ -33,7 +34,7 @@ def prompt_logprobs(executor: Any, ids: list[int], k: int, tokenizer: Any) -> li
         return out
     chosen_host = torch.cat(chosen).tolist()
     tops = (torch.cat(top_ids).tolist(), torch.cat(top_lps).tolist()) if k else None
-    text = (lambda t: tokenizer.decode([t])) if tokenizer is not None else (lambda t: None)
+    text = token_text(tokenizer) if tokenizer is not None else (lambda t: None)
     for j, token in enumerate(ids[1:]):
         entry: PositionLogprobs = {}
         if tops is not None:

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .detokenizer import IncrementalText
+from .detokenizer import IncrementalText, token_text
 from .outputs import CompletionOutput, EngineClosedError, Logprob, PositionLogprobs, RequestOutput
 from .sampling_params import SamplingParams
 from .sequence import Sequence
@@ -58,6 +58,7 @@ class RequestHandle:
         self.prompt_ids = prompt_ids
         self.params = params
         self.tokenizer = tokenizer if params.detokenize else None
+        self._token_text = token_text(tokenizer) if self.tokenizer is not None else _no_text
         self.loop = loop
         self.prompt_logprobs: list[PositionLogprobs | None] | None = None
         self._abort_seq = abort
@@ -288,8 +289,9 @@ class RequestHandle:
             c.sent_logprobs = upto
         return positions, sum(seq.logprobs[:upto])
 
-    def _token_text(self, token: int) -> str | None:
-        return None if self.tokenizer is None else self.tokenizer.decode([token])
+
+def _no_text(token: int) -> None:
+    return None
 
 
 def closed_error(reason: str) -> EngineClosedError:
