@@ -218,55 +218,70 @@ def gather_kernel(
     TOPK: tl.constexpr,
 ):  # fmt: skip
     """Each chunk's candidates (bucket <= cut) into its slots of the row's list. Buckets are a
-    monotone function of a logit's key, so membership is one compare with the cut's lowest key, and
-    the list's compaction (a scan) runs only for the few blocks that hold members."""
+    monotone function of a logit's key, so membership is one compare with the cut's lowest key; a
+    chunk whose top (from stats_kernel) is below every list's lowest key reads nothing, and the
+    list's compaction (a scan) runs only for the blocks that hold members."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     cut = tl.load(sel_ptr + row * 6 + 0)
     floor = bucket_floor(signed_key(top), cut)
-    pos = tl.load(off_ptr + row * P + part)
     rcut = tl.load(sel_ptr + row * 6 + 2)
     key_raw = signed_key(top_raw)
     rfloor = bucket_floor(key_raw, rcut)
     nfloor = bucket_floor(key_raw, rcut + 1)
-    rkept = tl.load(sel_ptr + row * 6 + 3)
-    rpos = tl.load(roff_ptr + row * P + part)
-    npos = rkept + tl.load(rnext_ptr + row * P + part)
-    below = tl.full([BLOCK], float("-inf"), tl.float32)
-    lo = tl.full([BLOCK], 2147483647, tl.int32)
-    hi = tl.full([BLOCK], -2147483648, tl.int32)
-    for i in range(0, CHUNK, BLOCK):
-        cols = part * CHUNK + i + tl.arange(0, BLOCK)
-        inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
-        mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
-        below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
-        flags = mine.to(tl.int32)
-        if TOPK:
-            kx = signed_key(x)
-            rmine = tl.where(rcut >= 0, inb & (kx >= rfloor), False)
-            nxt = inb & (kx >= nfloor) & ~rmine
-            flags = flags | (rmine.to(tl.int32) << 1) | (nxt.to(tl.int32) << 2)
-        any_flags = tl.reduce_or(flags, 0)
-        if (any_flags & 1) != 0:
-            pos = _compact(cand_ptr + row * CAP, cidx_ptr + row * CAP, pos, s, cols, mine)
-        if TOPK:
-            if (any_flags & 2) != 0:
-                rpos = _compact(rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, rpos, x, cols, rmine)
-            if (any_flags & 4) != 0:
-                # The next bucket's first members, in token order, fill the rest of the list.
-                where = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
-                tl.store(rcand_ptr + row * RCAP + where, x, mask=nxt & (where < RCAP))
-                tl.store(ridx_ptr + row * RCAP + where, cols, mask=nxt & (where < RCAP))
-                npos += tl.sum(nxt.to(tl.int32), 0)
-                lo = tl.minimum(lo, tl.where(nxt, kx, 2147483647))
-                hi = tl.maximum(hi, tl.where(nxt, kx, -2147483648))
-    tl.store(below_ptr + row * P + part, tl.max(below, 0))
+    chunk_top = tl.load(stat_ptr + (row * P + part) * 3 + 2)
+    busy = (cut >= 0) & (signed_key(chunk_top) >= floor)
+    if TOPK:
+        busy = busy | (signed_key(tl.load(stat_ptr + (row * P + part) * 3 + 0)) >= nfloor)
+    # A chunk with no members: the best score it leaves out is its top, and no next-bucket span.
+    below_top = chunk_top
+    lo_key = tl.full([], 2147483647, tl.int32)
+    hi_key = tl.full([], -2147483648, tl.int32)
+    if busy:
+        pos = tl.load(off_ptr + row * P + part)
+        rkept = tl.load(sel_ptr + row * 6 + 3)
+        rpos = tl.load(roff_ptr + row * P + part)
+        npos = rkept + tl.load(rnext_ptr + row * P + part)
+        below = tl.full([BLOCK], float("-inf"), tl.float32)
+        lo = tl.full([BLOCK], 2147483647, tl.int32)
+        hi = tl.full([BLOCK], -2147483648, tl.int32)
+        for i in range(0, CHUNK, BLOCK):
+            cols = part * CHUNK + i + tl.arange(0, BLOCK)
+            inb, x, s = scores(
+                row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b
+            )
+            mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
+            below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
+            flags = mine.to(tl.int32)
+            if TOPK:
+                kx = signed_key(x)
+                rmine = tl.where(rcut >= 0, inb & (kx >= rfloor), False)
+                nxt = inb & (kx >= nfloor) & ~rmine
+                flags = flags | (rmine.to(tl.int32) << 1) | (nxt.to(tl.int32) << 2)
+            any_flags = tl.reduce_or(flags, 0)
+            if (any_flags & 1) != 0:
+                pos = _compact(cand_ptr + row * CAP, cidx_ptr + row * CAP, pos, s, cols, mine)
+            if TOPK:
+                if (any_flags & 2) != 0:
+                    rpos = _compact(rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, rpos, x, cols, rmine)
+                if (any_flags & 4) != 0:
+                    # The next bucket's first members, in token order, fill the rest of the list.
+                    where = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
+                    tl.store(rcand_ptr + row * RCAP + where, x, mask=nxt & (where < RCAP))
+                    tl.store(ridx_ptr + row * RCAP + where, cols, mask=nxt & (where < RCAP))
+                    npos += tl.sum(nxt.to(tl.int32), 0)
+                    lo = tl.minimum(lo, tl.where(nxt, kx, 2147483647))
+                    hi = tl.maximum(hi, tl.where(nxt, kx, -2147483648))
+        below_top = tl.max(below, 0)
+        lo_key = tl.min(lo, 0)
+        hi_key = tl.max(hi, 0)
+    tl.store(below_ptr + row * P + part, below_top)
     if TOPK:
         # As unsigned keys (float_key), and (0xFFFFFFFF, 0) for a chunk with none of the next bucket.
-        lo_key = tl.min(lo, 0).to(tl.int64) + 2147483648
-        hi_key = tl.max(hi, 0).to(tl.int64) + 2147483648
-        none = hi_key < lo_key
-        tl.store(span_ptr + (row * P + part) * 2 + 0, tl.where(none, 0xFFFFFFFF, lo_key))
-        tl.store(span_ptr + (row * P + part) * 2 + 1, tl.where(none, 0, hi_key))
+        lo_u = lo_key.to(tl.int64) + 2147483648
+        hi_u = hi_key.to(tl.int64) + 2147483648
+        none = hi_u < lo_u
+        tl.store(span_ptr + (row * P + part) * 2 + 0, tl.where(none, 0xFFFFFFFF, lo_u))
+        tl.store(span_ptr + (row * P + part) * 2 + 1, tl.where(none, 0, hi_u))

@@ -155,6 +155,11 @@ def main() -> bool:
     p = params(9, temperature=[1.0] * 9, top_p=[0.95, 0.3, 0.9, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0],
                top_k=[0, 0, 600, 0, 0, 0, 250, 250, 250], min_p=[0.0, 0.0, 0.0, 0.5, 0.95, 0.0, 0.0, 0.0, 0.0])  # fmt: skip
     good &= compare("flat rows", flat, p, paths=[ANY, ANY, ANY, 2, 1, 2, ANY, ANY, ANY])
+    # Peaked rows whose few high tokens sit in one chunk: the other chunks' gather reads nothing.
+    peak = torch.randn(3, VOCAB, generator=g) - 20
+    peak[:, 300:303] = torch.tensor([10.0, 9.5, 9.0])
+    p = params(3, temperature=[1.0, 0.7, 0.0], top_p=[0.9, 1.0, 1.0], slots=[0, 0, 0])
+    good &= compare("peaked rows, one busy chunk", peak, p, paths=[1, ANY, 0])
     good &= check("both whole-row paths ran", {2, 3} <= SEEN_PATHS, f"paths seen: {sorted(SEEN_PATHS)}")
     return good
 
