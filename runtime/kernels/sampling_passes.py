@@ -109,21 +109,21 @@ def _cut(hist_ptr, row, P, cap, PMAX: tl.constexpr, NB: tl.constexpr):
 
 @triton.jit
 def select_kernel(
-    hist_ptr, rhist_ptr, P, sel_ptr, off_ptr, roff_ptr, rnext_ptr,
+    hist_ptr, rhist_ptr, P, sel_ptr, fill_ptr, rnext_ptr,
     CAP: tl.constexpr, RCAP: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0)
     p = tl.arange(0, PMAX)
-    cut, kept, off, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
-    tl.store(off_ptr + row * P + p, off, mask=p < P)
+    cut, kept, _, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
     tl.store(sel_ptr + row * 6 + 0, cut)
     tl.store(sel_ptr + row * 6 + 1, kept)
     tl.store(sel_ptr + row * 6 + 2, 0)
     tl.store(sel_ptr + row * 6 + 3, 0)
     tl.store(sel_ptr + row * 6 + 4, 0)
+    tl.store(fill_ptr + row * 2 + 0, 0)
+    tl.store(fill_ptr + row * 2 + 1, 0)
     if TOPK:
-        rcut, rkept, roff, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
-        tl.store(roff_ptr + row * P + p, roff, mask=p < P)
+        rcut, rkept, _, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
         tl.store(rnext_ptr + row * P + p, rnext, mask=p < P)
         tl.store(sel_ptr + row * 6 + 2, rcut)
         tl.store(sel_ptr + row * 6 + 3, rkept)
@@ -202,25 +202,23 @@ def draw_kernel(
 
 
 @triton.jit
-def _compact(ptr, iptr, at, v, cols, keep):
-    """Appends `v` and `cols` where `keep`, in token order, from slot `at`; returns the next slot."""
-    where = at + tl.cumsum(keep.to(tl.int32), 0) - 1
-    tl.store(ptr + where, v, mask=keep)
-    tl.store(iptr + where, cols, mask=keep)
-    return at + tl.sum(keep.to(tl.int32), 0)
+def _place(ptr, iptr, fill_ptr, v, cols, keep):
+    """Appends `v` and `cols` where `keep`, each at the slot an atomic add on the list's fill gives."""
+    at = tl.atomic_add(fill_ptr + tl.zeros_like(cols), 1, mask=keep)
+    tl.store(ptr + at, v, mask=keep)
+    tl.store(iptr + at, cols, mask=keep)
 
 
 @triton.jit
 def gather_kernel(
-    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, off_ptr,
-    roff_ptr, rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, fill_ptr,
+    rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr,
     TOPK: tl.constexpr,
 ):  # fmt: skip
-    """Each chunk's candidates (bucket <= cut) into its slots of the row's list. Buckets are a
-    monotone function of a logit's key, so membership is one compare with the cut's lowest key; a
-    chunk whose top (from stats_kernel) is below every list's lowest key reads nothing, and the
-    list's compaction (a scan) runs only for the blocks that hold members."""
+    """Each chunk's candidates (bucket <= cut) into the row's list. Buckets are a monotone function of
+    a logit's key, so membership is one compare with the cut's lowest key; a chunk whose top (from
+    stats_kernel) is below every list's lowest key reads nothing."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
@@ -228,21 +226,22 @@ def gather_kernel(
     cut = tl.load(sel_ptr + row * 6 + 0)
     floor = bucket_floor(signed_key(top), cut)
     rcut = tl.load(sel_ptr + row * 6 + 2)
+    rkept = tl.load(sel_ptr + row * 6 + 3)
     key_raw = signed_key(top_raw)
     rfloor = bucket_floor(key_raw, rcut)
-    nfloor = bucket_floor(key_raw, rcut + 1)
+    # The next bucket's members complete the top-k logprobs only when the list holds fewer than k.
+    short = rkept < TOPK
+    nfloor = tl.where(short, bucket_floor(key_raw, rcut + 1), 2147483647)
     chunk_top = tl.load(stat_ptr + (row * P + part) * 3 + 2)
     busy = (cut >= 0) & (signed_key(chunk_top) >= floor)
     if TOPK:
-        busy = busy | (signed_key(tl.load(stat_ptr + (row * P + part) * 3 + 0)) >= nfloor)
+        lowest = tl.where(rcut >= 0, tl.minimum(rfloor, nfloor), nfloor)
+        busy = busy | (signed_key(tl.load(stat_ptr + (row * P + part) * 3 + 0)) >= lowest)
     # A chunk with no members: the best score it leaves out is its top, and no next-bucket span.
     below_top = chunk_top
     lo_key = tl.full([], 2147483647, tl.int32)
     hi_key = tl.full([], -2147483648, tl.int32)
     if busy:
-        pos = tl.load(off_ptr + row * P + part)
-        rkept = tl.load(sel_ptr + row * 6 + 3)
-        rpos = tl.load(roff_ptr + row * P + part)
         npos = rkept + tl.load(rnext_ptr + row * P + part)
         below = tl.full([BLOCK], float("-inf"), tl.float32)
         lo = tl.full([BLOCK], 2147483647, tl.int32)
@@ -254,20 +253,14 @@ def gather_kernel(
             )
             mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
             below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
-            flags = mine.to(tl.int32)
+            _place(cand_ptr + row * CAP, cidx_ptr + row * CAP, fill_ptr + row * 2, s, cols, mine)
             if TOPK:
                 kx = signed_key(x)
                 rmine = tl.where(rcut >= 0, inb & (kx >= rfloor), False)
-                nxt = inb & (kx >= nfloor) & ~rmine
-                flags = flags | (rmine.to(tl.int32) << 1) | (nxt.to(tl.int32) << 2)
-            any_flags = tl.reduce_or(flags, 0)
-            if (any_flags & 1) != 0:
-                pos = _compact(cand_ptr + row * CAP, cidx_ptr + row * CAP, pos, s, cols, mine)
-            if TOPK:
-                if (any_flags & 2) != 0:
-                    rpos = _compact(rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, rpos, x, cols, rmine)
-                if (any_flags & 4) != 0:
+                _place(rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, fill_ptr + row * 2 + 1, x, cols, rmine)
+                if short:
                     # The next bucket's first members, in token order, fill the rest of the list.
+                    nxt = inb & (kx >= nfloor) & ~rmine
                     where = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
                     tl.store(rcand_ptr + row * RCAP + where, x, mask=nxt & (where < RCAP))
                     tl.store(ridx_ptr + row * RCAP + where, cols, mask=nxt & (where < RCAP))

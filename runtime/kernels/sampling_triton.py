@@ -11,9 +11,9 @@ The passes over the vocabulary run CHUNK logits per program, so a row spreads ov
 2. hist: per chunk, the total mass (fixed point) and a histogram of each token's distance below the
    row's top score (and below the top raw logit, for the top-k logprobs), in buckets 1/8 apart on a
    log scale of the float order.
-3. select (a program per row): the deepest bucket that keeps the candidates within their cap, and
-   each chunk's offset in the candidate list, so the list is in token order whatever the timing.
-4. gather: the candidates, and per chunk the best score left out.
+3. select (a program per row): the deepest bucket that keeps the candidates within their cap.
+4. gather: the candidates, and per chunk the best score left out. A candidate takes the list's next
+   slot by an atomic add: the set is fixed by the cut, and decide sorts it, so slot order is free.
 5. draw: for rows that may keep more than their candidates, each chunk's Gumbel argmax.
 6. decide (a program per row): the candidates sorted by (score desc, index asc) under the exact
    top-k/top-p/min_p rules and the Gumbel draw, when they provably hold every kept token; else the
@@ -64,12 +64,8 @@ class _Scratch:
         )
         self.hist = new(rows, parts, BUCKETS)
         self.rhist = new(rows, parts, BUCKETS) if num_top else self.hist
-        self.sel, self.off, self.roff, self.rnext = (
-            new(rows, 6),
-            new(rows, parts),
-            new(rows, parts),
-            new(rows, parts),
-        )
+        # fill: how many of each list gather_kernel has placed (zeroed by select_kernel).
+        self.sel, self.fill, self.rnext = new(rows, 6), new(rows, 2), new(rows, parts)
         self.cand, self.cidx = new(rows, CANDIDATES, dtype=f32), new(rows, CANDIDATES)
         self.rcand, self.ridx = new(rows, RAW_CANDIDATES, dtype=f32), new(rows, RAW_CANDIDATES)
         self.below = new(rows, parts, dtype=f32)
@@ -119,10 +115,10 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
         *row_args, w.stats, parts, w.hist, w.rhist, w.zpart, **sizes, NB=BUCKETS, TOPK=num_top, **passes
     )
     select_kernel[(rows,)](
-        w.hist, w.rhist, parts, w.sel, w.off, w.roff, w.rnext, PMAX=pmax, NB=BUCKETS, **caps, **passes
+        w.hist, w.rhist, parts, w.sel, w.fill, w.rnext, PMAX=pmax, NB=BUCKETS, **caps, **passes
     )
     gather_kernel[grid](
-        *row_args, w.stats, parts, w.sel, w.off, w.roff, w.rnext, w.cand, w.cidx, w.rcand, w.ridx, w.below,
+        *row_args, w.stats, parts, w.sel, w.fill, w.rnext, w.cand, w.cidx, w.rcand, w.ridx, w.below,
         w.span, **sizes, **caps, **passes,
     )  # fmt: skip
     draw = (*row_args, w.stats, parts, w.sel, w.dec, w.after, *w.draw)

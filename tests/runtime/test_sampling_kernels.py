@@ -22,7 +22,7 @@ def test_fused_sampler_equals_its_definition_under_the_interpreter():
 
 POINTERS = dict(
     logits_ptr="*bf16", p_ptr="*i64", ent_ptr="*i32", bits_ptr="*i32", stat_ptr="*fp32", sidx_ptr="*i32",
-    hist_ptr="*i32", rhist_ptr="*i32", zpart_ptr="*i64", sel_ptr="*i32", off_ptr="*i32", roff_ptr="*i32",
+    hist_ptr="*i32", rhist_ptr="*i32", zpart_ptr="*i64", sel_ptr="*i32", fill_ptr="*i32",
     rnext_ptr="*i32", cand_ptr="*fp32", cidx_ptr="*i32", rcand_ptr="*fp32", ridx_ptr="*i32", below_ptr="*fp32",
     span_ptr="*i64", tok_ptr="*i64", lp_ptr="*fp32", top_ids_ptr="*i64", top_lp_ptr="*fp32", dec_ptr="*i32",
     after_ptr="*i64", count_ptr="*i32", mass_ptr="*i64", best_ptr="*fp32", idx_ptr="*i32", big_p_ptr="*fp64",
