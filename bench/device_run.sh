@@ -43,7 +43,7 @@ for step in "$@"; do
     allreduce) timeout 200 python3 bench/allreduce.py --out "$OUT" 2>&1 | tail -20 ;;
     prefill) timeout 200 python3 bench/prefill.py --out "$OUT" 2>&1 | tail -8 ;;
     tp-two-shot) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py -k two_shot 2>&1 | tee "$OUT/gpu_tp_two_shot.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
-    sampler) timeout 240 python3 bench/sampler.py --out "$OUT" 2>&1 | tail -16 ;;
+    sampler) timeout 240 python3 bench/sampler.py --out "$OUT" --variants 4096x512x4 2048x512x4 2>&1 | tail -12 ;;
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;
     serve) python3 bench/serve.py --out "$OUT" --requests 128 2>&1 | tail -30 ;;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What a prefill step costs the host and the device: `generate` of k prompts with max_tokens=1,
-timed on the wall and by the GPU kernels it ran (torch profiler), for k = 1, 4, 16, side by side
-with the prefill attention in fastpath's paged kernel (triton_prefill, one launch per layer) and in
-SDPA (a gather and a kernel per sequence and layer).
+timed on the wall and by the GPU kernels it ran (torch profiler), for k = 1, 4, 16, side by side:
+fastpath's paged kernel (triton_prefill, one launch per layer) with the step replayed from a CUDA
+graph (the default) and run eagerly, and SDPA (a gather and a kernel per sequence and layer).
 
 A serving engine prefills as requests arrive, a few at a time, between decode steps: a step
 whose wall time is far above its kernels' time is set by the host. `prefill-profile.txt` lists
@@ -48,16 +48,11 @@ def host_profile(fn) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
 
 
-ATTENTION = {
-    "triton_prefill": None,  # the default precedence
-    "sdpa per sequence": [
-        "triton_decode",
-        "flashinfer",
-        "sdpa_flash",
-        "sdpa_cudnn",
-        "sdpa_efficient",
-        "sdpa_math",
-    ],
+SDPA_ORDER = ["triton_decode", "flashinfer", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math"]
+ENGINES = {  # label -> LLM options
+    "triton_prefill, graphs": {},  # the defaults: prefill steps replay CUDA graphs
+    "triton_prefill, eager": {"prefill_graphs": False},
+    "sdpa per sequence": {"fmha_enabled": SDPA_ORDER},  # not capturable: eager
 }
 
 
@@ -77,10 +72,10 @@ def main() -> None:
     model = "random:tiny-llama" if args.quick else args.model
     one = SamplingParams(max_tokens=1, ignore_eos=True)
     rows, profiles = [], []
-    for attention, fmha in ATTENTION.items() if cuda else [("sdpa per sequence", None)]:
+    for attention, options in ENGINES.items() if cuda else [("sdpa per sequence", {})]:
         llm = LLM(
             model, device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else None, max_seq_len=1024,
-            fmha_enabled=fmha,
+            **options,
         )  # fmt: skip
         vocab = llm.config.model.vocab_size
         for k in args.prompts:

@@ -65,7 +65,10 @@ class AttentionMetadata:
         return AttentionShapes("decode", ragged or self.sliding_window is not None, False, self.capturing)
 
     def prefill_shapes(self) -> AttentionShapes:
-        chunked = any(c != q for c, q in zip(self.context_lens_host, self.query_lens, strict=True))
+        # A captured step's lengths are unknown at capture: it takes the general, chunked case.
+        chunked = self.capturing or any(
+            c != q for c, q in zip(self.context_lens_host, self.query_lens, strict=True)
+        )
         return AttentionShapes("prefill", self.sliding_window is not None, chunked, self.capturing)
 
     def host_table(self, name: str, variant: int, build: Callable[[], list[int]]) -> torch.Tensor:

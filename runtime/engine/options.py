@@ -83,6 +83,13 @@ class EngineOptions:
             "max_num_batched_tokens >= max_batch_size (True needs the latter)."
         ),
     )
+    prefill_graphs: bool | None = field(
+        default=None,
+        metadata=doc(
+            "Capture prefill steps as CUDA graphs at a few padded token counts; None: with cuda_graphs, "
+            "on one rank, when the prefill attention takes every sequence in one launch (triton_prefill)."
+        ),
+    )
     dispatch_mode: str | None = field(
         default=None,
         metadata=doc("Host dispatch: blocking, spin or auto; None: the extension's fixed mode, else auto."),
@@ -164,7 +171,7 @@ def model_dtype(o: EngineOptions) -> torch.dtype:
 def _check_switches(o: EngineOptions) -> None:
     """A switch is True or False (None where it means "decide for me"): "no" is not False."""
     for name, optional in (("cuda_graphs", True), ("enforce_eager", False), ("fused_kernels", True),
-                           ("engine_process", False), ("mixed_batches", True)):  # fmt: skip
+                           ("engine_process", False), ("mixed_batches", True), ("prefill_graphs", True)):  # fmt: skip
         value = getattr(o, name)
         if not isinstance(value, bool) and not (optional and value is None):
             allowed = "True, False or None" if optional else "True or False"
@@ -192,6 +199,15 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
             f"mixed_batches needs max_num_batched_tokens ({budget}) >= max_batch_size ({max_batch}), "
             "so a prefill step has room beside every decoding sequence"
         )
+    if o.prefill_graphs:
+        blocked = {
+            "CUDA graphs are off": graphs is False,
+            "the device is not CUDA": dev.type != "cuda",
+            f"tensor_parallel_size is {tp} (prefill graphs run on one rank)": tp > 1,
+        }
+        why = next((reason for reason, hit in blocked.items() if hit), None)
+        if why is not None:
+            raise ValueError(f"prefill_graphs=True cannot be honoured: {why}")
     if o.tp_allreduce not in TP_ALLREDUCE:
         raise ValueError(f"tp_allreduce must be one of {', '.join(TP_ALLREDUCE)}, got {o.tp_allreduce!r}")
     return EngineConfig(
@@ -211,6 +227,7 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         fmha_enabled=tuple(o.fmha_enabled) if o.fmha_enabled is not None else None,
         fmha_prepend=tuple(o.fmha_prepend),
         mixed_batches=o.mixed_batches,
+        prefill_graphs=o.prefill_graphs,
         dispatch_mode=o.dispatch_mode,
         on_unsupported=o.on_unsupported,
         guided_backend=o.guided_backend,

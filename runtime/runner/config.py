@@ -32,6 +32,7 @@ class EngineConfig:
     fmha_enabled: tuple[str, ...] | None = None
     fmha_prepend: tuple[str, ...] = ()
     mixed_batches: bool | None = None  # None: when the prefill attention is one launch for every sequence
+    prefill_graphs: bool | None = None  # None: with cuda_graphs, when the prefill attention can be captured
     dispatch_mode: str | None = None  # None: the extension's fixed mode, else auto
     on_unsupported: str | None = None  # None: the extension's fixed policy, else warn_once
     guided_backend: str = "none"

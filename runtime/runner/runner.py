@@ -10,6 +10,7 @@ assigns a sequence its slot when staging its first prefill chunk (engine/steps.p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from fastpath.vocab import ALLREDUCE_TWO_SHOT_MAX_BYTES
 
 from ..attention.manager import FmhaManager
-from ..attention.metadata import AttentionConfig, AttentionMetadata
+from ..attention.metadata import AttentionConfig, AttentionMetadata, AttentionShapes
 from ..guided.decoder import GuidedDecoder
 from ..model.collectives import SINGLE
 from ..model.sharding import local_config
@@ -29,6 +30,7 @@ from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInpu
 from .graphs import DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
 from .penalties import PenaltySlots, PenaltyTable
+from .prefill_graphs import PrefillGraphs, token_buckets
 from .sampler import Sampled, SamplingTensors, sample
 from .step_inputs import DecodeStep, PrefillStep
 
@@ -99,6 +101,8 @@ class ModelRunner:
             torch.cuda.Stream(config.device) if self.is_cuda and self.guided is not None else None
         )
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
+        self.one_rank = parallel is None
         for line in self.fmha.explain():
             log.info("fmha %s", line)
 
@@ -130,8 +134,36 @@ class ModelRunner:
         if self.is_cuda and self.config.cuda_graphs:
             self.graphs = DecodeGraphs(self, self.config.graph_batch_sizes)
             self.graphs.capture_all()
+            self._capture_prefill_graphs()
         if self.is_cuda:
             torch.cuda.synchronize(self.device)
+
+    def prefill_graphs_blocked(self) -> str | None:
+        """Why prefill steps cannot run as graphs here (None: they can)."""
+        c = self.config
+        if not (self.is_cuda and c.cuda_graphs):
+            return "CUDA graphs are off"
+        if not self.one_rank:
+            return "tensor parallelism (prefill graphs run on one rank)"
+        shapes = AttentionShapes("prefill", self.model.cfg.sliding_window is not None, True, True)
+        lib = self.fmha.select(shapes)
+        if not lib.batched_prefill:
+            return f"the prefill attention ({lib.name}) runs sequence by sequence"
+        return None
+
+    def _capture_prefill_graphs(self) -> None:
+        wanted = self.config.prefill_graphs
+        if wanted is False:
+            return
+        blocked = self.prefill_graphs_blocked()
+        if blocked is not None:
+            if wanted:
+                raise ValueError(f"prefill_graphs=True cannot be honoured: {blocked}")
+            log.info("prefill graphs off: %s", blocked)
+            return
+        sizes = token_buckets(self.config.max_num_batched_tokens)
+        self.prefill_graphs = PrefillGraphs(self, sizes, self.config.max_batch_size)
+        self.prefill_graphs.capture_all()
 
     def _warm_sampler(self) -> None:
         # The general sampler's kernels compile now, with and without top-k logprobs, not at the
@@ -272,6 +304,15 @@ class ModelRunner:
         (every token they have is known there) and applied before sampling.
         """
         sampling = self._pinned(step.sampling)
+        bucket = (
+            self.prefill_graphs.bucket(step) if self.prefill_graphs is not None and guided is None else None
+        )
+        if bucket is not None:
+            with self.forward_order():
+                if step.penalty is not None:
+                    self.penalties.fill(step.penalty)
+                out = self.prefill_graphs.run(bucket, dataclasses.replace(step, sampling=sampling))
+            return out.head(step.logits_rows.shape[0], top=step.top_logprobs)
         sampling = sampling.to(self.device) if sampling is not None else None
         with self.forward_order():
             if step.penalty is not None:

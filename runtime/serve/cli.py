@@ -97,6 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         "attention is one launch and --max-num-batched-tokens >= --max-batch-size)",
     )
     e.add_argument(
+        "--prefill-graphs",
+        dest="engine_prefill_graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay prefill steps from CUDA graphs captured at a few token counts (default: on with "
+        "CUDA graphs, one rank and a one-launch prefill attention)",
+    )
+    e.add_argument(
         "--engine-process",
         dest="engine_engine_process",
         action=argparse.BooleanOptionalAction,

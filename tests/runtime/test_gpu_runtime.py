@@ -175,6 +175,52 @@ def test_mixed_batches_give_the_unmixed_tokens_with_graphs_and_the_overlap_loop(
     assert outs[0] == outs[1]
 
 
+def test_prefill_graphs_give_the_eager_prefills_logprobs():
+    """bf16 (triton_prefill): prefill steps replayed from graphs, padded to their token bucket, give
+    the eager steps' top-5 logprobs to bf16 rounding, for greedy and for penalized sampled rows."""
+    prompts = [[(11 * j + n) % 900 + 3 for j in range(n)] for n in (70, 5, 33, 1, 48, 300)]
+    params = [
+        SamplingParams(max_tokens=1, temperature=0.0, logprobs=5),
+        SamplingParams(max_tokens=1, temperature=0.8, seed=1, repetition_penalty=1.3, logprobs=5),
+    ]
+    tops = {}
+    for graphs in (False, True):
+        llm = LLM(
+            "random:tiny-llama", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8,
+            prefill_graphs=graphs,
+        )  # fmt: skip
+        replayed = llm.executor.runner.prefill_graphs
+        assert (replayed is not None) == graphs
+        outs = llm.generate(prompts, [params[i % 2] for i in range(len(prompts))])
+        if graphs:
+            assert replayed.replays >= 1
+        tops[graphs] = [
+            {t: lp.logprob for t, lp in o.outputs[0].logprobs[0].items() if lp.rank} for o in outs
+        ]
+        llm.close()
+    for eager, graphed in zip(tops[False], tops[True], strict=True):
+        common = set(eager) & set(graphed)
+        assert len(common) >= 4, (eager, graphed)  # a near-tie may swap the fifth
+        assert max(abs(eager[t] - graphed[t]) for t in common) < 0.05
+
+
+def test_prefill_graphs_serve_a_continuous_batch_to_the_end():
+    """More requests than rows, arriving as the engine decodes: mixed prefill steps replay their
+    graphs between decode graphs, launched before the previous step's tokens reach the host."""
+    llm = LLM("random:tiny-llama", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
+    try:
+        graphs = llm.executor.runner.prefill_graphs
+        assert graphs is not None and llm.executor.scheduler.mixed_batches
+        prompts = [[(5 * j + i) % 700 + 3 for j in range(10 + 13 * i)] for i in range(24)]
+        params = [SamplingParams(max_tokens=8 + i % 5, ignore_eos=True, temperature=0.7 * (i % 2), seed=i)
+                  for i in range(24)]  # fmt: skip
+        outs = llm.generate(prompts, params)
+        assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+        assert graphs.replays >= 3 and llm.stats().steps["prefill"] >= graphs.replays
+    finally:
+        llm.close()
+
+
 def test_fused_ops_match_torch_ops():
     from fastpath.runtime.kernels.torch_ops import TorchOps
     from fastpath.runtime.kernels.triton_ops import TritonOps

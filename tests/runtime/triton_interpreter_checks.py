@@ -108,7 +108,41 @@ def prefill_attention() -> bool:
         )  # fmt: skip
         solo = TritonPrefillAttention().forward(q[5:22].clone(), k, v, alone, 0.25).float()
         good &= check(f"triton_prefill batch-independent window={window}", torch.equal(solo, got[5:22]))
+        good &= check(f"triton_prefill in a prefill graph's padded buffers window={window}",
+                      torch.equal(padded_prefill(q, k, v, tables, qlens, ctxs, window), got))  # fmt: skip
     return good
+
+
+def padded_prefill(q, k, v, tables, qlens, ctxs, window):
+    """The live rows of triton_prefill run as a prefill graph runs it: queries padded to the bucket,
+    the tile table with padding tiles, an extra empty sequence, stale table rows."""
+    from fastpath.runtime.runner.prefill_graphs import PrefillLayout
+    from fastpath.runtime.runner.step_inputs import PrefillStep
+
+    n, s = sum(qlens), len(qlens)
+    layout = PrefillLayout(tokens=128, seqs=s + 2, width=tables.shape[1] + 1)
+    zeros = torch.zeros(n, dtype=torch.int64)
+    step = PrefillStep(
+        zeros,
+        zeros,
+        zeros,
+        tables.long(),
+        torch.tensor(ctxs),
+        torch.tensor(qlens),
+        torch.tensor([n - 1]),
+        None,
+    )
+    host64 = torch.zeros(layout.words64, dtype=torch.int64)
+    host32 = torch.full((layout.words32,), 7, dtype=torch.int32)  # stale entries
+    layout.stage(step, host64, host32)
+    static_tables, ends, tiles = layout.views32(host32)
+    meta = AttentionMetadata(
+        "prefill", layout.views64(host64)[2], static_tables, ends, block_size=k.shape[1], sliding_window=window,
+        capturing=True,
+    )  # fmt: skip
+    meta._tables[("prefill_tiles", 64)] = tiles
+    qpad = torch.cat([q, rand(layout.tokens - n, *q.shape[1:])])
+    return TritonPrefillAttention().forward(qpad, k, v, meta, 0.25).float()[:n]
 
 
 def fused_prologue() -> bool:

@@ -134,3 +134,11 @@ def test_mixed_batches_are_the_engines_choice_unless_a_flag_says(calls):
     assert main(["serve", "random:tiny-llama"]) == 0
     kwargs = [runtime_cli.engine_kwargs(args) for _, args, _ in calls]
     assert [k.get("mixed_batches") for k in kwargs] == [False, True, None]
+
+
+def test_prefill_graphs_are_the_engines_choice_unless_a_flag_says(calls):
+    assert main(["serve", "random:tiny-llama", "--no-prefill-graphs"]) == 0
+    assert main(["serve", "random:tiny-llama", "--prefill-graphs"]) == 0
+    assert main(["serve", "random:tiny-llama"]) == 0
+    kwargs = [runtime_cli.engine_kwargs(args) for _, args, _ in calls]
+    assert [k.get("prefill_graphs") for k in kwargs] == [False, True, None]
