@@ -19,7 +19,7 @@ import torch
 
 from fastpath.vocab import ALLREDUCE_TWO_SHOT_MAX_BYTES
 
-from ..attention.manager import FmhaManager
+from ..attention.manager import FmhaManager, NoAttentionLibrary
 from ..attention.metadata import AttentionConfig, AttentionMetadata, AttentionShapes
 from ..guided.decoder import GuidedDecoder
 from ..model.collectives import SINGLE
@@ -146,7 +146,10 @@ class ModelRunner:
         if not self.one_rank:
             return "tensor parallelism (prefill graphs run on one rank)"
         shapes = AttentionShapes("prefill", self.model.cfg.sliding_window is not None, True, True)
-        lib = self.fmha.select(shapes)
+        try:
+            lib = self.fmha.select(shapes)
+        except NoAttentionLibrary as exc:
+            return str(exc)
         if not lib.batched_prefill:
             return f"the prefill attention ({lib.name}) runs sequence by sequence"
         return None
@@ -162,8 +165,17 @@ class ModelRunner:
             log.info("prefill graphs off: %s", blocked)
             return
         sizes = token_buckets(self.config.max_num_batched_tokens)
-        self.prefill_graphs = PrefillGraphs(self, sizes, self.config.max_batch_size)
-        self.prefill_graphs.capture_all()
+        graphs = PrefillGraphs(self, sizes, self.config.max_batch_size)
+        try:
+            graphs.capture_all()
+        except Exception as exc:
+            if wanted:
+                raise
+            # Prefill runs eagerly as before: slower, never wrong.
+            log.warning("prefill graphs off: capturing them failed: %s: %s", type(exc).__name__, exc)
+            torch.cuda.synchronize(self.device)
+            return
+        self.prefill_graphs = graphs
 
     def _warm_sampler(self) -> None:
         # The general sampler's kernels compile now, with and without top-k logprobs, not at the
