@@ -284,8 +284,10 @@ def _drive_part(url: str, prompts: list[list[int]], output_len: int, concurrency
     return timings, start, time.time()
 
 
-def _ready(_: int) -> None:
-    pass
+def _ready(barrier) -> None:
+    """Returns once every client process has started and imported this module: each holds one
+    task at the barrier, so no process still importing torch starts its clients late."""
+    barrier.wait(timeout=120)
 
 
 def drive_from_processes(
@@ -301,8 +303,9 @@ def drive_from_processes(
         return asyncio.run(drive(url, prompts, output_len, concurrency))
     shares = [concurrency // n + (i < concurrency % n) for i in range(n)]
     parts = [prompts[i::n] for i in range(n)]
-    with cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn")) as pool:
-        list(pool.map(_ready, range(4 * n)))  # every process started and imported before the clock
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager, cf.ProcessPoolExecutor(n, mp_context=ctx) as pool:
+        list(pool.map(_ready, [manager.Barrier(n)] * n))  # every process up before the clock
         start_at = time.time() + 0.5
         futures = [pool.submit(_drive_part, url, parts[i], output_len, shares[i], start_at) for i in range(n)]
         results = [f.result() for f in futures]
@@ -409,7 +412,7 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=1024)
     ap.add_argument("--start-timeout", type=float, default=600)
     ap.add_argument(
-        "--client-processes", type=int, default=4, help="processes the HTTP clients are spread over"
+        "--client-processes", type=int, default=8, help="processes the HTTP clients are spread over"
     )
     ap.add_argument(
         "--quick", action="store_true", help="a tiny random model on the CPU: the bench's smoke test"

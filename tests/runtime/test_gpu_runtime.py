@@ -178,7 +178,7 @@ def test_mixed_batches_give_the_unmixed_tokens_with_graphs_and_the_overlap_loop(
 def test_prefill_graphs_give_the_eager_prefills_logprobs():
     """bf16 (triton_prefill): prefill steps replayed from graphs, padded to their token bucket, give
     the eager steps' top-5 logprobs to bf16 rounding, for greedy and for penalized sampled rows."""
-    prompts = [[(11 * j + n) % 900 + 3 for j in range(n)] for n in (70, 5, 33, 1, 48, 300)]
+    prompts = [[(11 * j + n) % 500 + 3 for j in range(n)] for n in (70, 5, 33, 1, 48, 300)]  # vocab 512
     params = [
         SamplingParams(max_tokens=1, temperature=0.0, logprobs=5),
         SamplingParams(max_tokens=1, temperature=0.8, seed=1, repetition_penalty=1.3, logprobs=5),
@@ -211,7 +211,7 @@ def test_prefill_graphs_serve_a_continuous_batch_to_the_end():
     try:
         graphs = llm.executor.runner.prefill_graphs
         assert graphs is not None and llm.executor.scheduler.mixed_batches
-        prompts = [[(5 * j + i) % 700 + 3 for j in range(10 + 13 * i)] for i in range(24)]
+        prompts = [[(5 * j + i) % 500 + 3 for j in range(10 + 13 * i)] for i in range(24)]
         params = [SamplingParams(max_tokens=8 + i % 5, ignore_eos=True, temperature=0.7 * (i % 2), seed=i)
                   for i in range(24)]  # fmt: skip
         outs = llm.generate(prompts, params)
