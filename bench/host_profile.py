@@ -90,9 +90,11 @@ def main() -> None:
             for i in range(args.batch)
         ]
         llm.generate(prompts, params, use_tqdm=False)  # warm
-        armed["loop"] = loop = cProfile.Profile()
-        before = llm.stats()
+        # From Python 3.12 a profiler sees every thread (sys.monitoring), and only one may run.
+        every_thread = sys.version_info >= (3, 12)
         caller = cProfile.Profile()
+        armed["loop"] = loop = None if every_thread else cProfile.Profile()
+        before = llm.stats()
         t0 = time.perf_counter()
         caller.enable()
         llm.generate(prompts, params, use_tqdm=False)
