@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -357,6 +358,28 @@ def server_means(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc; 0 where it cannot be read)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
+def server_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of the API process, and of its children (the engine process and its helpers)."""
+    return cpu_seconds(pid), sum(cpu_seconds(k) for k in children(pid))
+
+
 def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
     port = free_port()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -366,10 +389,15 @@ def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
     try:
         asyncio.run(drive(url, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency)))
         for c in args.concurrency:
-            before = server_latencies(url)
+            before, cpu0 = server_latencies(url), server_cpu(proc.pid)
             timings, seconds = drive_from_processes(url, prompts, args.output_len, c, args.client_processes)
+            cpu1 = server_cpu(proc.pid)
             rows.append(summarize("server (HTTP, streamed)", c, timings, seconds))
             rows[-1] |= server_means(before, server_latencies(url))
+            # How busy each process was: an API process near 100% of a core sets the pace.
+            rows[-1]["api_cpu_share"] = (cpu1[0] - cpu0[0]) / seconds
+            rows[-1]["engine_cpu_share"] = (cpu1[1] - cpu0[1]) / seconds
+            rows[-1]["api_cpu_us_per_token"] = (cpu1[0] - cpu0[0]) / max(rows[-1]["output_tokens"], 1) * 1e6
             print(rows[-1], flush=True)
     finally:
         code = stop_server(proc)
@@ -385,14 +413,16 @@ def _steps(row: dict, phase: str) -> str:
 def table(rows: list[dict], generate_tok_s: float) -> str:
     headers = ["mode", "concurrency", "requests", "output tok/s", "vs offline generate",
                "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "server: TTFT mean ms",
-               "server: queue mean ms", "prefill steps (ms, tokens each)", "decode steps (ms, rows each)"]  # fmt: skip
+               "server: queue mean ms", "prefill steps (ms, tokens each)", "decode steps (ms, rows each)",
+               "API / engine process CPU (cores)"]  # fmt: skip
     body = [
         [r["mode"], r["concurrency"], r["requests"], f"{r['output_tok_s']:.0f}",
          f"{r['output_tok_s'] / generate_tok_s:.1%}", f"{r['ttft_p50_ms']:.1f}", f"{r['ttft_p99_ms']:.1f}",
          f"{r['itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f}",
          f"{r['server_ttft_mean_ms']:.1f}" if "server_ttft_mean_ms" in r else "-",
          f"{r['queue_mean_ms']:.1f}" if "queue_mean_ms" in r else "-",
-         _steps(r, "prefill"), _steps(r, "decode")]
+         _steps(r, "prefill"), _steps(r, "decode"),
+         f"{r['api_cpu_share']:.2f} / {r['engine_cpu_share']:.2f}" if "api_cpu_share" in r else "-"]
         for r in rows
     ]  # fmt: skip
     return markdown_table(headers, body)

@@ -36,6 +36,11 @@ from fastpath.runtime.serve.server import serve
 
 if __name__ == "__main__":
     configure_logging("warning")
+    if {profile!r}:  # the API process's event loop (main thread), written out when the server exits
+        import atexit, cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+        atexit.register(lambda: (prof.disable(), prof.dump_stats({profile!r})))
     with LLM({model!r}, device="cpu", max_batch_size={batch}, max_seq_len={seq}, kv_cache_blocks={blocks},
              engine_process={remote}, executor_cls=SleepingExecutor) as llm:
         serve(llm, ServeConfig(port={port}, access_log=False))
@@ -51,7 +56,8 @@ def run(args, remote: bool) -> dict:
     port = free_port()
     blocks = args.concurrency * (-(-(args.input_len + args.output_len) // 16) + 1) + 64
     script = SERVER.format(bench=str(Path(__file__).resolve().parent), model=args.model, batch=args.concurrency,
-                           seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port)  # fmt: skip
+                           seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port,
+                           profile=str(args.profile.resolve()) + f".{int(remote)}" if args.profile else "")  # fmt: skip
     env = {**os.environ, "FASTPATH_STUB_STEP_US": str(args.step_us), "FASTPATH_STUB_PREFILL_US": "0"}
     args.out.mkdir(parents=True, exist_ok=True)
     server = launch_server([sys.executable, "-c", script], port, args.out / "serve_cpu-server.log", 120, env)
@@ -87,9 +93,14 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--client-processes", type=int, default=2)
+    ap.add_argument(
+        "--profile", type=Path, help="cProfile the API process's main thread into PATH.0 / PATH.1"
+    )
+    ap.add_argument("--modes", nargs="+", choices=["in-process", "engine-process"],
+                    default=["in-process", "engine-process"])  # fmt: skip
     args = ap.parse_args()
     os.environ.setdefault("FASTPATH_PROGRESS", "0")
-    rows = [run(args, remote) for remote in (False, True)]
+    rows = [run(args, mode == "engine-process") for mode in args.modes]
     for r in rows:
         print(r, flush=True)
     body = [[r["mode"], f"{r['output_tok_s']:.0f}", f"{r['ttft_p50_ms']:.1f}", f"{r['itl_p50_ms']:.2f}",
@@ -103,7 +114,7 @@ def main() -> None:
     text += (f"\n\n{args.requests} streamed requests of {args.input_len} + {args.output_len} tokens at concurrency "
              f"{args.concurrency}, a {args.step_us:.0f} µs stub device step, clients in {args.client_processes} "
              f"processes; {os.cpu_count()} CPU cores.")  # fmt: skip
-    write_outputs(args.out, "serve_cpu", {"env": environment(), "setup": vars(args) | {"out": str(args.out)},
+    write_outputs(args.out, "serve_cpu", {"env": environment(), "setup": vars(args) | {"out": str(args.out), "profile": str(args.profile)},
                                          "rows": rows}, text)  # fmt: skip
     print(text)
 
