@@ -43,7 +43,7 @@ if __name__ == "__main__":
         atexit.register(lambda: (prof.disable(), prof.dump_stats({profile!r})))
     with LLM({model!r}, device="cpu", max_batch_size={batch}, max_seq_len={seq}, kv_cache_blocks={blocks},
              engine_process={remote}, executor_cls=SleepingExecutor) as llm:
-        serve(llm, ServeConfig(port={port}, access_log=False))
+        serve(llm, ServeConfig(port={port}, access_log=False, stream_interval={interval}))
 """
 
 
@@ -56,7 +56,7 @@ def run(args, remote: bool) -> dict:
     port = free_port()
     blocks = args.concurrency * (-(-(args.input_len + args.output_len) // 16) + 1) + 64
     script = SERVER.format(bench=str(Path(__file__).resolve().parent), model=args.model, batch=args.concurrency,
-                           seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port,
+                           seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port, interval=args.stream_interval,
                            profile=str(args.profile.resolve()) + f".{int(remote)}" if args.profile else "")  # fmt: skip
     env = {**os.environ, "FASTPATH_STUB_STEP_US": str(args.step_us), "FASTPATH_STUB_PREFILL_US": "0"}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -93,6 +93,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--client-processes", type=int, default=2)
+    ap.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
     ap.add_argument(
         "--profile", type=Path, help="cProfile the API process's main thread into PATH.0 / PATH.1"
     )
@@ -112,7 +113,7 @@ def main() -> None:
          "engine process CPU µs/token"], body,
     )  # fmt: skip
     text += (f"\n\n{args.requests} streamed requests of {args.input_len} + {args.output_len} tokens at concurrency "
-             f"{args.concurrency}, a {args.step_us:.0f} µs stub device step, clients in {args.client_processes} "
+             f"{args.concurrency}, stream interval {args.stream_interval}, a {args.step_us:.0f} µs stub device step, clients in {args.client_processes} "
              f"processes; {os.cpu_count()} CPU cores.")  # fmt: skip
     write_outputs(args.out, "serve_cpu", {"env": environment(), "setup": vars(args) | {"out": str(args.out), "profile": str(args.profile)},
                                          "rows": rows}, text)  # fmt: skip

@@ -63,18 +63,21 @@ def check_ids(ids: Any, limits: Limits) -> list[int]:
         raise ValueError(
             f"prompt must be a string, a list of token ids or a prompt dict, got {type(ids).__name__}"
         )
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-            raise ValueError(f"token ids must be ints, got {t!r} ({type(t).__name__})")
-    out = [int(t) for t in ids]
+    if all(type(t) is int for t in ids):  # the common case, without an isinstance per token
+        out = list(ids)
+    else:
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                raise ValueError(f"token ids must be ints, got {t!r} ({type(t).__name__})")
+        out = [int(t) for t in ids]
     if not out:
         raise ValueError("empty prompt")
     if len(out) >= limits.max_seq_len:
         raise ValueError(
             f"prompt of {len(out)} tokens leaves no room to generate: max_seq_len is {limits.max_seq_len}"
         )
-    bad = next((t for t in out if not 0 <= t < limits.vocab_size), None)
-    if bad is not None:
+    if min(out) < 0 or max(out) >= limits.vocab_size:  # then name the first, as the error always has
+        bad = next(t for t in out if not 0 <= t < limits.vocab_size)
         raise ValueError(f"token id {bad} is out of range [0, {limits.vocab_size})")
     return out
 

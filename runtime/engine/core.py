@@ -185,12 +185,14 @@ class EngineCore:
             if seq.streams and seq.sink is not None and not seq.finished:
                 seq.sink.post(("tokens", seq.index, len(seq.output_ids)))
                 touched.add(seq.sink)
+        ending: set[RequestHandle] = set()
         for seq in record.finished:
             if seq.sink is not None:
                 seq.sink.post(("finish", seq.index, len(seq.output_ids)))
                 touched.add(seq.sink)
+                ending.add(seq.sink)
         self._wake(touched)
-        for handle in touched:
+        for handle in ending:  # only a handle one of whose sequences just finished can be done
             if all(s.finished for s in handle.sequences):
                 self._live.discard(handle)
 

@@ -156,6 +156,7 @@ class EngineCoreClient:
     def _apply(self, updates: list[tuple]) -> None:
         """One step's outputs into the mirrored sequences; their consumers are woken once."""
         touched: set[RequestHandle] = set()
+        ending: set[RequestHandle] = set()
         done = []
         for seq_id, ids, lps, tops, first, scheduled, finished, reason, stop in updates:
             seq = self._seqs.get(seq_id)
@@ -175,11 +176,13 @@ class EngineCoreClient:
             if seq.sink is not None:
                 seq.sink.post(("finish" if finished else "tokens", seq.index, len(seq.output_ids)))
                 touched.add(seq.sink)
+                if finished:
+                    ending.add(seq.sink)
         EngineCore._wake(touched)
         with self._lock:
             for seq_id in done:
                 self._seqs.pop(seq_id, None)
-            for h in touched:
+            for h in ending:  # only a handle one of whose sequences just finished can be done
                 if all(s.finished for s in h.sequences):
                     self._live.discard(h)
 

@@ -69,6 +69,9 @@ class RequestHandle:
         self.error: str | None = None
         self.created: float = 0.0  # set by the engine: when it was submitted (time.monotonic)
         self.engine_token: int | None = None  # what an engine process prepared for it (core_client.py)
+        # An async stream's deltas carry at least this many tokens (its first and last excepted): a
+        # server under load sends fewer, larger events (serve's --stream-interval).
+        self.stream_interval = 1
 
     # --- the engine's side (its loop thread) ------------------------------------------------------
 
@@ -105,7 +108,11 @@ class RequestHandle:
 
     def wake(self) -> None:
         """After a step's posts; async handles are woken in one batch per event loop (engine/core.py)."""
-        self._wake.set()
+        # A set event stays set until its consumer clears it before draining, so setting it again
+        # changes nothing; an async handle's event is never cleared. Event.set takes a lock and
+        # notifies: at 64 streams that was a tenth of the server's CPU.
+        if not self._wake.is_set():
+            self._wake.set()
 
     def wake_async(self) -> None:
         if self._async_wake is not None:
@@ -192,7 +199,7 @@ class RequestHandle:
         while True:
             changed = self._drain()
             done = self.finished
-            if changed:
+            if changed and (done or self._due()):
                 delta = self._output(delta=True)
                 if delta is not None:
                     yield delta
@@ -200,6 +207,15 @@ class RequestHandle:
                 return
             await self._async_wake.wait()
             self._async_wake.clear()
+
+    def _due(self) -> bool:
+        """Whether a stream's next delta goes out now: its first token always does; later ones once
+        `stream_interval` tokens have gathered (or the completion ended)."""
+        k = self.stream_interval
+        return k <= 1 or any(
+            c.sent_tokens == 0 or c.finish_reason is not None or c.seen - c.sent_tokens >= k
+            for c in self._completions
+        )
 
     def deltas(self) -> Iterator[RequestOutput]:
         """What arrived since the last call, without waiting: at most one incremental output."""

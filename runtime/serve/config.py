@@ -18,6 +18,8 @@ class ServeConfig:
     - `max_tokens`: the most a request may ask for, and the default when it asks for none.
     - `max_request_bytes`: a larger body gets 413.
     - `drain_timeout_s`: after SIGTERM, how long running requests may finish before they are cut.
+    - `stream_interval`: a stream's events carry at least this many tokens (its first token and its
+      end go at once): fewer, larger events cost the server less CPU per token under load.
     """
 
     host: str = "127.0.0.1"
@@ -29,6 +31,7 @@ class ServeConfig:
     max_request_bytes: int = 8 << 20
     drain_timeout_s: float = 30.0
     access_log: bool = True
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         _check(
@@ -71,6 +74,12 @@ class ServeConfig:
             "max_request_bytes",
             "an int >= 1024",
             self.max_request_bytes,
+        )
+        _check(
+            _int(self.stream_interval) and 1 <= self.stream_interval <= 64,
+            "stream_interval",
+            "an int in [1, 64]",
+            self.stream_interval,
         )
         t = self.drain_timeout_s
         ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= 3600

@@ -37,6 +37,10 @@ class Generation:
         self.state = state
         self.stream = stream
         self.handles = handles
+        # A streamed request's events gather --stream-interval tokens; a whole response needs only
+        # its first token (for the metrics) and its end, not a delta per step.
+        for h in handles:
+            h.stream_interval = state.config.stream_interval if stream else 1 << 30
         self.arrival = arrival
         self.completions = completions
         self._last: dict[int, float] = {}

@@ -169,3 +169,26 @@ def test_logprobs_in_both_shapes(url):
     assert "".join(t.token for t in content).rstrip("\ufffd") == chat.choices[0].message.content
     assert all(t.logprob <= 0 and len(t.top_logprobs) <= 2 for t in content)
     assert all(bytes(t.bytes) == t.token.encode() for t in content)
+
+
+def test_a_stream_interval_gathers_tokens_per_event_and_loses_none(llm):
+    # The engine steps faster than the client reads, so events may gather even more than 4.
+    with running(llm, stream_interval=4) as url:
+        chunks = list(
+            client(url).completions.create(
+                model="tiny", prompt=PROMPTS[1], max_tokens=13, temperature=0, stream=True, extra_body=TOKENS
+            )
+        )
+    expected = _offline(llm, PROMPTS[1], 13)
+    sizes = [len(c.choices[0].token_ids) for c in chunks if c.choices and c.choices[0].token_ids]
+    assert [t for c in chunks if c.choices for t in c.choices[0].token_ids] == expected.token_ids
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert sizes[0] >= 1 and all(n >= 4 for n in sizes[1:-1]), sizes  # the first goes at once
+    assert len(sizes) <= 1 + -(-12 // 4), sizes
+
+
+def test_a_stream_interval_outside_its_range_is_refused():
+    from fastpath.runtime.serve.config import ServeConfig
+
+    with pytest.raises(ValueError, match="stream_interval"):
+        ServeConfig(stream_interval=0)
