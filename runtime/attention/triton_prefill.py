@@ -116,7 +116,9 @@ class TritonPrefillAttention(TritonFmhaLibrary):
         if block < 16 or block & (block - 1):
             raise KernelRefused(f"triton_prefill needs a power-of-two cache block >= 16, got {block}")
         tiles = meta.host_table("prefill_tiles", BLOCK_M, lambda: tile_map(meta.query_lens, BLOCK_M))
-        out = torch.empty_like(q)
+        # A captured step's padding rows get no tile: zeros keep their hidden states finite, so the
+        # keys and values they write to the null slot never poison a dense library's masked reads.
+        out = torch.zeros_like(q) if meta.capturing else torch.empty_like(q)
         from triton.compiler.errors import CompilationError
         from triton.runtime.errors import OutOfResources
 

@@ -214,6 +214,8 @@ class EngineCore:
         if seq.sink is not None:
             seq.sink.post(("finish", seq.index, len(seq.output_ids)))
             self._wake({seq.sink})
+            if all(s.finished for s in seq.sink.sequences):  # an abort ends the handle here
+                self._live.discard(seq.sink)
 
     @staticmethod
     def _wake(handles: set[RequestHandle]) -> None:

@@ -18,8 +18,7 @@ from typing import Any
 _CONTEXT = 6  # prompt tokens decoded before the output, so the first output token spaces correctly
 
 Decode = Callable[[list[int], bool], str]
-# tokenizer -> (its decode, and its Rust tokenizer when decoding there is all `decode` does)
-_DECODERS: weakref.WeakKeyDictionary[Any, tuple[Decode, Any]] = weakref.WeakKeyDictionary()
+_DECODERS: weakref.WeakKeyDictionary[Any, Decode] = weakref.WeakKeyDictionary()
 _PROBE = 512  # ids decoded both ways before the direct path is trusted
 
 
@@ -31,15 +30,6 @@ def text_decoder(tokenizer: Any) -> Decode:
     path is taken only without clean-up of tokenization spaces and when both ways agree on a probe
     of the vocabulary, with and without special tokens; anything else keeps `tokenizer.decode`.
     """
-    return _decoders(tokenizer)[0]
-
-
-def rust_tokenizer(tokenizer: Any) -> Any:
-    """The `tokenizers.Tokenizer` under `tokenizer` when `text_decoder` trusts it to decode alone."""
-    return _decoders(tokenizer)[1]
-
-
-def _decoders(tokenizer: Any) -> tuple[Decode, Any]:
     try:
         return _DECODERS[tokenizer]
     except (KeyError, TypeError):
@@ -64,10 +54,9 @@ def _decoders(tokenizer: Any) -> tuple[Decode, Any]:
                 chosen = direct
         except Exception:  # any doubt keeps the wrapper
             chosen = wrapped
-    pair = (chosen, backend if chosen is not wrapped else None)
     with contextlib.suppress(TypeError):  # not weakly referable: decided again next time
-        _DECODERS[tokenizer] = pair
-    return pair
+        _DECODERS[tokenizer] = chosen
+    return chosen
 
 
 _TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, Callable[[int], str]] = weakref.WeakKeyDictionary()
@@ -76,8 +65,8 @@ _TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, Callable[[int], str]] = weakref.Wea
 def token_text(tokenizer: Any) -> Callable[[int], str]:
     """One token's text, as `tokenizer.decode([token])` gives it, remembered per tokenizer.
 
-    Logprobs name every top-k token: at 64 rows and top-5 that was 380 decodes per step, which
-    took more host time than the step itself. A vocabulary's texts fit in a few MB.
+    Logprobs name every top-k token: at 64 rows and top-5 that was 380 decodes per step, most of
+    the host's profile of such a step on a CPU. A vocabulary's texts fit in a few MB.
     """
     try:
         return _TOKEN_TEXTS[tokenizer]
@@ -116,13 +105,6 @@ class IncrementalText:
         self.min_tokens = min_tokens
         self.hold = max((len(s) for s in stop), default=1) - 1
         self._ids = list(prompt_ids[-_CONTEXT:])
-        # One Rust call per token where the tokenizer allows: DecodeStream holds a split character
-        # back as _release does, and costs a fraction of its two decodes through Python.
-        self._rust = rust_tokenizer(tokenizer)
-        self._stream = None
-        # A prompt ending inside a character: the stream would hand its bytes to the output.
-        if self._rust is not None and not self._decode(self._ids).endswith("\ufffd"):
-            self._stream = _decode_stream(self._ids, skip_special_tokens)
         self._prefix = 0
         self._read = len(self._ids)
         self._outputs = 0
@@ -137,22 +119,16 @@ class IncrementalText:
         """Take new output tokens; returns the stop string they complete, if any (then text ends there)."""
         if self.stop_hit is not None:
             return self.stop_hit
+        self._ids.extend(token_ids)
         self._outputs += len(token_ids)
         before = len(self.text)
-        if self._stream is not None:
-            for t in token_ids:  # one at a time: a list's step returns nothing past a split character
-                chunk = self._stream.step(self._rust, t)
-                if chunk:
-                    self.text += chunk
-        else:
-            self._ids.extend(token_ids)
-            self._release(final=False)
+        self._release(final=False)
         return self._find_stop(before)
 
     def finish(self) -> None:
         """The completion ended. A character its last tokens left unfinished is left out (as vLLM
         does), not written as U+FFFD."""
-        if self.stop_hit is None and self._stream is None:  # a stream never released a split character
+        if self.stop_hit is None:
             before = len(self.text)
             self._release(final=True)
             self._find_stop(before)
@@ -189,13 +165,3 @@ class IncrementalText:
         self.emitted = end
         return delta
 
-
-def _decode_stream(context: list[int], skip_special_tokens: bool) -> Any:
-    """A `tokenizers` DecodeStream primed with the prompt's last tokens; None where this tokenizers
-    release has none that takes a context (then IncrementalText decodes windows itself)."""
-    try:
-        from tokenizers.decoders import DecodeStream
-
-        return DecodeStream(ids=list(context), skip_special_tokens=skip_special_tokens)
-    except (ImportError, TypeError):
-        return None

@@ -38,8 +38,8 @@ KINDS = ("greedy", "general")
 def token_buckets(max_num_batched_tokens: int) -> tuple[int, ...]:
     """The padded token counts captured: TOKEN_BUCKETS up to the step budget, and the budget itself
     when it is smaller than the largest (a step never holds more)."""
-    sizes = [t for t in TOKEN_BUCKETS if t < max_num_batched_tokens]
-    return (*sizes, min(max_num_batched_tokens, TOKEN_BUCKETS[-1]))
+    top = min(max_num_batched_tokens, TOKEN_BUCKETS[-1])
+    return (*(t for t in TOKEN_BUCKETS if t < top), top)
 
 
 @dataclass(slots=True)
@@ -197,7 +197,10 @@ class PrefillGraphs:
         self.graphs[(tokens, kind)] = PrefillGraph(graph, out)
 
     def run(self, tokens: int, step: PrefillStep) -> Sampled:
-        """Load `step` into its bucket's buffers and replay; the sampled rows, padding included."""
+        """Load `step` into its bucket's buffers and replay; the sampled rows, padding included.
+
+        The host staging buffers are rewritten with no wait: the engine completes (reads back) a
+        prefill step before it schedules the next one, so their last copy has run."""
         bufs = self.buffers[tokens]
         bufs.load(step)
         g = self.graphs[(tokens, "greedy" if step.sampling is None else "general")]

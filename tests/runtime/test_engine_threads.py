@@ -107,3 +107,21 @@ def test_an_engine_nobody_holds_is_closed_and_its_loop_thread_ends():
     assert ref() is None, "nothing (the loop thread included) keeps an unreferenced engine alive"
     loop.join(10)
     assert not loop.is_alive()
+
+
+def test_an_aborted_request_leaves_nothing_behind_in_the_engine():
+    llm = LLM("random:tiny-llama", device="cpu", max_seq_len=256, max_batch_size=4)
+    try:
+        handles = [
+            llm.submit([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
+            for _ in range(3)
+        ]
+        for h in handles:
+            h.abort()
+        for h in handles:
+            assert h.result(timeout=60).outputs[0].finish_reason == "abort"
+        assert not llm.core._live, "an aborted handle is still tracked as live"
+        stats = llm.stats()
+        assert (stats.running, stats.waiting, stats.kv_blocks_free) == (0, 0, stats.kv_blocks_total)
+    finally:
+        llm.close()

@@ -18,7 +18,8 @@ def test_buckets_cover_the_step_budget_and_stop_at_the_largest():
     assert token_buckets(2048) == (128, 256, 512, 768, 1024, 1536, 2048)
     assert token_buckets(1000) == (128, 256, 512, 768, 1000)
     assert token_buckets(100) == (100,)
-    assert token_buckets(1 << 20)[-1] == TOKEN_BUCKETS[-1]  # longer steps run eagerly
+    assert token_buckets(1 << 20) == TOKEN_BUCKETS  # longer steps run eagerly
+    assert token_buckets(TOKEN_BUCKETS[-1]) == TOKEN_BUCKETS
 
 
 def step(qlens: list[int], ctxs: list[int], width: int, sampled: list[int]) -> PrefillStep:
