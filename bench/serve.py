@@ -181,9 +181,9 @@ async def drive(url: str, prompts: list[list[int]], output_len: int, concurrency
         return list(timings), time.perf_counter() - start
 
 
-def start_server(args, port: int, log: Path) -> subprocess.Popen:
+def start_server(args, port: int, log: Path, interval: int = 1) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "fastpath.serve", args.model, "--port", str(port), "--no-access-log",
-           "--log-level", "warning", *engine_flags(args)]  # fmt: skip
+           "--log-level", "warning", "--stream-interval", str(interval), *engine_flags(args)]  # fmt: skip
     return launch_server(cmd, port, log, args.start_timeout)
 
 
@@ -380,10 +380,15 @@ def server_cpu(pid: int) -> tuple[float, float]:
     return cpu_seconds(pid), sum(cpu_seconds(k) for k in children(pid))
 
 
-def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
+def run_server(args, prompts: list[list[int]], interval: int = 1) -> tuple[list[dict], int]:
     port = free_port()
     args.out.mkdir(parents=True, exist_ok=True)
-    proc = start_server(args, port, args.out / "serve-server.log")
+    proc = start_server(args, port, args.out / "serve-server.log", interval)
+    mode = (
+        "server (HTTP, streamed)"
+        if interval == 1
+        else f"server (HTTP, streamed, --stream-interval {interval})"
+    )
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
@@ -392,7 +397,7 @@ def run_server(args, prompts: list[list[int]]) -> tuple[list[dict], int]:
             before, cpu0 = server_latencies(url), server_cpu(proc.pid)
             timings, seconds = drive_from_processes(url, prompts, args.output_len, c, args.client_processes)
             cpu1 = server_cpu(proc.pid)
-            rows.append(summarize("server (HTTP, streamed)", c, timings, seconds))
+            rows.append(summarize(mode, c, timings, seconds))
             rows[-1] |= server_means(before, server_latencies(url))
             # How busy each process was: an API process near 100% of a core sets the pace.
             rows[-1]["api_cpu_share"] = (cpu1[0] - cpu0[0]) / seconds
@@ -445,6 +450,10 @@ def main() -> None:
         "--client-processes", type=int, default=8, help="processes the HTTP clients are spread over"
     )
     ap.add_argument(
+        "--stream-interval", type=int, nargs="+", default=[1],
+        help="the server's --stream-interval; several run one server each, side by side",
+    )  # fmt: skip
+    ap.add_argument(
         "--quick", action="store_true", help="a tiny random model on the CPU: the bench's smoke test"
     )
     args = ap.parse_args()
@@ -456,7 +465,12 @@ def main() -> None:
     prompts = make_prompts(args.requests, args.input_len, vocab=500 if args.quick else 30000)
 
     offline_rows = run_offline(args, prompts)
-    server_rows, exit_code = run_server(args, prompts)
+    server_rows, codes = [], []
+    for interval in args.stream_interval:
+        rows_k, code = run_server(args, prompts, interval)
+        server_rows += rows_k
+        codes.append(code)
+    exit_code = max(codes, key=abs)
     generate_tok_s = offline_rows[-1]["output_tok_s"]
     by_c = {r["concurrency"]: r for r in offline_rows}
     rows = [
@@ -464,7 +478,7 @@ def main() -> None:
     ]
     rows.append(offline_rows[-1])
     top = max(args.concurrency)
-    server_top = next(r for r in server_rows if r["concurrency"] == top)
+    server_top = next(r for r in server_rows if r["concurrency"] == top)  # the first interval's
     ratio = server_top["output_tok_s"] / generate_tok_s
     verdict = (
         f"At concurrency {top} the server's output throughput is {ratio:.1%} of offline generate's "
