@@ -164,4 +164,3 @@ class IncrementalText:
         delta = self.text[self.emitted : end]
         self.emitted = end
         return delta
-
