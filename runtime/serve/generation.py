@@ -44,6 +44,7 @@ class Generation:
         self.arrival = arrival
         self.completions = completions
         self._last: dict[int, float] = {}
+        self._whole_tokens: dict[tuple[int, int], int] = {}  # (prompt, completion) -> tokens seen
         self._reasons: list[str] = []  # finish reasons as they arrive, for metrics
         self._closed = False
 
@@ -110,14 +111,18 @@ class Generation:
         """A reply sent whole still had a first token: the engine noted when; the rest is spread evenly."""
         now, metrics = time.monotonic(), self.state.metrics
         for c in out.outputs:
+            # Deltas carry the tokens since the last one: count them all, not just the final delta's.
+            tokens = self._whole_tokens[(i, c.index)] = self._whole_tokens.get((i, c.index), 0) + len(
+                c.token_ids
+            )
             first = self.handles[i].first_token_at(c.index) if c.finish_reason is not None else None
             if first is None:
                 continue
             metrics.ttft.observe(max(0.0, first - self.arrival))
             self._observe_queue(i, c.index)
-            if len(c.token_ids) > 1:
-                per_token = (now - first) / (len(c.token_ids) - 1)
-                for _ in range(len(c.token_ids) - 1):
+            if tokens > 1:
+                per_token = (now - first) / (tokens - 1)
+                for _ in range(tokens - 1):
                     metrics.itl.observe(per_token)
 
     def _observe_queue(self, i: int, index: int) -> None:
