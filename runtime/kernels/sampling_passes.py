@@ -94,7 +94,8 @@ def hist_kernel(
 @triton.jit
 def _cut(hist_ptr, row, P, cap, PMAX: tl.constexpr, NB: tl.constexpr):
     """The deepest bucket whose cumulative count stays within `cap` (-1: none), the count it
-    keeps, each chunk's offset of those, then of the next bucket's members, and that bucket's count."""
+    keeps, each chunk's offset of the next bucket's members (filled in token order), and that
+    bucket's count."""
     p = tl.arange(0, PMAX)
     b = tl.arange(0, NB)
     h = tl.load(hist_ptr + (row * P + p[:, None]) * NB + b[None, :], mask=(p < P)[:, None], other=0)
@@ -102,9 +103,8 @@ def _cut(hist_ptr, row, P, cap, PMAX: tl.constexpr, NB: tl.constexpr):
     cum = tl.cumsum(total, 0)
     cut = tl.max(tl.where(cum <= cap, b, -1), 0)
     kept = tl.sum(tl.where(b <= cut, total, 0), 0)
-    per = tl.sum(tl.where(b[None, :] <= cut, h, 0), 1)
     nxt = tl.sum(tl.where(b[None, :] == cut + 1, h, 0), 1)
-    return cut, kept, tl.cumsum(per, 0) - per, tl.cumsum(nxt, 0) - nxt, tl.sum(nxt, 0)
+    return cut, kept, tl.cumsum(nxt, 0) - nxt, tl.sum(nxt, 0)
 
 
 @triton.jit
@@ -114,7 +114,7 @@ def select_kernel(
 ):  # fmt: skip
     row = tl.program_id(0)
     p = tl.arange(0, PMAX)
-    cut, kept, _, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
+    cut, kept, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
     tl.store(sel_ptr + row * 6 + 0, cut)
     tl.store(sel_ptr + row * 6 + 1, kept)
     tl.store(sel_ptr + row * 6 + 2, 0)
@@ -123,7 +123,7 @@ def select_kernel(
     tl.store(fill_ptr + row * 2 + 0, 0)
     tl.store(fill_ptr + row * 2 + 1, 0)
     if TOPK:
-        rcut, rkept, _, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
+        rcut, rkept, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
         tl.store(rnext_ptr + row * P + p, rnext, mask=p < P)
         tl.store(sel_ptr + row * 6 + 2, rcut)
         tl.store(sel_ptr + row * 6 + 3, rkept)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,9 +23,31 @@ GUIDED_KINDS = ("guided_greedy", "guided_general")  # the same two, with the gra
 
 
 @dataclass(slots=True)
-class DecodeGraph:
+class CapturedGraph:
     graph: torch.cuda.CUDAGraph
     out: Sampled
+
+
+def capture_graph(
+    core: ModelRunner, pool, run: Callable[[], Sampled], warm: Callable[[], None] = lambda: None
+) -> CapturedGraph:
+    """`run` captured in a CUDA graph from `pool` (None: a new one): the graph and what it returns.
+
+    Two warm runs go first on a side stream, so lazy inits (cuBLAS workspaces, Triton compiles and
+    autotuning) stay out of the capture; `warm` runs before each. The dispatcher counts the graph's
+    host callbacks, so each replay can announce them.
+    """
+    side = torch.cuda.Stream(core.device)
+    side.wait_stream(torch.cuda.current_stream(core.device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            warm()
+            run()
+    torch.cuda.current_stream(core.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with core.dispatcher.graph(graph, pool=pool):
+        out = run()
+    return CapturedGraph(graph, out)
 
 
 class DecodeGraphs:
@@ -37,7 +60,7 @@ class DecodeGraphs:
             for b in self.sizes
         }
         self.sampling = {b: SamplingTensors.empty(b, core.device) for b in self.sizes}
-        self.graphs: dict[tuple[int, str], DecodeGraph] = {}
+        self.graphs: dict[tuple[int, str], CapturedGraph] = {}
         self._pool = None
 
     def bucket(self, n: int) -> int | None:
@@ -55,20 +78,12 @@ class DecodeGraphs:
         core, bufs = self.core, self.buffers[rows]
         sampling = None if kind.endswith("greedy") else self.sampling[rows]
         guided = kind in GUIDED_KINDS
-        side = torch.cuda.Stream(core.device)
-        side.wait_stream(torch.cuda.current_stream(core.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # lazy inits (cuBLAS handles, Triton autotune) stay out of the capture
-                if guided:
-                    core.guided.enqueue([], rows)  # warm runs fill free rows only
-                core.decode_forward(bufs, sampling, capturing=True, guided=guided)
-        torch.cuda.current_stream(core.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # The dispatcher counts the graph's host callbacks, so each replay can announce them.
-        with core.dispatcher.graph(graph, pool=self._pool):
-            out = core.decode_forward(bufs, sampling, capturing=True, guided=guided)
-        self._pool = graph.pool()
-        self.graphs[(rows, kind)] = DecodeGraph(graph, out)
+        warm = (lambda: core.guided.enqueue([], rows)) if guided else (lambda: None)  # fills free rows only
+        captured = capture_graph(
+            core, self._pool, lambda: core.decode_forward(bufs, sampling, capturing=True, guided=guided), warm
+        )
+        self._pool = captured.graph.pool()
+        self.graphs[(rows, kind)] = captured
 
     def replay(self, rows: int, kind: str) -> Sampled:
         g = self.graphs[(rows, kind)]

@@ -23,6 +23,7 @@ import torch
 from ..attention.metadata import AttentionMetadata
 from ..attention.triton_prefill import BLOCK_M, tile_map
 from ..progress import progress
+from .graphs import CapturedGraph, capture_graph
 from .sampler import Sampled, SamplingTensors, sample
 from .step_inputs import PrefillStep
 
@@ -132,12 +133,6 @@ class PrefillBuffers:
             self.sampling.data[r:].copy_(self.neutral.data[r:])
 
 
-@dataclass(slots=True)
-class PrefillGraph:
-    graph: torch.cuda.CUDAGraph
-    out: Sampled
-
-
 class PrefillGraphs:
     def __init__(self, core: ModelRunner, token_sizes: tuple[int, ...], max_seqs: int) -> None:
         self.core = core
@@ -146,7 +141,7 @@ class PrefillGraphs:
             t: PrefillBuffers.allocate(PrefillLayout(t, max_seqs, core.table_width), core.device)
             for t in self.sizes
         }
-        self.graphs: dict[tuple[int, str], PrefillGraph] = {}
+        self.graphs: dict[tuple[int, str], CapturedGraph] = {}
         self._pool = None
         self.replays = 0  # steps run from a graph, for tests and the bench
 
@@ -183,18 +178,9 @@ class PrefillGraphs:
         log.info("captured %d prefill graphs for token counts %s", len(self.graphs), list(self.sizes))
 
     def capture(self, tokens: int, kind: str) -> None:
-        core, bufs = self.core, self.buffers[tokens]
-        side = torch.cuda.Stream(core.device)
-        side.wait_stream(torch.cuda.current_stream(core.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):  # lazy inits (cuBLAS workspaces, Triton compiles) stay out of the capture
-                self.forward(bufs, kind)
-        torch.cuda.current_stream(core.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with core.dispatcher.graph(graph, pool=self._pool):
-            out = self.forward(bufs, kind)
-        self._pool = graph.pool()
-        self.graphs[(tokens, kind)] = PrefillGraph(graph, out)
+        captured = capture_graph(self.core, self._pool, lambda: self.forward(self.buffers[tokens], kind))
+        self._pool = captured.graph.pool()
+        self.graphs[(tokens, kind)] = captured
 
     def run(self, tokens: int, step: PrefillStep) -> Sampled:
         """Load `step` into its bucket's buffers and replay; the sampled rows, padding included.
