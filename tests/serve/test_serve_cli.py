@@ -128,17 +128,10 @@ def test_without_the_serve_extra_the_command_says_what_to_install():
     ), done.stderr
 
 
-def test_mixed_batches_are_the_engines_choice_unless_a_flag_says(calls):
-    assert main(["serve", "random:tiny-llama", "--no-mixed-batches"]) == 0
-    assert main(["serve", "random:tiny-llama", "--mixed-batches"]) == 0
+@pytest.mark.parametrize("flag", ["mixed-batches", "prefill-graphs"])
+def test_an_engine_switch_is_the_engines_choice_unless_a_flag_says(calls, flag):
+    assert main(["serve", "random:tiny-llama", f"--no-{flag}"]) == 0
+    assert main(["serve", "random:tiny-llama", f"--{flag}"]) == 0
     assert main(["serve", "random:tiny-llama"]) == 0
     kwargs = [runtime_cli.engine_kwargs(args) for _, args, _ in calls]
-    assert [k.get("mixed_batches") for k in kwargs] == [False, True, None]
-
-
-def test_prefill_graphs_are_the_engines_choice_unless_a_flag_says(calls):
-    assert main(["serve", "random:tiny-llama", "--no-prefill-graphs"]) == 0
-    assert main(["serve", "random:tiny-llama", "--prefill-graphs"]) == 0
-    assert main(["serve", "random:tiny-llama"]) == 0
-    kwargs = [runtime_cli.engine_kwargs(args) for _, args, _ in calls]
-    assert [k.get("prefill_graphs") for k in kwargs] == [False, True, None]
+    assert [k.get(flag.replace("-", "_")) for k in kwargs] == [False, True, None]
