@@ -7,6 +7,7 @@ stages them, so a buffer is not refilled while the copy out of it may still be p
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from datetime import timedelta
 from typing import Any
@@ -43,14 +44,30 @@ class Channel:
         self._header = torch.zeros(HEADER, dtype=torch.int64)
         self._flip = 0
         self._buffers: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.abandoned: list[Any] = []  # sends given up on, still held by the backend's thread
 
     def _bcast(self, t: torch.Tensor) -> None:
         if self.rank != 0:
             dist.broadcast(t, src=0, group=self.group)
-        elif not dist.broadcast(t, src=0, group=self.group, async_op=True).wait(timeout=self.send_timeout):
+            return
+        work = dist.broadcast(t, src=0, group=self.group, async_op=True)
+        try:
+            done = work.wait(timeout=self.send_timeout)
+        except RuntimeError:
+            done = False
+        if not done:
+            self.abandoned.append(work)
             raise RuntimeError(
                 f"a worker did not take rank 0's step within {self.send_timeout.total_seconds():g} s"
             )
+
+    def settle(self, timeout_s: float) -> None:
+        """Let abandoned sends end (their peer is gone), so no backend thread still runs one when the
+        group is destroyed or the process exits."""
+        for work in self.abandoned:
+            with contextlib.suppress(RuntimeError):  # failing is what a send to an ended worker does
+                work.wait(timeout=timedelta(seconds=timeout_s))
+        self.abandoned.clear()
 
     # --- rank 0 -----------------------------------------------------------------------------------
 
@@ -92,9 +109,15 @@ class Channel:
         header = torch.tensor([int(op)] + [0] * (HEADER - 1), dtype=torch.int64)
         try:
             work = dist.broadcast(header, src=0, group=self.group, async_op=True)
-            return bool(work.wait(timeout=timedelta(seconds=timeout_s)))
         except RuntimeError:
             return False
+        try:
+            if work.wait(timeout=timedelta(seconds=timeout_s)):
+                return True
+        except RuntimeError:
+            pass
+        self.abandoned.append(work)
+        return False
 
     # --- workers ----------------------------------------------------------------------------------
 

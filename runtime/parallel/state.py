@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .watch import WorkerSet
 
 STOP_S = 10.0  # the most rank 0 waits for its workers to take the stop message
+SETTLE_S = 10.0  # how long an abandoned send gets to fail once its worker has ended
 EXIT_GRACE_S = 15.0  # how long a rank that posted its error gets to exit, so the report can say how it ended
 log = logging.getLogger("fastpath.parallel")
 
@@ -187,7 +188,10 @@ class ParallelState:
         """Take this engine's process groups down, then join (or, failing that, end) the workers.
 
         The groups go first: the workers take theirs down at the same time, after rank 0's STOP,
-        and a backend whose teardown waits for its peers finds them there.
+        and a backend whose teardown waits for its peers finds them there. A broken group ends its
+        workers first instead: a send still waiting on a stopped worker then fails, rather than
+        running in the backend's thread while the group is destroyed or the process exits (which
+        aborts it).
         """
         if self.broken and self.device.type == "cuda":
             # Kernels of a collective whose peer is gone never finish: abort them rather than wait.
@@ -195,6 +199,9 @@ class ParallelState:
                 dist.distributed_c10d._abort_process_group(self.tp.group)
             except Exception as exc:
                 log.warning("could not abort the NCCL group: %s", exc)
+        if self.broken and self.workers is not None:
+            self.workers.close(timeout_s=0.5)
+            self.channel.settle(timeout_s=SETTLE_S)
         try:
             if self.owns_default_group:
                 dist.destroy_process_group()
