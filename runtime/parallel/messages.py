@@ -54,7 +54,9 @@ class Channel:
         try:
             done = work.wait(timeout=self.send_timeout)
         except RuntimeError:
-            done = False
+            if work.is_completed():
+                raise  # it failed: a worker is gone, and the error says how
+            done = False  # timed out
         if not done:
             self.abandoned.append(work)
             raise RuntimeError(
@@ -115,7 +117,8 @@ class Channel:
             if work.wait(timeout=timedelta(seconds=timeout_s)):
                 return True
         except RuntimeError:
-            pass
+            if work.is_completed():
+                return False
         self.abandoned.append(work)
         return False
 

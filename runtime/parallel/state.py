@@ -188,10 +188,10 @@ class ParallelState:
         """Take this engine's process groups down, then join (or, failing that, end) the workers.
 
         The groups go first: the workers take theirs down at the same time, after rank 0's STOP,
-        and a backend whose teardown waits for its peers finds them there. A broken group ends its
-        workers first instead: a send still waiting on a stopped worker then fails, rather than
-        running in the backend's thread while the group is destroyed or the process exits (which
-        aborts it).
+        and a backend whose teardown waits for its peers finds them there. A send that rank 0 gave up
+        on (a stopped or stuck worker never took it) ends the workers first instead, so the send fails
+        rather than still running in the backend's thread while the group is destroyed or the
+        process exits (which aborts the process).
         """
         if self.broken and self.device.type == "cuda":
             # Kernels of a collective whose peer is gone never finish: abort them rather than wait.
@@ -199,8 +199,8 @@ class ParallelState:
                 dist.distributed_c10d._abort_process_group(self.tp.group)
             except Exception as exc:
                 log.warning("could not abort the NCCL group: %s", exc)
-        if self.broken and self.workers is not None:
-            self.workers.close(timeout_s=0.5)
+        if self.broken and self.workers is not None and self.channel.abandoned:
+            self.workers.close(timeout_s=0.5)  # the ones a send still waits on are stopped or stuck
             self.channel.settle(timeout_s=SETTLE_S)
         try:
             if self.owns_default_group:
