@@ -9,6 +9,10 @@ compile, prompt logprobs) is prepared by a round trip first, so its errors are r
 
 When the engine process ends (a failed step, a crash, a kill), every running request fails with the
 reason and later calls raise EngineClosedError naming it.
+
+The parent's client may open further links into the same engine (`open_link`) for clients in other
+processes (the API servers of `fastpath serve --api-server-count N`). Such a client is `owner=False`:
+closing it detaches it, ending its own requests, and leaves the engine running.
 """
 
 from __future__ import annotations
@@ -40,8 +44,9 @@ class EngineProcessError(RuntimeError):
 
 
 class EngineCoreClient:
-    def __init__(self, conn: Any, process: Any, info: dict[str, Any]) -> None:
-        self._conn, self.process, self.info = conn, process, info
+    def __init__(self, conn: Any, process: Any, info: dict[str, Any], *, owner: bool = True) -> None:
+        """`process`: the engine process, which an owner starts and stops (None for a link's client)."""
+        self._conn, self.process, self.info, self.owner = conn, process, info, owner
         self._lock = threading.Lock()
         self._seqs: dict[int, Sequence] = {}
         self._live: set[RequestHandle] = set()
@@ -101,6 +106,21 @@ class EngineCoreClient:
     def stats(self) -> EngineStats:
         return self._rpc("stats", next(self._tokens))
 
+    def open_link(self) -> Any:
+        """A new pipe into the engine, for a client in another process (`EngineCoreClient(conn, None,
+        info, owner=False)` there). The caller passes it on and then closes its own copy."""
+        if not self.owner:
+            raise RuntimeError("only the client that started the engine process opens links")
+        mine, theirs = mp.get_context("spawn").Pipe()
+        try:
+            self._rpc("link", next(self._tokens), theirs)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()  # the engine holds its own copy once it has answered
+        return mine
+
     # --- the pipe ---------------------------------------------------------------------------------
 
     def _send(self, message: tuple) -> None:
@@ -139,6 +159,9 @@ class EngineCoreClient:
         except BaseException as exc:  # a bug here must not leave callers waiting forever
             log.exception("the engine process's reader failed")
             self._end(f"its reader failed with {type(exc).__name__}: {exc}", None)
+            return
+        if self.process is None:
+            self._end("the engine process closed this client's link", None)
             return
         self.process.join(5)
         self._end(f"the engine process exited with code {self.process.exitcode}", None)
@@ -206,8 +229,15 @@ class EngineCoreClient:
                 future.set_exception(error)
 
     def close(self, reason: str = "close() was called") -> bool:
-        """Tell the engine process to stop after its step, wait for it (JOIN_S), then end it."""
+        """Tell the engine process to stop after its step, wait for it (JOIN_S), then end it. A link's
+        client only detaches: the engine aborts its requests and goes on."""
         _open_clients.discard(self)
+        if not self.owner:
+            self._sender.put(("detach",))
+            self._sender.close()
+            self._end(reason, None)
+            self._conn.close()
+            return True
         # Told even when its engine has failed: its main thread still waits for the parent's word.
         self._sender.put(("close", reason))
         self._sender.close()

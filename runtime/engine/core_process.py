@@ -6,6 +6,10 @@ message per step: every sequence's new token ids, logprobs and finish, nothing p
 thread reads the parent's messages (add, abort, prepare, stats, close) and answers them; a sender
 thread does the pickling and writing, so a parent that falls behind never stalls a step.
 
+The parent may open more links (`EngineCoreClient.open_link`) and hand them to other processes, the
+API servers of `fastpath serve --api-server-count N`: each link's requests and outputs are its own,
+and a link that closes aborts its requests. Only the parent's link closes the engine.
+
 The parent holds everything a consumer costs: detokenizing, stop strings, HTTP. Signals are the
 parent's to act on: this process lets SIGINT and SIGTERM pass, and leaves when the parent says so
 or its pipe closes.
@@ -23,6 +27,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import connection
 from typing import Any
 
 from .core import EngineCore
@@ -77,16 +82,34 @@ class PipeSender:
                 return
 
 
-class PublishingCore(EngineCore):
-    """EngineCore whose outputs go to the parent as one message per step."""
+class ClientLink:
+    """One client of the engine process: its pipe, the sender that writes to it, and the constraints
+    compiled for its requests not yet added."""
 
-    def __init__(self, executor: Any, errors: Any, publish: Any) -> None:
-        self._publish = publish
+    def __init__(self, index: int, conn: Any, owner: bool) -> None:
+        self.index, self.conn, self.owner = index, conn, owner
+        self.publisher = PipeSender(conn)
+        self.prepared: dict[int, list[Any]] = {}
+
+    def put(self, message: tuple) -> None:
+        self.publisher.put(message)
+
+
+class PublishingCore(EngineCore):
+    """EngineCore whose outputs go, as one message per step, to the link each sequence came from."""
+
+    def __init__(self, executor: Any, errors: Any) -> None:
         self._by_id: dict[int, Sequence] = {}
+        self._link_of: dict[int, ClientLink] = {}  # seq_id -> the link it came from
+        self._links: list[ClientLink] = []
         self._sent: dict[int, tuple[int, int, int]] = {}  # seq_id -> ids, logprobs, top-k sent
         super().__init__(executor, errors)
 
-    def submit_sequences(self, seqs: list[Sequence]) -> None:
+    def add_link(self, link: ClientLink) -> None:
+        with self._lock:
+            self._links.append(link)
+
+    def submit_sequences(self, seqs: list[Sequence], link: ClientLink) -> None:
         from .request import closed_error
 
         with self._lock:
@@ -94,6 +117,7 @@ class PublishingCore(EngineCore):
                 raise closed_error(self._closed)
             for seq in seqs:
                 self._by_id[seq.seq_id] = seq
+                self._link_of[seq.seq_id] = link
             self._incoming.extend(seqs)
             self._work.notify()
 
@@ -103,21 +127,40 @@ class PublishingCore(EngineCore):
         for seq in seqs:
             self.abort(seq)
 
+    def drop_link(self, link: ClientLink) -> None:
+        """A client that went away: its requests end (freeing their blocks), and nothing more is sent to it."""
+        with self._lock:
+            if link in self._links:
+                self._links.remove(link)
+            ids = [i for i, owner in self._link_of.items() if owner is link]
+        self.abort_ids(ids)
+
     def _deliver(self, record: Any) -> None:
         now = self._count(record)
-        updates, seen = [], set()
+        updates: dict[ClientLink, list[tuple]] = {}
+        seen = set()
         for seq, _ in record.new_tokens:
             if seq.first_token_at is None:
                 seq.first_token_at = now
             if seq.streams and not seq.finished and seq.seq_id not in seen:
                 seen.add(seq.seq_id)
-                updates.append(self._update(seq))
-        updates += [self._update(seq) for seq in record.finished]
-        if updates:
-            self._publish(("step", updates))
+                self._add_update(updates, seq)
+        for seq in record.finished:
+            self._add_update(updates, seq)
+        for link, batch in updates.items():
+            link.put(("step", batch))
 
     def _report_finish(self, seq: Sequence) -> None:
-        self._publish(("step", [self._update(seq)]))
+        updates: dict[ClientLink, list[tuple]] = {}
+        self._add_update(updates, seq)
+        for link, batch in updates.items():
+            link.put(("step", batch))
+
+    def _add_update(self, updates: dict[ClientLink, list[tuple]], seq: Sequence) -> None:
+        link = self._link_of.get(seq.seq_id)
+        update = self._update(seq)
+        if link is not None:
+            updates.setdefault(link, []).append(update)
 
     def _update(self, seq: Sequence) -> tuple:
         """What the parent has not yet heard of this sequence."""
@@ -137,52 +180,87 @@ class PublishingCore(EngineCore):
             self._sent.pop(seq.seq_id, None)
             with self._lock:
                 self._by_id.pop(seq.seq_id, None)
+                self._link_of.pop(seq.seq_id, None)
         else:
             self._sent[seq.seq_id] = (len(seq.output_ids), len(seq.logprobs), len(seq.top_logprobs))
         return update
 
     def _fail_pending(self, error: Exception) -> None:
         failure = portable_error(self.failure) if self.failure is not None else None
-        self._publish(("closed", self._closed or str(error), failure))  # the reason; the parent words it
+        with self._lock:
+            links = list(self._links)
+        for link in links:  # the reason; each client words it
+            link.put(("closed", self._closed or str(error), failure))
         super()._fail_pending(error)
 
 
-class ParentLink:
-    """The child's side of the pipe: admits, aborts and answers until the parent says close."""
+class LinkServer:
+    """The engine process's main thread: admits, aborts and answers on every link until the parent's
+    link says close (or closes)."""
 
-    def __init__(self, conn: Any, llm: Any, core: PublishingCore, publisher: PipeSender) -> None:
-        self.conn, self.llm, self.core, self.publisher = conn, llm, core, publisher
-        self._prepared: dict[int, list[Any]] = {}  # guided states compiled for a request not yet added
+    def __init__(self, parent_conn: Any, llm: Any, core: PublishingCore, parent: ClientLink) -> None:
+        self.llm, self.core = llm, core
+        self._links = {parent_conn: parent}
         # Compiling a grammar can take a while: off this thread, so adds and aborts go on meanwhile.
-        # The parent sends a request's add only after its prepare's reply, so the states are there.
+        # A client sends a request's add only after its prepare's reply, so the states are there.
         self._compiler = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fastpath-engine-prepare")
 
     def serve(self) -> str:
-        """Until close or a closed pipe; the reason to stop."""
+        """Until close or a closed parent pipe; the reason to stop."""
         handlers = {
             "add": self._add,
-            "abort": lambda ids: self.core.abort_ids(ids),
-            "prepare": lambda *body: self._compiler.submit(self._prepare, *body),
-            "forget": lambda tokens: [self._prepared.pop(t, None) for t in tokens],
-            "stats": lambda token: self._reply(token, True, self.core.stats()),
+            "abort": lambda link, ids: self.core.abort_ids(ids),
+            "prepare": lambda link, *body: self._compiler.submit(self._prepare, link, *body),
+            "forget": lambda link, tokens: [link.prepared.pop(t, None) for t in tokens],
+            "stats": lambda link, token: self._reply(link, token, True, self.core.stats()),
+            "link": self._open,
         }
         while True:
-            try:
-                kind, *body = self.conn.recv()
-            except (EOFError, OSError):
-                return "the parent process went away"
-            if kind == "close":
-                return body[0]
-            handlers[kind](*body)
+            for conn in connection.wait(list(self._links)):
+                link = self._links[conn]
+                try:
+                    kind, *body = conn.recv()
+                except (EOFError, OSError):
+                    if link.owner:
+                        return "the parent process went away"
+                    self._drop(link)
+                    continue
+                if kind == "close" and link.owner:
+                    return body[0]
+                if kind in ("close", "detach"):
+                    self._drop(link)
+                    continue
+                handlers[kind](link, *body)
 
     def stop(self) -> None:
         """Let a prepare under way finish (its caller waits for the reply); start no other."""
         self._compiler.shutdown(wait=True, cancel_futures=True)
 
-    def _reply(self, token: int, ok: bool, payload: Any) -> None:
-        self.publisher.put(("reply", token, ok, payload))
+    def close_links(self) -> None:
+        """End every link's sender once it has sent what it holds (the engine's close), the parent's last."""
+        for link in sorted(self._links.values(), key=lambda link: link.owner):
+            link.publisher.close()
 
-    def _prepare(self, token: int, prompt_ids: list[int], params: Any) -> None:
+    def _open(self, link: ClientLink, token: int, conn: Any) -> None:
+        """The parent hands over a pipe for another process's client."""
+        if not link.owner:
+            self._reply(link, token, False, ValueError("only the engine's parent opens links"))
+            return
+        new = ClientLink(len(self._links), conn, owner=False)
+        self._links[conn] = new
+        self.core.add_link(new)
+        self._reply(link, token, True, new.index)
+
+    def _drop(self, link: ClientLink) -> None:
+        self._links.pop(link.conn, None)
+        self.core.drop_link(link)
+        link.publisher.close()
+        link.conn.close()
+
+    def _reply(self, link: ClientLink, token: int, ok: bool, payload: Any) -> None:
+        link.put(("reply", token, ok, payload))
+
+    def _prepare(self, link: ClientLink, token: int, prompt_ids: list[int], params: Any) -> None:
         """Compile a request's constraint and take its prompt logprobs; a bad one fails alone."""
         llm = self.llm
         try:
@@ -195,17 +273,17 @@ class ParentLink:
                     lambda: prompt_logprobs(llm.executor, prompt_ids, params.prompt_logprobs, llm.tokenizer)
                 )
         except Exception as exc:
-            self._reply(token, False, portable_error(exc))
+            self._reply(link, token, False, portable_error(exc))
             return
         if guided is not None:
-            self._prepared[token] = guided
-        self._reply(token, True, plp)
+            link.prepared[token] = guided
+        self._reply(link, token, True, plp)
 
-    def _add(self, items: list[tuple]) -> None:
+    def _add(self, link: ClientLink, items: list[tuple]) -> None:
         seqs = []
         limits = self.llm._limits
         for token, prompt_ids, params, streams, members in items:
-            guided = self._prepared.pop(token, None) if token is not None else None
+            guided = link.prepared.pop(token, None) if token is not None else None
             for k, (seq_id, index, seed) in enumerate(members):
                 seq = Sequence(
                     seq_id,
@@ -219,8 +297,8 @@ class ParentLink:
                 )
                 seq.streams = streams
                 seqs.append(seq)
-        with contextlib.suppress(Exception):  # a closed engine has told the parent already
-            self.core.submit_sequences(seqs)
+        with contextlib.suppress(Exception):  # a closed engine has told the client already
+            self.core.submit_sequences(seqs, link)
 
 
 def engine_process_main(conn: Any, recipe: Recipe) -> None:
@@ -230,18 +308,19 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _parents_to_act_on)
     logging.basicConfig(level=recipe.log_level, format="%(levelname)s %(name)s: %(message)s")
-    publisher = PipeSender(conn)
+    parent = ClientLink(0, conn, owner=True)
     try:
         llm = recipe.llm_cls(recipe.model, **recipe.kwargs)
     except BaseException as exc:
-        publisher.put(("failed", portable_error(exc)))
-        publisher.close()
+        parent.put(("failed", portable_error(exc)))
+        parent.publisher.close()
         return
-    # The engine was built with an ordinary loop; its replacement publishes to the parent.
+    # The engine was built with an ordinary loop; its replacement publishes to the clients.
     llm.core.close("replaced by the engine process's loop")
-    core = PublishingCore(llm.executor, functools.partial(peer_errors, llm.parallel), publisher.put)
+    core = PublishingCore(llm.executor, functools.partial(peer_errors, llm.parallel))
+    core.add_link(parent)
     executor = type(llm.executor)
-    publisher.put(
+    parent.put(
         ("ready", {
             "config": llm.config,
             "limits": llm._limits,
@@ -250,14 +329,14 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
         })
     )  # fmt: skip
     reason = "the engine process stopped"
-    link = ParentLink(conn, llm, core, publisher)
+    links = LinkServer(conn, llm, core, parent)
     try:
-        reason = link.serve()
+        reason = links.serve()
     finally:
-        link.stop()
+        links.stop()
         core.close(reason)
         llm.close()
-        publisher.close()
+        links.close_links()
 
 
 def _parents_to_act_on(signum: int, frame: Any) -> None:

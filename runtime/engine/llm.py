@@ -65,6 +65,15 @@ class LLM:
     ("auto": xgrammar when installed), tensor_parallel_size (tp), tp_timeout_s, executor_cls."""
 
     def __init__(self, model: str | Path | ModelConfig, **kwargs: Any) -> None:
+        o = self._configure(model, kwargs)
+        if o.engine_process:
+            self._start_process(model, kwargs)
+            return
+        hooks = o.hooks if o.hooks is not None else runtime_hooks_of(model)
+        self._start(hooks, o.executor_cls or NativeExecutor, o.tp_timeout_s)
+
+    def _configure(self, model: str | Path | ModelConfig, kwargs: dict[str, Any]) -> Any:
+        """The engine's configuration, tokenizer and end-of-sequence ids, from the constructor's arguments."""
         o = parse_options(kwargs)
         cfg, checkpoint = _resolve_model(model, o.seed, model_dtype(o))
         config = engine_config(cfg, checkpoint, o)
@@ -78,13 +87,10 @@ class LLM:
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}
-        if o.engine_process:
-            self._start_process(model, kwargs)
-            return
-        hooks = o.hooks if o.hooks is not None else runtime_hooks_of(model)
-        self._start(hooks, o.executor_cls or NativeExecutor, o.tp_timeout_s)
+        return o
 
     def _start(self, hooks: RuntimeHooks, executor_cls: type, tp_timeout_s: float) -> None:
+        self.recipe = None  # only an engine in its own process has one (for API servers to attach to)
         self.parallel = None
         self.core: EngineCore | None = None
         if self.config.tensor_parallel_size > 1:
@@ -145,13 +151,35 @@ class LLM:
                 "importable by name"
             ) from None
         client = start_engine_process(recipe)
+        self.recipe = recipe
+        self._use_engine_process(client, first_id=0)
+
+    def _use_engine_process(self, client: Any, first_id: int) -> None:
+        self.parallel = None
+        self.executor = None
         self.core = client
         self.config = client.info["config"]
         self._limits = client.info["limits"]
         self._guided = None
-        self._ids = itertools.count()
+        self._ids = itertools.count(first_id)
         self._requests = itertools.count()
         self._finalizer = weakref.finalize(self, client.close)
+
+    @classmethod
+    def attach(cls, recipe: Any, conn: Any, info: dict[str, Any], index: int) -> LLM:
+        """An LLM over an engine process that another LLM started, in another process (an API server of
+        `fastpath serve --api-server-count N`): `recipe` and `info` are that LLM's `recipe` and
+        `core.info`, `conn` a link from its `core.open_link()`, and `index` (1, 2, ...) keeps this
+        client's sequence ids apart from every other's. Closing it ends only its own requests."""
+        from .core_client import EngineCoreClient
+
+        if not isinstance(index, int) or isinstance(index, bool) or not 1 <= index < 1 << 20:
+            raise ValueError(f"index must be an int in [1, 2**20), got {index!r}")
+        self = cls.__new__(cls)
+        self._configure(recipe.model, recipe.kwargs)
+        self.recipe = recipe
+        self._use_engine_process(EngineCoreClient(conn, None, info, owner=False), first_id=index << 40)
+        return self
 
     @classmethod
     def from_lock(cls, lock: Mapping[str, Any], **overrides: Any) -> LLM:
