@@ -33,14 +33,16 @@ ROUTES = frozenset(
 
 def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | None = None) -> FastAPI:
     """An app serving `llm` (a fastpath.runtime.LLM). The served model name is config.served_model_name,
-    else `model_name` (what the command line named), else the engine's model."""
+    else `model_name` (what the command line named), else the engine's model. Behind
+    `config.api_server_count` processes, each one's admission gate takes its share of the bounds."""
     config = config or ServeConfig()
     name = config.served_model_name or model_name or _engine_model_name(llm)
+    share = config.api_server_count
     state = ServerState(
         llm=llm,
         config=config,
         model_name=name,
-        gate=AdmissionGate(llm.config.max_batch_size, config.max_queued_requests),
+        gate=AdmissionGate(-(-llm.config.max_batch_size // share), -(-config.max_queued_requests // share)),
         metrics=ServerMetrics(llm.stats),
         created=int(time.time()),
         routes=ROUTES,

@@ -51,6 +51,7 @@ SERVE_DEFAULTS: dict[str, Any] = {
     "max_request_bytes": 8 << 20,
     "drain_timeout_s": 30.0,
     "stream_interval": 1,
+    "api_server_count": 1,
 }
 
 
@@ -86,6 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         default=d["stream_interval"],
         help="tokens a streamed event gathers before it is sent (the first token and the end go at once); "
         "more: less server CPU per token at high concurrency (default: %(default)s)",
+    )
+    s.add_argument(
+        "--api-server-count",
+        type=int,
+        default=d["api_server_count"],
+        help="processes serving HTTP in front of the one engine process, for more streamed tokens a "
+        "second than one Python process can send (default: %(default)s)",
     )
     s.add_argument("--no-access-log", dest="access_log", action="store_false", help="no per-request log line")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -135,6 +143,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         drain_timeout_s=args.drain_timeout_s,
         access_log=args.access_log,
         stream_interval=args.stream_interval,
+        api_server_count=args.api_server_count,
     )
 
 
@@ -177,6 +186,7 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
             file=sys.stderr,
         )
         return 2
+    from .api_servers import serve_many
     from .server import serve
 
     configure_logging(args.log_level)
@@ -185,12 +195,24 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if config.api_server_count > 1 and args.engine_engine_process is False:
+        print(
+            "error: --api-server-count above 1 needs the engine process; drop --no-engine-process",
+            file=sys.stderr,
+        )
+        return 2
     llm = llm_factory(**engine_kwargs(args))
     try:
-        serve(llm, config, model_name=model_name)
+        if config.api_server_count == 1:
+            serve(llm, config, model_name=model_name, log_level=args.log_level)
+            return 0
+        try:
+            return serve_many(llm, config, model_name=model_name, log_level=args.log_level)
+        except OSError as exc:  # the address is taken, or not ours to bind
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     finally:
         llm.close()
-    return 0
 
 
 def package_main(

@@ -20,6 +20,8 @@ class ServeConfig:
     - `drain_timeout_s`: after SIGTERM, how long running requests may finish before they are cut.
     - `stream_interval`: a stream's events carry at least this many tokens (its first token and its
       end go at once): fewer, larger events cost the server less CPU per token under load.
+    - `api_server_count`: processes that serve HTTP in front of the one engine process (vLLM's
+      --api-server-count); above one, the admission bounds are shared out among them.
     """
 
     host: str = "127.0.0.1"
@@ -32,6 +34,7 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     access_log: bool = True
     stream_interval: int = 1
+    api_server_count: int = 1
 
     def __post_init__(self) -> None:
         _check(
@@ -80,6 +83,12 @@ class ServeConfig:
             "stream_interval",
             "an int in [1, 64]",
             self.stream_interval,
+        )
+        _check(
+            _int(self.api_server_count) and 1 <= self.api_server_count <= 64,
+            "api_server_count",
+            "an int in [1, 64]",
+            self.api_server_count,
         )
         t = self.drain_timeout_s
         ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= 3600

@@ -9,8 +9,8 @@ still running, so its KV blocks are freed at the engine's next step.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -23,11 +23,9 @@ from .params import RequestKeys
 if TYPE_CHECKING:
     from .state import ServerState
 
-_ids = itertools.count()
-
 
 def request_id(prefix: str) -> str:
-    return f"{prefix}-{time.time_ns():x}{next(_ids):x}"
+    return f"{prefix}-{uuid.uuid4().hex}"  # unique across API server processes too
 
 
 class Generation:

@@ -1,13 +1,17 @@
 """Prometheus metrics: the engine's state read at scrape time, request latencies observed as they happen.
 
 Each app has its own registry, so several servers (tests, a bench) share a process without clashing.
+Behind several API server processes (`--api-server-count`), prometheus_client's multiprocess mode
+(PROMETHEUS_MULTIPROC_DIR, set before the processes start) sums every process's request metrics, so a
+scrape answered by any one of them shows the whole server.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..engine.core import EngineStats
@@ -60,11 +64,17 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
 class ServerMetrics:
     def __init__(self, stats: Callable[[], EngineStats]) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        r = CollectorRegistry(auto_describe=True)  # where this process's metrics are made
+        self.registry = r  # what /metrics exposes
+        if os.environ.get(MULTIPROC_ENV):
+            self.registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.registry)
         self.registry.register(EngineCollector(stats))
-        r = self.registry
         self.ttft = Histogram(
             "fastpath_time_to_first_token_seconds",
             "From a request's arrival to its first token, streamed requests.",

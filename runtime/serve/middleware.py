@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -85,5 +86,6 @@ class RequestMiddleware:
             "request_id": info.get("request_id"),
             "prompt_tokens": info.get("prompt_tokens"),
             "completion_tokens": info.get("completion_tokens"),
+            "pid": os.getpid() if self.state.config.api_server_count > 1 else None,  # which API server
         }
         access_log.info(json.dumps({k: v for k, v in record.items() if v is not None}))

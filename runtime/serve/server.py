@@ -72,12 +72,20 @@ def make_server(
 
 
 def serve(
-    llm: Any, config: ServeConfig, *, model_name: str | None = None, sock: socket.socket | None = None
+    llm: Any,
+    config: ServeConfig,
+    *,
+    model_name: str | None = None,
+    sock: socket.socket | None = None,
+    log_level: str = "info",
+    label: str = "",
 ) -> None:
-    """Serve until SIGTERM or SIGINT, drain, return. The caller closes `llm`."""
-    server = make_server(llm, config, model_name=model_name)
+    """Serve until SIGTERM or SIGINT, drain, return. The caller closes `llm`. `label` names this
+    process among several API servers."""
+    server = make_server(llm, config, model_name=model_name, log_level=log_level)
     log.info(
-        "serving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
+        "%sserving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
+        label,
         server.state.model_name,
         config.host,
         config.port,

@@ -1,0 +1,165 @@
+"""`fastpath serve --api-server-count N`: several API server processes in front of one engine process,
+as a deployment runs it (a subprocess). Every server's requests join one batch and get their solo
+tokens, /metrics sums every server's requests, a disconnect through any of them frees its blocks,
+SIGTERM drains them all and exits 0, and a server that dies takes the whole down with status 1."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import client, free_port, metric, subprocess_server, wait_until
+
+BOUND_S = 60.0
+DRAIN_S = 3.0
+
+
+def children(pid: int) -> list[int]:
+    """Live child processes of `pid` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def argv(checkpoint: Path, port: int, count: int = 2) -> list[str]:
+    return [
+        "-m", "fastpath.serve", str(checkpoint), "--port", str(port), "--device", "cpu",
+        "--api-server-count", str(count), "--max-seq-len", "512", "--max-batch-size", "16",
+        "--guided-backend", "none", "--drain-timeout", str(DRAIN_S), "--served-model-name", "tiny",
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def api_servers(checkpoint: Path, log: Path):
+    port = free_port()
+    with subprocess_server(argv(checkpoint, port), port, log) as proc:
+        kids = children(proc.pid)
+        try:
+            yield proc, f"http://127.0.0.1:{port}", log
+        finally:
+            for pid in kids:  # whatever a failed test left running
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def shared(tiny_text_checkpoint, tmp_path_factory):
+    """One server for the tests that leave it running."""
+    with api_servers(tiny_text_checkpoint, tmp_path_factory.mktemp("shared") / "server.log") as running:
+        yield running
+
+
+@pytest.fixture
+def two_servers(tiny_text_checkpoint, tmp_path):
+    """A server of its own, for a test that ends it."""
+    with api_servers(tiny_text_checkpoint, tmp_path / "server.log") as running:
+        yield running
+
+
+def test_every_api_server_joins_one_batch_and_each_request_gets_its_solo_tokens(shared):
+    proc, url, log = shared
+    wait_until(lambda: log.read_text().count(": serving ") == 2, BOUND_S, "both API servers to serve")
+    assert len(children(proc.pid)) >= 3, "an engine process and two API servers"
+    prompts = [f"The number {i} is" for i in range(8)]
+    api = client(url)
+    solo = {
+        p: api.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0.0).choices[0].text
+        for p in prompts
+    }
+    got: dict[int, str] = {}
+
+    def stream(i: int) -> None:
+        chunks = client(url).completions.create(
+            model="tiny", prompt=prompts[i % 8], max_tokens=12, temperature=0.0, stream=True
+        )
+        got[i] = "".join(c.choices[0].text for c in chunks)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(BOUND_S)
+    assert [got.get(i) for i in range(32)] == [solo[prompts[i % 8]] for i in range(32)]
+    # whichever server answers the scrape, it counts every server's requests
+    route = 'fastpath_http_requests_total{route="/v1/completions",status="200"}'
+    assert {metric(url, route) for _ in range(4)} == {40.0}
+    pids = {
+        line.split('"pid": ')[1].split("}")[0] for line in log.read_text().splitlines() if '"pid": ' in line
+    }
+    assert pids <= {str(p) for p in children(proc.pid)}, "access log lines name the API server"
+
+
+def test_a_disconnect_through_any_api_server_frees_its_blocks(shared):
+    _, url, _ = shared
+    total = metric(url, "fastpath_kv_cache_blocks_total")
+    body = {"prompt": "The quick brown fox", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    for _ in range(3):  # connections land on either server
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=BOUND_S) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    break
+        wait_until(
+            lambda: metric(url, "fastpath_kv_cache_blocks_free") == total, BOUND_S, "the blocks to be freed"
+        )
+    assert metric(url, "fastpath_requests_running") == 0
+
+
+def test_sigterm_drains_every_api_server_and_exits_0(two_servers):
+    proc, url, log = two_servers
+    kids = children(proc.pid)
+    done: dict[str, str] = {}
+
+    def finish() -> None:
+        done["text"] = (
+            client(url).completions.create(model="tiny", prompt="Hi", max_tokens=40, extra_body={"ignore_eos": True}).choices[0].text
+        )  # fmt: skip
+
+    t = threading.Thread(target=finish)
+    t.start()
+    wait_until(lambda: metric(url, "fastpath_requests_running") >= 1, BOUND_S, "the request to run")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(DRAIN_S + 30) == 0, log.read_text()
+    t.join(BOUND_S)
+    assert "text" in done, "a running request finishes within the drain"
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in kids), 10, "every child to exit")
+    assert "Traceback" not in log.read_text()
+
+
+def test_an_api_server_that_dies_stops_the_whole_with_status_1(two_servers):
+    proc, _url, log = two_servers
+    wait_until(lambda: log.read_text().count(": serving ") == 2, BOUND_S, "both API servers to serve")
+    kids = children(proc.pid)
+    line = next(x for x in log.read_text().splitlines() if "API server 1/2 (pid " in x)
+    victim = int(line.split("API server 1/2 (pid ")[1].split(")")[0])
+    os.kill(victim, signal.SIGKILL)
+    assert proc.wait(DRAIN_S + 30) == 1, log.read_text()
+    assert "exited with code -9" in log.read_text()
+    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in kids), 10, "every child to exit")
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--api-server-count", "0"], "api_server_count must be an int in [1, 64]"),
+        (["--api-server-count", "2", "--no-engine-process"], "needs the engine process"),
+    ],
+)
+def test_a_bad_api_server_count_is_refused_before_anything_starts(extra, message):
+    cmd = [sys.executable, "-m", "fastpath.serve", "random:tiny-llama", "--device", "cpu", *extra]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=BOUND_S)
+    assert result.returncode == 2
+    assert message in result.stderr
