@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-quick|decode-fused|decode-sampling|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-quick|decode-fused|decode-sampling|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -49,6 +49,7 @@ for step in "$@"; do
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host-profile) timeout 150 python3 bench/host_profile.py --out "$OUT" 2>&1 | grep -v "^$" | head -60 ;;
     serve-64) timeout 300 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 2>&1 | tail -9 ;;
+    serve-api-servers) timeout 540 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --api-server-count 1 2 4 2>&1 | tail -10 ;;
     serve-interval) timeout 420 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --stream-interval 1 4 2>&1 | tail -10 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;
     serve) python3 bench/serve.py --out "$OUT" --requests 128 2>&1 | tail -30 ;;

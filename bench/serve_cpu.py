@@ -41,10 +41,16 @@ if __name__ == "__main__":
         prof = cProfile.Profile()
         prof.enable()
         atexit.register(lambda: (prof.disable(), prof.dump_stats({profile!r})))
+    config = ServeConfig(port={port}, access_log=False, stream_interval={interval}, api_server_count={servers})
     with LLM({model!r}, device="cpu", max_batch_size={batch}, max_seq_len={seq}, kv_cache_blocks={blocks},
              engine_process={remote}, executor_cls=SleepingExecutor) as llm:
-        serve(llm, ServeConfig(port={port}, access_log=False, stream_interval={interval}))
+        if config.api_server_count > 1:
+            from fastpath.runtime.serve.api_servers import serve_many
+            serve_many(llm, config, log_level="warning")
+        else:
+            serve(llm, config)
 """
+MODES = {"in-process": (False, 1), "engine-process": (True, 1), "api-servers": (True, None)}
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
@@ -52,11 +58,24 @@ def cpu_seconds(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
-def run(args, remote: bool) -> dict:
+def processes(server: psutil.Process) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(API processes, engine processes): the server and its children; behind several API servers,
+    the server only supervises, and its children are the API servers and the engine process."""
+    kids = [p for p in server.children() if "resource_tracker" not in " ".join(p.cmdline())]
+    if len(kids) <= 1:
+        return [server], [q for p in kids for q in (p, *p.children(recursive=True))]
+    # The engine process is the one the supervisor started first (the API servers attach to it).
+    engine, *api = sorted(kids, key=lambda p: p.create_time())
+    return api, [engine, *engine.children(recursive=True)]
+
+
+def run(args, mode: str) -> dict:
+    remote, servers = MODES[mode]
+    servers = servers or args.api_server_count
     port = free_port()
     blocks = args.concurrency * (-(-(args.input_len + args.output_len) // 16) + 1) + 64
     script = SERVER.format(bench=str(Path(__file__).resolve().parent), model=args.model, batch=args.concurrency,
-                           seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port, interval=args.stream_interval,
+                           seq=args.input_len + args.output_len + 16, blocks=blocks, remote=remote, port=port, interval=args.stream_interval, servers=servers,
                            profile=str(args.profile.resolve()) + f".{int(remote)}" if args.profile else "")  # fmt: skip
     env = {**os.environ, "FASTPATH_STUB_STEP_US": str(args.step_us), "FASTPATH_STUB_PREFILL_US": "0"}
     args.out.mkdir(parents=True, exist_ok=True)
@@ -67,16 +86,18 @@ def run(args, remote: bool) -> dict:
         drive_from_processes(
             url, prompts[: args.concurrency], args.output_len, args.concurrency, args.client_processes
         )
-        api = psutil.Process(server.pid)
-        engines = [p for p in api.children(recursive=True) if "resource_tracker" not in " ".join(p.cmdline())]
-        before = (cpu_seconds(api), sum(cpu_seconds(p) for p in engines))
+        api, engines = processes(psutil.Process(server.pid))
+        before = (sum(cpu_seconds(p) for p in api), sum(cpu_seconds(p) for p in engines))
         timings, seconds = drive_from_processes(
             url, prompts, args.output_len, args.concurrency, args.client_processes
         )
-        after = (cpu_seconds(api), sum(cpu_seconds(p) for p in engines))
+        after = (sum(cpu_seconds(p) for p in api), sum(cpu_seconds(p) for p in engines))
     finally:
         stop_server(server)
-    row = summarize("engine process" if remote else "in process", args.concurrency, timings, seconds)
+    label = {"in-process": "in process", "engine-process": "engine process"}.get(
+        mode, f"{servers} API servers"
+    )
+    row = summarize(label, args.concurrency, timings, seconds)
     tokens = row["output_tokens"]
     row["api_cpu_us_per_token"] = (after[0] - before[0]) / tokens * 1e6
     row["engine_cpu_us_per_token"] = (after[1] - before[1]) / tokens * 1e6 if remote else None
@@ -95,13 +116,17 @@ def main() -> None:
     ap.add_argument("--client-processes", type=int, default=2)
     ap.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
     ap.add_argument(
-        "--profile", type=Path, help="cProfile the API process's main thread into PATH.0 / PATH.1"
+        "--profile",
+        type=Path,
+        help="cProfile the API process's main thread into PATH.0 / PATH.1 (not the api-servers mode)",
     )
-    ap.add_argument("--modes", nargs="+", choices=["in-process", "engine-process"],
-                    default=["in-process", "engine-process"])  # fmt: skip
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=["in-process", "engine-process"])
+    ap.add_argument(
+        "--api-server-count", type=int, default=2, help="API server processes of the api-servers mode"
+    )
     args = ap.parse_args()
     os.environ.setdefault("FASTPATH_PROGRESS", "0")
-    rows = [run(args, mode == "engine-process") for mode in args.modes]
+    rows = [run(args, mode) for mode in args.modes]
     for r in rows:
         print(r, flush=True)
     body = [[r["mode"], f"{r['output_tok_s']:.0f}", f"{r['ttft_p50_ms']:.1f}", f"{r['itl_p50_ms']:.2f}",
@@ -109,7 +134,7 @@ def main() -> None:
              "-" if r["engine_cpu_us_per_token"] is None else f"{r['engine_cpu_us_per_token']:.1f}"]
             for r in rows]  # fmt: skip
     text = markdown_table(
-        ["engine loop", "output tok/s", "TTFT p50 ms", "ITL p50 ms", "API process CPU µs/token",
+        ["engine loop", "output tok/s", "TTFT p50 ms", "ITL p50 ms", "API processes CPU µs/token",
          "engine process CPU µs/token"], body,
     )  # fmt: skip
     text += (f"\n\n{args.requests} streamed requests of {args.input_len} + {args.output_len} tokens at concurrency "

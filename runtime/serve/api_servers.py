@@ -121,7 +121,9 @@ def serve_many(
 def listen(host: str, port: int) -> socket.socket:
     """The socket every API server accepts on, bound here so that port 0 gives all of them one port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP spelt out: asyncio sets TCP_NODELAY only on sockets that say so, and without it
+    # Nagle's algorithm holds a stream's small events back for delayed ACKs (40 ms stalls).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

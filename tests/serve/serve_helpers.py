@@ -40,7 +40,9 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running(llm: LLM, **config) -> Iterator[str]:
     """An in-process server for `llm` on a free loopback port; its base URL (no /v1)."""
-    sock = socket.socket()
+    sock = socket.socket(
+        socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )  # so asyncio sets TCP_NODELAY
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = make_server(llm, ServeConfig(port=port, **config), model_name="tiny", log_level="warning")

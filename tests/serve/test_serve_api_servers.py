@@ -5,6 +5,7 @@ SIGTERM drains them all and exits 0, and a server that dies takes the whole down
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,12 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid and fields[0] != "Z":
             found.append(int(entry.name))
     return found
+
+
+def serving_pids(log: Path) -> dict[int, int]:
+    """API server index -> pid, from each server's "API server k/N (pid P): serving" line."""
+    found = re.findall(r"API server (\d+)/\d+ \(pid (\d+)\): serving", log.read_text())
+    return {int(k): int(pid) for k, pid in found}
 
 
 def argv(checkpoint: Path, port: int, count: int = 2) -> list[str]:
@@ -72,8 +79,8 @@ def two_servers(tiny_text_checkpoint, tmp_path):
 
 def test_every_api_server_joins_one_batch_and_each_request_gets_its_solo_tokens(shared):
     proc, url, log = shared
-    wait_until(lambda: log.read_text().count(": serving ") == 2, BOUND_S, "both API servers to serve")
-    assert len(children(proc.pid)) >= 3, "an engine process and two API servers"
+    wait_until(lambda: len(serving_pids(log)) == 2, BOUND_S, "both API servers to serve")
+    assert set(serving_pids(log).values()) < set(children(proc.pid)), "an engine process and two API servers"
     prompts = [f"The number {i} is" for i in range(8)]
     api = client(url)
     solo = {
@@ -96,6 +103,7 @@ def test_every_api_server_joins_one_batch_and_each_request_gets_its_solo_tokens(
     assert [got.get(i) for i in range(32)] == [solo[prompts[i % 8]] for i in range(32)]
     # whichever server answers the scrape, it counts every server's requests
     route = 'fastpath_http_requests_total{route="/v1/completions",status="200"}'
+    wait_until(lambda: metric(url, route) == 40, 10, "the last response to be counted")
     assert {metric(url, route) for _ in range(4)} == {40.0}
     pids = {
         line.split('"pid": ')[1].split("}")[0] for line in log.read_text().splitlines() if '"pid": ' in line
@@ -121,31 +129,32 @@ def test_a_disconnect_through_any_api_server_frees_its_blocks(shared):
 def test_sigterm_drains_every_api_server_and_exits_0(two_servers):
     proc, url, log = two_servers
     kids = children(proc.pid)
-    done: dict[str, str] = {}
+    started, finals = threading.Event(), []
 
-    def finish() -> None:
-        done["text"] = (
-            client(url).completions.create(model="tiny", prompt="Hi", max_tokens=40, extra_body={"ignore_eos": True}).choices[0].text
-        )  # fmt: skip
+    def stream() -> None:  # streamed, so the signal is sent while it is known to run
+        chunks = client(url).completions.create(
+            model="tiny", prompt="Hi", max_tokens=60, stream=True, extra_body={"ignore_eos": True}
+        )
+        for chunk in chunks:
+            started.set()
+            finals.append(chunk.choices[0].finish_reason)
 
-    t = threading.Thread(target=finish)
+    t = threading.Thread(target=stream)
     t.start()
-    wait_until(lambda: metric(url, "fastpath_requests_running") >= 1, BOUND_S, "the request to run")
+    assert started.wait(BOUND_S), "the stream never started"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(DRAIN_S + 30) == 0, log.read_text()
     t.join(BOUND_S)
-    assert "text" in done, "a running request finishes within the drain"
+    assert finals and finals[-1] == "length", "a running request finishes within the drain"
     wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in kids), 10, "every child to exit")
     assert "Traceback" not in log.read_text()
 
 
 def test_an_api_server_that_dies_stops_the_whole_with_status_1(two_servers):
     proc, _url, log = two_servers
-    wait_until(lambda: log.read_text().count(": serving ") == 2, BOUND_S, "both API servers to serve")
+    wait_until(lambda: len(serving_pids(log)) == 2, BOUND_S, "both API servers to serve")
     kids = children(proc.pid)
-    line = next(x for x in log.read_text().splitlines() if "API server 1/2 (pid " in x)
-    victim = int(line.split("API server 1/2 (pid ")[1].split(")")[0])
-    os.kill(victim, signal.SIGKILL)
+    os.kill(serving_pids(log)[1], signal.SIGKILL)
     assert proc.wait(DRAIN_S + 30) == 1, log.read_text()
     assert "exited with code -9" in log.read_text()
     wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in kids), 10, "every child to exit")
