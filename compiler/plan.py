@@ -114,6 +114,8 @@ class ServePlan:
     max_tokens: int | None = None
     max_request_bytes: int = 8 << 20
     drain_timeout_s: float = 30.0
+    stream_interval: int = 1
+    api_server_count: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +127,8 @@ class ServePlan:
             "max_tokens": self.max_tokens,
             "max_request_bytes": self.max_request_bytes,
             "drain_timeout_s": self.drain_timeout_s,
+            "stream_interval": self.stream_interval,
+            "api_server_count": self.api_server_count,
         }
 
 

@@ -83,6 +83,8 @@ def _serve(loaded: LoadedManifest) -> ServePlan:
         max_tokens=s.max_tokens,
         max_request_bytes=s.max_request_bytes,
         drain_timeout_s=float(s.drain_timeout_s),
+        stream_interval=s.stream_interval,
+        api_server_count=s.api_server_count,
     )
 
 

@@ -262,6 +262,18 @@ class ServeSpec(Section):
         le=3600,
         doc="After SIGTERM, seconds running requests may take to finish before they are cut; then it exits 0.",
     )
+    stream_interval: PositiveInt = spec(
+        1,
+        le=64,
+        doc="Tokens a streamed event gathers before it is sent (the first token and the end go at once); "
+        "more cost the server less CPU per token under heavy load.",
+    )
+    api_server_count: PositiveInt = spec(
+        1,
+        le=64,
+        doc="Processes serving HTTP in front of the one engine process, for more streamed tokens a second "
+        "than one Python process sends; the admission bounds are shared out among them.",
+    )
 
 
 class Manifest(Section):

@@ -19,6 +19,7 @@ def test_the_lock_carries_what_the_section_says():
     text = BASE + (
         "serve:\n  host: 0.0.0.0\n  port: 9001\n  served_model_name: acme/tiny\n  api_key_env: ACME_KEY\n"
         "  max_queued_requests: 4\n  max_tokens: 256\n  max_request_bytes: 65536\n  drain_timeout_s: 5\n"
+        "  stream_interval: 4\n  api_server_count: 2\n"
     )
     serve = resolve(parse_manifest(text, "m.yaml")).to_json()["serve"]
     assert serve == {
@@ -30,6 +31,8 @@ def test_the_lock_carries_what_the_section_says():
         "max_tokens": 256,
         "max_request_bytes": 65536,
         "drain_timeout_s": 5.0,
+        "stream_interval": 4,
+        "api_server_count": 2,
     }
 
 
@@ -44,6 +47,8 @@ def test_the_lock_carries_what_the_section_says():
         ("max_tokens: 0", "greater than 0"),
         ("max_request_bytes: 10", "greater than or equal to 1024"),
         ("drain_timeout_s: -1", "greater than or equal to 0"),
+        ("stream_interval: 65", "less than or equal to 64"),
+        ("api_server_count: 0", "greater than 0"),
         ("api_key: sesame", "did you mean 'api_key_env'"),  # a secret never sits in a manifest
     ],
 )

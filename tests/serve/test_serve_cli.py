@@ -78,7 +78,13 @@ def test_unknown_commands_and_bad_options(capsys):
 def test_a_package_serves_with_its_lock_as_defaults(calls):
     lock = {
         "name": "pkg-name",
-        "serve": {"port": 9200, "served_model_name": "acme/p", "drain_timeout_s": 3.0},
+        "serve": {
+            "port": 9200,
+            "served_model_name": "acme/p",
+            "drain_timeout_s": 3.0,
+            "stream_interval": 4,
+            "api_server_count": 3,
+        },
     }
     assert (
         runtime_cli.package_main(
@@ -90,6 +96,7 @@ def test_a_package_serves_with_its_lock_as_defaults(calls):
     config = runtime_cli.serve_config(args)
     assert factory is dict and name == "acme/p"
     assert (config.host, config.port, config.drain_timeout_s) == ("0.0.0.0", 9200, 3.0)
+    assert (config.stream_interval, config.api_server_count) == (4, 3)
     with pytest.raises(SystemExit):
         runtime_cli.package_main([], prog="python -m pkg", llm_factory=dict, lock=lock)
 
