@@ -33,6 +33,7 @@ from .metrics import MULTIPROC_ENV
 
 log = logging.getLogger("fastpath.serve")
 
+ORPHAN_POLL_S = 0.5
 STOP_MARGIN_S = 15.0  # beyond the drain bound: an API server's own shutdown and its engine link's
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -58,6 +59,9 @@ def api_server_main(spec: ApiServerSpec) -> None:
     from .server import serve
 
     configure_logging(spec.log_level)
+    threading.Thread(
+        target=_drain_when_orphaned, args=(os.getppid(),), name="fastpath-parent-watch", daemon=True
+    ).start()
     llm = spec.recipe.llm_cls.attach(spec.recipe, spec.conn, spec.info, spec.index)
     try:
         serve(
@@ -70,6 +74,15 @@ def api_server_main(spec: ApiServerSpec) -> None:
         )
     finally:
         llm.close()
+
+
+def _drain_when_orphaned(parent: int) -> None:
+    """A supervisor that died without a word (SIGKILL) leaves this server orphaned: it drains and
+    exits as on SIGTERM, rather than listening on with an engine that is gone."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_S)
+    log.warning("the supervising process (pid %d) is gone; draining", parent)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def serve_many(

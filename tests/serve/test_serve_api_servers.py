@@ -36,6 +36,14 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Running, or stopped: neither gone nor a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def serving_pids(log: Path) -> dict[int, int]:
     """API server index -> pid, from each server's "API server k/N (pid P): serving" line."""
     found = re.findall(r"API server (\d+)/\d+ \(pid (\d+)\): serving", log.read_text())
@@ -146,7 +154,7 @@ def test_sigterm_drains_every_api_server_and_exits_0(two_servers):
     assert proc.wait(DRAIN_S + 30) == 0, log.read_text()
     t.join(BOUND_S)
     assert finals and finals[-1] == "length", "a running request finishes within the drain"
-    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in kids), 10, "every child to exit")
+    wait_until(lambda: not any(alive(p) for p in kids), 10, "every child to exit")
     assert "Traceback" not in log.read_text()
 
 
@@ -157,7 +165,7 @@ def test_an_api_server_that_dies_stops_the_whole_with_status_1(two_servers):
     os.kill(serving_pids(log)[1], signal.SIGKILL)
     assert proc.wait(DRAIN_S + 30) == 1, log.read_text()
     assert "exited with code -9" in log.read_text()
-    wait_until(lambda: not any(Path(f"/proc/{p}").exists() for p in kids), 10, "every child to exit")
+    wait_until(lambda: not any(alive(p) for p in kids), 10, "every child to exit")
 
 
 @pytest.mark.parametrize(
@@ -172,3 +180,13 @@ def test_a_bad_api_server_count_is_refused_before_anything_starts(extra, message
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=BOUND_S)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+def test_a_killed_supervisor_leaves_no_process_behind(two_servers):
+    proc, _url, log = two_servers
+    wait_until(lambda: len(serving_pids(log)) == 2, BOUND_S, "both API servers to serve")
+    kids = children(proc.pid)
+    proc.kill()
+    proc.wait(10)
+    wait_until(lambda: not any(alive(p) for p in kids), DRAIN_S + 30, "every orphan to exit")
+    assert "is gone; draining" in log.read_text()
