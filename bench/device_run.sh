@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-quick|decode-fused|decode-sampling|tp-decode|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -42,6 +42,10 @@ for step in "$@"; do
         timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy \
           --tp 2 --model "$m" --name "decode-tp2-${m#random:}" --out "$OUT" 2>&1 | tail -12
       done ;;
+    tp-decode-1b|tp-decode-8b)  # one model per device call: both in one call ran past its 600 s
+      m="random:llama-${step#tp-decode-}"
+      timeout 560 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy \
+        --tp 2 --model "$m" --name "decode-tp2-${m#random:}" --out "$OUT" 2>&1 | tail -12 ;;
     allreduce) timeout 200 python3 bench/allreduce.py --out "$OUT" 2>&1 | tail -20 ;;
     prefill) timeout 200 python3 bench/prefill.py --out "$OUT" 2>&1 | tail -8 ;;
     tp-two-shot) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py -k two_shot 2>&1 | tee "$OUT/gpu_tp_two_shot.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;

@@ -112,29 +112,36 @@ class EngineCoreClient:
         if not self.owner:
             raise RuntimeError("only the client that started the engine process opens links")
         mine, theirs = mp.get_context("spawn").Pipe()
+        sent = threading.Event()
         try:
-            self._rpc("link", next(self._tokens), theirs)
+            self._rpc("link", next(self._tokens), theirs, sent=sent)
         except BaseException:
             mine.close()
             raise
         finally:
-            theirs.close()  # the engine holds its own copy once it has answered
+            # Pickling it (on the sender's thread) hands the engine a copy; close ours only after that.
+            if sent.wait(RPC_S):
+                theirs.close()
         return mine
 
     # --- the pipe ---------------------------------------------------------------------------------
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: tuple, sent: threading.Event | None = None) -> None:
         if self._closed is not None:
+            if sent is not None:
+                sent.set()  # it never will be sent
             raise closed_error(self._closed)
-        self._sender.put(message)
+        self._sender.put(message, sent)
 
-    def _rpc(self, kind: str, token: int, *body: Any) -> Any:
+    def _rpc(self, kind: str, token: int, *body: Any, sent: threading.Event | None = None) -> Any:
         future: Future = Future()
         with self._lock:
             if self._closed is not None:
+                if sent is not None:
+                    sent.set()  # it never will be sent
                 raise closed_error(self._closed)
             self._replies[token] = future
-        self._send((kind, token, *body))
+        self._send((kind, token, *body), sent)
         try:
             return future.result(RPC_S)
         except FutureTimeout:
@@ -233,11 +240,14 @@ class EngineCoreClient:
         client only detaches: the engine aborts its requests and goes on."""
         _open_clients.discard(self)
         if not self.owner:
+            self._end(reason, None)
             self._sender.put(("detach",))
             self._sender.close()
-            self._end(reason, None)
+            # The engine closes its end on detach; the reader then sees EOF and leaves. The pipe is
+            # closed only after that, never under a read in progress.
+            self._reader.join(JOIN_S)
             self._conn.close()
-            return True
+            return not self._reader.is_alive()
         # Told even when its engine has failed: its main thread still waits for the parent's word.
         self._sender.put(("close", reason))
         self._sender.close()

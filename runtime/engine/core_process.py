@@ -3,12 +3,12 @@
 `LLM(..., engine_process=True)` spawns this process (engine/core_client.py is the parent's side).
 It builds the engine exactly as the parent was asked to, then swaps the loop for one that sends one
 message per step: every sequence's new token ids, logprobs and finish, nothing per token. Its main
-thread reads the parent's messages (add, abort, prepare, stats, close) and answers them; a sender
-thread does the pickling and writing, so a parent that falls behind never stalls a step.
+thread reads the parent's messages (add, abort, prepare, forget, stats, link, close) and answers
+them; a sender thread does the pickling and writing, so a parent that falls behind never stalls a step.
 
 The parent may open more links (`EngineCoreClient.open_link`) and hand them to other processes, the
 API servers of `fastpath serve --api-server-count N`: each link's requests and outputs are its own,
-and a link that closes aborts its requests. Only the parent's link closes the engine.
+and a link that closes (or says detach) aborts its requests. Only the parent's link closes the engine.
 
 The parent holds everything a consumer costs: detokenizing, stop strings, HTTP. Signals are the
 parent's to act on: this process lets SIGINT and SIGTERM pass, and leaves when the parent says so
@@ -67,19 +67,34 @@ class PipeSender:
         self._thread = threading.Thread(target=self._run, name="fastpath-pipe-sender", daemon=True)
         self._thread.start()
 
-    def put(self, message: tuple) -> None:
-        self._queue.put(message)
+    def put(self, message: tuple, sent: threading.Event | None = None) -> None:
+        """Queue `message`; `sent` is set once it is written (or can no longer be)."""
+        self._queue.put((message, sent))
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(10)
 
     def _run(self) -> None:
-        while (message := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
+            message, sent = item
             try:
                 self._conn.send(message)
-            except (OSError, ValueError):  # the parent is gone: nothing left to tell it
+            except (OSError, ValueError):  # the other side is gone: nothing left to tell it
+                self._release_waiters(sent)
                 return
+            if sent is not None:
+                sent.set()
+
+    def _release_waiters(self, sent: threading.Event | None) -> None:
+        while True:
+            if sent is not None:
+                sent.set()
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            sent = item[1] if item is not None else None
 
 
 class ClientLink:
@@ -163,7 +178,7 @@ class PublishingCore(EngineCore):
             updates.setdefault(link, []).append(update)
 
     def _update(self, seq: Sequence) -> tuple:
-        """What the parent has not yet heard of this sequence."""
+        """What the sequence's client has not yet heard of it."""
         ids, lps, tops = self._sent.get(seq.seq_id, (0, 0, 0))
         update = (
             seq.seq_id,

@@ -178,7 +178,9 @@ class LLM:
         self = cls.__new__(cls)
         self._configure(recipe.model, recipe.kwargs)
         self.recipe = recipe
-        self._use_engine_process(EngineCoreClient(conn, None, info, owner=False), first_id=index << 40)
+        self._use_engine_process(
+            EngineCoreClient(conn, None, info, owner=False), first_id=index << LINK_SHIFT
+        )
         return self
 
     @classmethod
@@ -248,7 +250,7 @@ class LLM:
         )
         guided = self._prepare(handle, admitted.prompt_ids, params)
         seq_ids = [next(self._ids) for _ in range(params.n)]
-        derived = (self.config.seed * 1_000_003 + seq_ids[0]) & 0x7FFFFFFF
+        derived = _derived_seed(self.config.seed, seq_ids[0])
         seqs = make_sequences(
             seq_ids, admitted, params, completion_seeds(params, derived), self._limits, guided, self.eos_ids
         )
@@ -434,6 +436,16 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+LINK_SHIFT = 40  # an attached client's sequence ids start at index << LINK_SHIFT
+
+
+def _derived_seed(seed: int, seq_id: int) -> int:
+    """An unseeded request's seed. An attached client's index (the id's high bits) moves it by a large
+    odd step, so the j-th unseeded request of each API server does not sample what the others' do."""
+    link, local = divmod(seq_id, 1 << LINK_SHIFT)
+    return (seed * 1_000_003 + local + link * 2_654_435_761) & 0x7FFFFFFF
 
 
 @contextlib.contextmanager

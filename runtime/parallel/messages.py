@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..runner.sampler import FIELDS, SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
 HEADER = 10
+log = logging.getLogger("fastpath.parallel")
 
 
 class Op(enum.IntEnum):
@@ -69,6 +71,8 @@ class Channel:
         for work in self.abandoned:
             with contextlib.suppress(RuntimeError):  # failing is what a send to an ended worker does
                 work.wait(timeout=timedelta(seconds=timeout_s))
+            if not work.is_completed():
+                log.warning("a step send to an ended worker did not end within %g s", timeout_s)
         self.abandoned.clear()
 
     # --- rank 0 -----------------------------------------------------------------------------------

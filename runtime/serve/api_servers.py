@@ -33,7 +33,7 @@ from .metrics import MULTIPROC_ENV
 
 log = logging.getLogger("fastpath.serve")
 
-ORPHAN_POLL_S = 0.5
+WATCH_POLL_S = 0.5
 STOP_MARGIN_S = 15.0  # beyond the drain bound: an API server's own shutdown and its engine link's
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -44,6 +44,7 @@ class ApiServerSpec:
 
     index: int  # 1..count
     count: int
+    supervisor: int  # its pid: once it is not this process's parent, the server drains
     recipe: Any  # the engine's LLM.recipe: how to build an LLM that attaches to it
     info: dict[str, Any]  # the engine's description (its client's info)
     conn: Any  # this server's link into the engine
@@ -59,10 +60,11 @@ def api_server_main(spec: ApiServerSpec) -> None:
     from .server import serve
 
     configure_logging(spec.log_level)
-    threading.Thread(
-        target=_drain_when_orphaned, args=(os.getppid(),), name="fastpath-parent-watch", daemon=True
-    ).start()
     llm = spec.recipe.llm_cls.attach(spec.recipe, spec.conn, spec.info, spec.index)
+    watch = threading.Thread(
+        target=_drain_when_alone, args=(spec.supervisor, llm.core), name="fastpath-watch", daemon=True
+    )
+    watch.start()
     try:
         serve(
             llm,
@@ -76,12 +78,15 @@ def api_server_main(spec: ApiServerSpec) -> None:
         llm.close()
 
 
-def _drain_when_orphaned(parent: int) -> None:
-    """A supervisor that died without a word (SIGKILL) leaves this server orphaned: it drains and
-    exits as on SIGTERM, rather than listening on with an engine that is gone."""
-    while os.getppid() == parent:
-        time.sleep(ORPHAN_POLL_S)
-    log.warning("the supervising process (pid %d) is gone; draining", parent)
+def _drain_when_alone(supervisor: int, core: Any) -> None:
+    """A supervisor that died without a word (SIGKILL), or an engine that closed, leaves this server
+    with nothing to serve: it drains and exits as on SIGTERM, rather than holding the port."""
+    while os.getppid() == supervisor and core.closed_reason is None:
+        time.sleep(WATCH_POLL_S)
+    if os.getppid() != supervisor:
+        log.warning("the supervising process (pid %d) is gone; draining", supervisor)
+    else:
+        log.warning("the engine closed (%s); draining", core.closed_reason)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -99,27 +104,16 @@ def serve_many(
     sock = listen(config.host, config.port)
     config = dataclasses.replace(config, port=sock.getsockname()[1])
     procs: list[Any] = []
-    with sock, _metrics_dir():
-        ctx = mp.get_context("spawn")
-        for index in range(1, config.api_server_count + 1):
-            conn = llm.core.open_link()
-            spec = ApiServerSpec(
-                index,
-                config.api_server_count,
-                llm.recipe,
-                llm.core.info,
-                conn,
-                sock,
-                config,
-                model_name,
-                log_level,
-            )
-            proc = ctx.Process(target=api_server_main, args=(spec,), name=f"fastpath-api-server-{index}")
-            try:
-                proc.start()
-            finally:
-                conn.close()  # the API server holds the link now; its exit closes it
-            procs.append(proc)
+    with _signals_to_event() as stop, _metrics_dir():
+        try:
+            with sock:  # each server holds a copy; once they close theirs (a drain), connections are refused
+                for index in range(1, config.api_server_count + 1):
+                    if stop.is_set():
+                        break
+                    procs.append(_start_server(llm, config, index, sock, model_name, log_level))
+        except BaseException:
+            _stop_all(procs, STOP_MARGIN_S)  # a failed start leaves no server behind
+            raise
         log.info(
             "serving on http://%s:%d through %d API server processes (pids %s), engine process pid %s",
             config.host,
@@ -128,7 +122,33 @@ def serve_many(
             ", ".join(str(p.pid) for p in procs),
             llm.core.info.get("pid"),
         )
-        return _supervise(procs, llm.core, config.drain_timeout_s)
+        return _supervise(procs, llm.core, config.drain_timeout_s, stop)
+
+
+def _start_server(
+    llm: Any, config: ServeConfig, index: int, sock: socket.socket, model_name: str | None, log_level: str
+) -> Any:
+    conn = llm.core.open_link()
+    spec = ApiServerSpec(
+        index,
+        config.api_server_count,
+        os.getpid(),
+        llm.recipe,
+        llm.core.info,
+        conn,
+        sock,
+        config,
+        model_name,
+        log_level,
+    )
+    proc = mp.get_context("spawn").Process(
+        target=api_server_main, args=(spec,), name=f"fastpath-api-server-{index}"
+    )
+    try:
+        proc.start()
+    finally:
+        conn.close()  # the API server holds the link now; its exit closes it
+    return proc
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -148,10 +168,30 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 @contextlib.contextmanager
+def _signals_to_event() -> Iterator[threading.Event]:
+    """SIGTERM and SIGINT set the event, from before the first server starts until the last stops."""
+    stop = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in _SIGNALS}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
 def _metrics_dir() -> Iterator[None]:
-    """Where every API server's request metrics go, so each /metrics shows their sum. One the
-    deployment set is used as it is; otherwise a fresh one lives as long as the servers."""
+    """Where every API server's request metrics go, so each /metrics shows their sum. A fresh one
+    lives as long as the servers; one the deployment set is used as it is (it is not emptied, so
+    files left there by earlier servers add to the sums)."""
     if os.environ.get(MULTIPROC_ENV):
+        log.warning(
+            "%s is set (%s): its files are summed into /metrics as they are; empty it between runs",
+            MULTIPROC_ENV,
+            os.environ[MULTIPROC_ENV],
+        )
         yield
         return
     path = tempfile.mkdtemp(prefix="fastpath-metrics-")
@@ -163,29 +203,21 @@ def _metrics_dir() -> Iterator[None]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _supervise(procs: list[Any], core: Any, drain_s: float) -> int:
-    stop = threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in _SIGNALS}
-    try:
-        failure = None
-        while not stop.wait(0.1):
-            dead = next((p for p in procs if p.exitcode is not None), None)
-            if dead is not None:
-                failure = f"API server {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}"
-                break
-            if core.closed_reason is not None:
-                failure = f"the engine closed: {core.closed_reason}"
-                break
-        if failure is not None:
-            log.error("%s; stopping the other API servers", failure)
-        else:
-            log.info("stopping: %d API server(s) drain for up to %.1f s", len(procs), drain_s)
-        _stop_all(procs, drain_s + STOP_MARGIN_S)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _supervise(procs: list[Any], core: Any, drain_s: float, stop: threading.Event) -> int:
+    failure = None
+    while not stop.wait(0.1):
+        dead = next((p for p in procs if p.exitcode is not None), None)
+        if dead is not None:
+            failure = f"API server {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}"
+            break
+        if core.closed_reason is not None:
+            failure = f"the engine closed: {core.closed_reason}"
+            break
+    if failure is not None:
+        log.error("%s; stopping the other API servers", failure)
+    else:
+        log.info("stopping: %d API server(s) drain for up to %.1f s", len(procs), drain_s)
+    _stop_all(procs, drain_s + STOP_MARGIN_S)
     cut = [p for p in procs if p.exitcode not in (0, -signal.SIGTERM)]
     for p in cut:
         if failure is None:

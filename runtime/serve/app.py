@@ -37,12 +37,11 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     `config.api_server_count` processes, each one's admission gate takes its share of the bounds."""
     config = config or ServeConfig()
     name = config.served_model_name or model_name or _engine_model_name(llm)
-    share = config.api_server_count
     state = ServerState(
         llm=llm,
         config=config,
         model_name=name,
-        gate=AdmissionGate(-(-llm.config.max_batch_size // share), -(-config.max_queued_requests // share)),
+        gate=AdmissionGate(llm.config.max_batch_size, config.max_queued_requests, config.api_server_count),
         metrics=ServerMetrics(llm.stats),
         created=int(time.time()),
         routes=ROUTES,

@@ -107,20 +107,23 @@ def _check(ok: bool, name: str, allowed: str, value: object) -> None:
 class AdmissionGate:
     """Counts completions in flight: a full batch plus `max_queued` may wait; beyond that, 503.
 
-    Touched only from the server's event loop, so it needs no lock.
+    Behind `share` API server processes, each admits its share of that bound, and an idle one still
+    takes a single request up to the whole bound, so what is valid does not depend on the process a
+    connection lands on. Touched only from the server's event loop, so it needs no lock.
     """
 
-    def __init__(self, batch_slots: int, max_queued: int) -> None:
-        self.capacity = batch_slots + max_queued
+    def __init__(self, batch_slots: int, max_queued: int, share: int = 1) -> None:
+        self.bound = batch_slots + max_queued
+        self.capacity = -(-self.bound // share)
         self.in_flight = 0
         self.draining = False
 
     def enter(self, completions: int) -> None:
         if self.draining:
             raise Unavailable("the server is shutting down")
-        if completions > self.capacity:
-            raise RequestInvalid(f"n is {completions}, above this server's bound of {self.capacity}", "n")
-        if self.in_flight + completions > self.capacity:
+        if completions > self.bound:
+            raise RequestInvalid(f"n is {completions}, above this server's bound of {self.bound}", "n")
+        if self.in_flight and self.in_flight + completions > self.capacity:
             raise Unavailable(
                 f"the server is at capacity ({self.in_flight} completions in flight, bound {self.capacity}); "
                 "retry later"

@@ -3,7 +3,8 @@
 Each app has its own registry, so several servers (tests, a bench) share a process without clashing.
 Behind several API server processes (`--api-server-count`), prometheus_client's multiprocess mode
 (PROMETHEUS_MULTIPROC_DIR, set before the processes start) sums every process's request metrics, so a
-scrape answered by any one of them shows the whole server.
+scrape answered by any one of them shows the whole server; in that mode the values live in files per
+process, so two apps in one process would share them.
 """
 
 from __future__ import annotations

@@ -63,6 +63,18 @@ def test_seeded_sampling_through_a_link_equals_the_owners(owner):
     assert [c.text for c in mine.outputs] == [c.text for c in theirs.outputs]
 
 
+def test_unseeded_sampling_differs_between_links(owner):
+    """Each API server counts its requests from 0: its index must still move their seeds."""
+    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    links = [attach(owner, k) for k in (6, 7)]
+    try:
+        got = [llm.generate([[5, 6, 7]], params, use_tqdm=False)[0].outputs[0].token_ids for llm in links]
+    finally:
+        for llm in links:
+            llm.close()
+    assert got[0] != got[1]
+
+
 def test_a_link_that_closes_ends_its_requests_and_frees_their_blocks(owner):
     total = owner.stats().kv_blocks_total
     linked = attach(owner, 4)

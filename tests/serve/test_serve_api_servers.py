@@ -17,7 +17,7 @@ import pytest
 from serve_helpers import client, free_port, metric, subprocess_server, wait_until
 
 BOUND_S = 60.0
-DRAIN_S = 3.0
+DRAIN_S = 10.0  # a request running at SIGTERM finishes well inside it, on a loaded machine too
 
 
 def children(pid: int) -> list[int]:
@@ -48,6 +48,10 @@ def serving_pids(log: Path) -> dict[int, int]:
     """API server index -> pid, from each server's "API server k/N (pid P): serving" line."""
     found = re.findall(r"API server (\d+)/\d+ \(pid (\d+)\): serving", log.read_text())
     return {int(k): int(pid) for k, pid in found}
+
+
+def logged_pids(log: Path) -> set[int]:
+    return {int(pid) for pid in re.findall(r'"pid": (\d+)', log.read_text())}
 
 
 def argv(checkpoint: Path, port: int, count: int = 2) -> list[str]:
@@ -113,10 +117,12 @@ def test_every_api_server_joins_one_batch_and_each_request_gets_its_solo_tokens(
     route = 'fastpath_http_requests_total{route="/v1/completions",status="200"}'
     wait_until(lambda: metric(url, route) == 40, 10, "the last response to be counted")
     assert {metric(url, route) for _ in range(4)} == {40.0}
-    pids = {
-        line.split('"pid": ')[1].split("}")[0] for line in log.read_text().splitlines() if '"pid": ' in line
-    }
-    assert pids <= {str(p) for p in children(proc.pid)}, "access log lines name the API server"
+    # Connections go to whichever server accepts first; fresh ones soon reach both.
+    for _ in range(200):
+        httpx.get(f"{url}/health", timeout=10)
+        if len(logged_pids(log)) == 2:
+            break
+    assert logged_pids(log) == set(serving_pids(log).values()), "each server answers and logs its pid"
 
 
 def test_a_disconnect_through_any_api_server_frees_its_blocks(shared):
@@ -141,7 +147,7 @@ def test_sigterm_drains_every_api_server_and_exits_0(two_servers):
 
     def stream() -> None:  # streamed, so the signal is sent while it is known to run
         chunks = client(url).completions.create(
-            model="tiny", prompt="Hi", max_tokens=60, stream=True, extra_body={"ignore_eos": True}
+            model="tiny", prompt="Hi", max_tokens=30, stream=True, extra_body={"ignore_eos": True}
         )
         for chunk in chunks:
             started.set()
@@ -190,3 +196,20 @@ def test_a_killed_supervisor_leaves_no_process_behind(two_servers):
     proc.wait(10)
     wait_until(lambda: not any(alive(p) for p in kids), DRAIN_S + 30, "every orphan to exit")
     assert "is gone; draining" in log.read_text()
+
+
+def test_each_api_server_admits_its_share_and_any_valid_request_when_idle():
+    from fastpath.runtime.serve.config import AdmissionGate
+    from fastpath.runtime.serve.errors import RequestInvalid, Unavailable
+
+    gate = AdmissionGate(batch_slots=8, max_queued=8, share=4)  # a bound of 16, 4 a server
+    gate.enter(12)  # idle: a request valid for the whole server is taken
+    with pytest.raises(Unavailable):
+        gate.enter(1)
+    gate.leave(12)
+    gate.enter(3)
+    gate.enter(1)
+    with pytest.raises(Unavailable):
+        gate.enter(1)
+    with pytest.raises(RequestInvalid, match="bound of 16"):
+        AdmissionGate(8, 8, share=4).enter(17)
