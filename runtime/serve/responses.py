@@ -121,6 +121,38 @@ def _token(entry: Any) -> dict[str, Any]:
     return {"token": text, "logprob": _lp(entry.logprob), "bytes": list(text.encode("utf-8"))}
 
 
+def prompt_logprobs_part(
+    prompt_ids: list[int],
+    positions: list[PositionLogprobs | None] | None,
+    first_text: str,
+    offsets: TextOffsets,
+) -> dict[str, list[Any]]:
+    """An echoed prompt in the completions logprobs shape: the first token has no logprob (nothing
+    precedes it), as in vLLM and OpenAI's legacy API. `first_text` spells the first token."""
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for j, token in enumerate(prompt_ids):
+        position = positions[j] if positions is not None and j < len(positions) else None
+        if position is None or token not in position:
+            text, logprob, top = first_text if j == 0 else "", None, None
+        else:
+            chosen = position[token]
+            text, logprob = _text(chosen), _lp(chosen.logprob)
+            top = {}
+            for e in _ranked(position):
+                top.setdefault(_text(e), _lp(e.logprob))
+            top.setdefault(text, logprob)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offsets.offset)
+        offsets.offset += len(text)
+    return out
+
+
+def joined_logprobs(first: dict[str, list[Any]], then: dict[str, list[Any]] | None) -> dict[str, list[Any]]:
+    return first if then is None else {key: first[key] + then[key] for key in first}
+
+
 def completion_choice(
     index: int, c: CompletionOutput, return_token_ids: bool, offsets: TextOffsets | None = None
 ) -> dict[str, Any]:

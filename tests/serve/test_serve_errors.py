@@ -43,7 +43,7 @@ BAD = [
     (COMPLETION, {"prompt": [1, 99999]}, "prompt", "out of range"),
     (COMPLETION, {"stop_token_ids": [99999]}, "stop_token_ids", "out of range"),
     (COMPLETION, {"temprature": 1}, "temprature", "Extra inputs"),
-    (COMPLETION, {"echo": True}, "echo", "not supported"),
+    (COMPLETION, {"echo": True, "max_tokens": -1}, "max_tokens", "an int in [1, "),
     (COMPLETION, {"logit_bias": {"5": 1}}, "logit_bias", "not supported"),
     (COMPLETION, {"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
     (COMPLETION, {"guided_regex": "[a-z]+", "guided_choice": ["a"]}, "guided_regex", "set one"),
