@@ -24,10 +24,22 @@ from .errors import ServeError, error_response, validation_param
 from .metrics import ServerMetrics
 from .middleware import RequestMiddleware
 from .state import ServerState
+from .tokenizer_routes import detokenize, tokenize, version
 
 # What metrics label requests by; any other path counts as "other", so a scan cannot grow the labels.
 ROUTES = frozenset(
-    {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/docs", "/openapi.json"}
+    {
+        "/health",
+        "/metrics",
+        "/v1/models",
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/docs",
+        "/openapi.json",
+        "/tokenize",
+        "/detokenize",
+        "/version",
+    }
 )
 
 
@@ -52,6 +64,7 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     _errors(app)
     app.include_router(_public_routes())
     app.include_router(_v1_routes(), prefix="/v1", dependencies=[Depends(_require_api_key)])
+    app.include_router(_utility_routes(), dependencies=[Depends(_require_api_key)])
     return app
 
 
@@ -133,4 +146,13 @@ def _v1_routes() -> APIRouter:
 
     router.add_api_route("/completions", create_completion, methods=["POST"])
     router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])
+    return router
+
+
+def _utility_routes() -> APIRouter:
+    """vLLM's routes outside /v1; behind the API key too, when one is set."""
+    router = APIRouter()
+    router.add_api_route("/tokenize", tokenize, methods=["POST"])
+    router.add_api_route("/detokenize", detokenize, methods=["POST"])
+    router.add_api_route("/version", version, methods=["GET"])
     return router

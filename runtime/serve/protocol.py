@@ -201,3 +201,30 @@ class ChatRequest(SamplingFields):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_dict() for m in self.messages]
+
+
+class TokenizeRequest(Body):
+    """vLLM's /tokenize: a prompt, or a conversation rendered by the chat template (not both)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None  # a prompt's BOS; a chat's template places its own
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give prompt or messages, one of them")
+        if self.messages is not None and self.add_special_tokens:
+            raise ValueError("add_special_tokens applies to a prompt; the chat template places a chat's")
+        return self
+
+
+class DetokenizeRequest(Body):
+    model: str | None = None
+    tokens: TokenIds
