@@ -168,9 +168,9 @@ class LLM:
     @classmethod
     def attach(cls, recipe: Any, conn: Any, info: dict[str, Any], index: int) -> LLM:
         """An LLM over an engine process that another LLM started, in another process (an API server of
-        `fastpath serve --api-server-count N`): `recipe` and `info` are that LLM's `recipe` and
-        `core.info`, `conn` a link from its `core.open_link()`, and `index` (1, 2, ...) keeps this
-        client's sequence ids apart from every other's. Closing it ends only its own requests."""
+        `fastpath serve --api-server-count N`): `recipe` is that LLM's `recipe`, `conn` and `info` what
+        its `open_link()` gave, and `index` (1, 2, ...) keeps this client's sequence ids apart from
+        every other's. Closing it ends only its own requests."""
         from .core_client import EngineCoreClient
 
         if not isinstance(index, int) or isinstance(index, bool) or not 1 <= index < 1 << 20:
@@ -206,6 +206,15 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    def open_link(self) -> tuple[Any, dict[str, Any]]:
+        """(a pipe into this LLM's engine process, the engine's description): what `LLM.attach` takes
+        in another process, with this LLM's `recipe`. The caller hands the pipe on, then closes its copy."""
+        if self.recipe is None or self.executor is not None or not getattr(self.core, "owner", False):
+            raise RuntimeError(
+                "links go into an engine process this LLM started: LLM(..., engine_process=True)"
+            )
+        return self.core.open_link(), self.core.info
 
     # --- requests ---------------------------------------------------------------------------------
 
@@ -291,6 +300,13 @@ class LLM:
             return self.core.info["executor"]
         cls = type(self.executor)
         return f"{cls.__module__}.{cls.__qualname__}"
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The engine process's pid; None when the engine runs in this process."""
+        if self.executor is None and self.core is not None:
+            return self.core.info.get("pid")
+        return None
 
     def generate(
         self,

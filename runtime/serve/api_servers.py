@@ -96,7 +96,7 @@ def serve_many(
     """Serve `llm` (an LLM whose engine runs in its own process) through `config.api_server_count`
     API server processes until SIGTERM or SIGINT; 0 once all drained, 1 if a part died. The caller
     closes `llm`."""
-    if getattr(llm, "recipe", None) is None or llm.core is None:
+    if getattr(llm, "recipe", None) is None or llm.executor is not None:
         raise ValueError(
             "api_server_count above 1 needs the engine in a process of its own (engine_process=True, "
             "the server's default)"
@@ -120,7 +120,7 @@ def serve_many(
             config.port,
             len(procs),
             ", ".join(str(p.pid) for p in procs),
-            llm.core.info.get("pid"),
+            llm.engine_pid,
         )
         return _supervise(procs, llm.core, config.drain_timeout_s, stop)
 
@@ -128,13 +128,13 @@ def serve_many(
 def _start_server(
     llm: Any, config: ServeConfig, index: int, sock: socket.socket, model_name: str | None, log_level: str
 ) -> Any:
-    conn = llm.core.open_link()
+    conn, info = llm.open_link()
     spec = ApiServerSpec(
         index,
         config.api_server_count,
         os.getpid(),
         llm.recipe,
-        llm.core.info,
+        info,
         conn,
         sock,
         config,

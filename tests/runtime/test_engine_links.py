@@ -1,4 +1,4 @@
-"""Links into one engine process (`EngineCoreClient.open_link`, `LLM.attach`): what the API servers of
+"""Links into one engine process (`LLM.open_link`, `LLM.attach`): what the API servers of
 `fastpath serve --api-server-count N` stand on. Each link's requests and outputs are its own; a link
 that closes ends its requests and frees their blocks; only the owner closes the engine."""
 
@@ -21,7 +21,7 @@ def owner(tiny_text_checkpoint):
 
 
 def attach(owner: LLM, index: int) -> LLM:
-    return LLM.attach(owner.recipe, owner.core.open_link(), owner.core.info, index)
+    return LLM.attach(owner.recipe, *owner.open_link(), index)
 
 
 def wait_for(predicate, what: str) -> None:
@@ -93,18 +93,22 @@ def test_a_link_that_closes_ends_its_requests_and_frees_their_blocks(owner):
 def test_only_the_owner_opens_links_and_indexes_are_checked(owner):
     linked = attach(owner, 5)
     try:
+        with pytest.raises(RuntimeError, match="an engine process this LLM started"):
+            linked.open_link()
         with pytest.raises(RuntimeError, match="only the client that started"):
             linked.core.open_link()
     finally:
         linked.close()
     for bad in (0, -1, True, 1 << 20, "1"):
         with pytest.raises(ValueError, match="index must be"):
-            LLM.attach(owner.recipe, None, owner.core.info, bad)
+            LLM.attach(owner.recipe, None, {}, bad)
 
 
 def test_an_in_process_engine_has_no_recipe_to_attach_to(tiny_text_checkpoint):
     with LLM(str(tiny_text_checkpoint), **OPTIONS) as llm:
-        assert llm.recipe is None
+        assert llm.recipe is None and llm.engine_pid is None
+        with pytest.raises(RuntimeError, match="engine_process=True"):
+            llm.open_link()
 
 
 def test_the_owners_close_ends_the_linked_clients(tiny_text_checkpoint):
