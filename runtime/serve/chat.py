@@ -13,7 +13,7 @@ from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, request_id
 from .params import request_keys, sampling_params
 from .protocol import ChatRequest
-from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, sse, worth_sending
+from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, chunk_usage, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 
@@ -62,7 +62,7 @@ async def _events(
     gen: Generation, env: Envelope, body: ChatRequest, request: Request
 ) -> AsyncIterator[bytes]:
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    more = {"usage": None} if include_usage else {}
+    continuous = include_usage and body.stream_options.continuous_usage_stats
     started: set[int] = set()
     usage = Usage(gen.prompt_tokens)
     try:
@@ -73,7 +73,8 @@ async def _events(
                 if not (first or worth_sending(c, body.return_token_ids)):
                     continue
                 started.add(c.index)
-                yield sse(env.body([chat_delta(c.index, c, first, body.return_token_ids)], **more))
+                delta = chat_delta(c.index, c, first, body.return_token_ids)
+                yield sse(env.body([delta], **chunk_usage(usage, include_usage, continuous)))
         if include_usage:
             yield sse(env.body([], usage=usage.as_dict()))
     except ServeError as exc:

@@ -22,6 +22,7 @@ from .responses import (
     Envelope,
     TextOffsets,
     Usage,
+    chunk_usage,
     completion_choice,
     joined_logprobs,
     prompt_logprobs_part,
@@ -142,7 +143,7 @@ async def _events(
     gen: Generation, env: Envelope, body: CompletionRequest, n: int, request: Request, echo: Echo | None
 ) -> AsyncIterator[bytes]:
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    more = {"usage": None} if include_usage else {}
+    continuous = include_usage and body.stream_options.continuous_usage_stats
     offsets: dict[int, TextOffsets] = {}
     usage = Usage(gen.prompt_tokens)
     try:
@@ -166,7 +167,7 @@ async def _events(
                 )
                 if echoed:
                     choice = echo.prefix(choice, out, offsets[index])
-                yield sse(env.body([choice], **more))
+                yield sse(env.body([choice], **chunk_usage(usage, include_usage, continuous)))
         if include_usage:
             yield sse(env.body([], usage=usage.as_dict()))
     except ServeError as exc:

@@ -29,6 +29,14 @@ class Usage:
         }
 
 
+def chunk_usage(usage: Usage, include: bool, continuous: bool) -> dict[str, Any]:
+    """A stream chunk's `usage`: absent unless asked; null until the last chunk, or, with vLLM's
+    `continuous_usage_stats`, the counts so far."""
+    if not include:
+        return {}
+    return {"usage": usage.as_dict() if continuous else None}
+
+
 @dataclass(slots=True)
 class Envelope:
     """What every body of one response carries."""

@@ -64,6 +64,27 @@ def test_streamed_completion_equals_the_whole_one(url, llm):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_continuous_usage_stats_give_every_chunk_the_counts_so_far(url, route):
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    api = client(url)
+    if route == "completions":
+        stream = api.completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, stream=True,
+            stream_options=options, extra_body=TOKENS,
+        )  # fmt: skip
+    else:
+        stream = api.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0,
+            stream=True, stream_options=options, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+    chunks = list(stream)
+    counts = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counts == sorted(counts) and counts[-1] == 8
+    assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + 8
+
+
 def test_token_id_prompts_and_several_prompts_in_one_request(url, llm):
     tok = llm.get_tokenizer()
     ids = [tok(p)["input_ids"] for p in PROMPTS[1:]]
