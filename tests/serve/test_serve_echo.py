@@ -101,3 +101,21 @@ def test_max_tokens_0_without_echo_is_refused_naming_the_field(url):
     )
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "max_tokens"
+
+
+def test_each_choice_of_several_prompts_echoes_its_own_prompt(url):
+    prompts = ["First prompt", "Second one here"]
+    r = client(url).completions.create(
+        model="tiny", prompt=prompts, n=2, max_tokens=3, temperature=0.8, seed=3, echo=True
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for c in r.choices:
+        assert c.text.startswith(prompts[c.index // 2])
+    streamed = list(
+        client(url).completions.create(
+            model="tiny", prompt=prompts, n=2, max_tokens=0, echo=True, stream=True
+        )
+    )
+    assert sorted((c.choices[0].index, c.choices[0].text) for c in streamed) == [
+        (i, prompts[i // 2]) for i in range(4)
+    ]
