@@ -129,20 +129,28 @@ def _public_routes() -> APIRouter:
     return router
 
 
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "fastpath",
+        "max_model_len": state.llm.config.max_seq_len,
+    }
+
+
 def _v1_routes() -> APIRouter:
     router = APIRouter()
 
     @router.get("/models")
     async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [_model_card(request.app.state.fastpath)]})
+
+    @router.get("/models/{model:path}")
+    async def model(model: str, request: Request) -> Response:
         state: ServerState = request.app.state.fastpath
-        card = {
-            "id": state.model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "fastpath",
-            "max_model_len": state.llm.config.max_seq_len,
-        }
-        return JSONResponse({"object": "list", "data": [card]})
+        state.check_model(model)
+        return JSONResponse(_model_card(state))
 
     router.add_api_route("/completions", create_completion, methods=["POST"])
     router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])

@@ -1,5 +1,6 @@
 """The OpenAI routes through the official client: models, completions and chat, streamed and not."""
 
+import openai
 import pytest
 from serve_helpers import client, running
 
@@ -25,6 +26,12 @@ def test_models_names_the_served_model(url, llm):
     assert model.id == "tiny"
     assert model.owned_by == "fastpath"
     assert model.max_model_len == llm.config.max_seq_len
+
+
+def test_a_model_is_retrieved_by_name_and_another_is_404(url):
+    assert client(url).models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client(url).models.retrieve("acme/other-model")
 
 
 def test_greedy_completion_equals_offline_generate(url, llm):
