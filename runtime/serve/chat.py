@@ -64,17 +64,20 @@ async def _events(
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     continuous = include_usage and body.stream_options.continuous_usage_stats
     started: set[int] = set()
+    so_far: dict[int, int] = {}  # choice -> its tokens so far
     usage = Usage(gen.prompt_tokens)
     try:
         async for _, out in gen.outputs():
             for c in out.outputs:
                 usage.completion_tokens += len(c.token_ids)
+                so_far[c.index] = so_far.get(c.index, 0) + len(c.token_ids)
                 first = c.index not in started
                 if not (first or worth_sending(c, body.return_token_ids)):
                     continue
                 started.add(c.index)
                 delta = chat_delta(c.index, c, first, body.return_token_ids)
-                yield sse(env.body([delta], **chunk_usage(usage, include_usage, continuous)))
+                mine = Usage(gen.prompt_tokens, so_far[c.index])  # vLLM: this choice's counts
+                yield sse(env.body([delta], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:
             yield sse(env.body([], usage=usage.as_dict()))
     except ServeError as exc:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -47,34 +47,24 @@ class Echo:
     """`echo`: each choice starts with its prompt's text, and with `logprobs` its logprobs (vLLM's and
     OpenAI's legacy behaviour, which evaluation harnesses use to score a prompt). `max_tokens: 0`
     echoes the prompt alone: the engine takes one step for the prompt's logprobs, whose token is
-    dropped."""
+    dropped. Each prompt's part is built once, however many choices share it."""
 
     only: bool
+    logprobs: bool
     tokenizer: Any
+    _parts: dict[int, tuple[str, dict[str, list[Any]] | None, int]] = field(default_factory=dict)
 
-    def text(self, out: RequestOutput) -> str:
-        if out.prompt is not None:
-            return out.prompt
-        return self.tokenizer.decode(out.prompt_token_ids) if self.tokenizer is not None else ""
+    def offsets(self, i: int, out: RequestOutput) -> TextOffsets:
+        """Text offsets of a choice's own tokens: they start after its prompt's."""
+        return TextOffsets(self._part(i, out)[2])
 
-    def prefix(self, choice: dict[str, Any], out: RequestOutput, offsets: TextOffsets) -> dict[str, Any]:
-        """`choice` (built with `offsets` already past the prompt) with the prompt in front."""
-        choice["text"] = self.text(out) + choice["text"]
-        if choice["logprobs"] is not None:
-            choice["logprobs"] = joined_logprobs(self._prompt_part(out), choice["logprobs"])
+    def prefix(self, choice: dict[str, Any], i: int, out: RequestOutput) -> dict[str, Any]:
+        """`choice` (built with `offsets(i, out)`) with prompt i in front."""
+        text, logprobs, _ = self._part(i, out)
+        choice["text"] = text + choice["text"]
+        if choice["logprobs"] is not None and logprobs is not None:
+            choice["logprobs"] = joined_logprobs(logprobs, choice["logprobs"])
         return choice
-
-    def offsets(self, out: RequestOutput, logprobs: bool) -> TextOffsets:
-        """Text offsets of a choice's own tokens: they start after the prompt's."""
-        offsets = TextOffsets()
-        if logprobs:
-            self._prompt_part(out, offsets)
-        return offsets
-
-    def _prompt_part(self, out: RequestOutput, offsets: TextOffsets | None = None) -> dict[str, list[Any]]:
-        ids = out.prompt_token_ids
-        first = token_text(self.tokenizer)(ids[0]) if self.tokenizer is not None and ids else ""
-        return prompt_logprobs_part(ids, out.prompt_logprobs, first or "", offsets or TextOffsets())
 
     def trimmed(self, c: CompletionOutput) -> CompletionOutput:
         """What a choice carries of its own: nothing, when the prompt is echoed alone."""
@@ -85,6 +75,21 @@ class Echo:
             finish_reason="length", stop_reason=None,
         )  # fmt: skip
 
+    def _part(self, i: int, out: RequestOutput) -> tuple[str, dict[str, list[Any]] | None, int]:
+        """(prompt i's text, its logprobs part, the text offset after it)."""
+        if i not in self._parts:
+            ids = out.prompt_token_ids
+            if out.prompt is not None:
+                text = out.prompt
+            else:
+                text = self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+            logprobs, offsets = None, TextOffsets()
+            if self.logprobs:
+                first = token_text(self.tokenizer)(ids[0]) if self.tokenizer is not None and ids else ""
+                logprobs = prompt_logprobs_part(ids, out.prompt_logprobs, first or "", offsets)
+            self._parts[i] = (text, logprobs, offsets.offset)
+        return self._parts[i]
+
 
 def _echo(body: CompletionRequest, state: ServerState) -> tuple[CompletionRequest, Echo | None]:
     if not body.echo:
@@ -92,16 +97,15 @@ def _echo(body: CompletionRequest, state: ServerState) -> tuple[CompletionReques
     only = body.max_tokens == 0
     if only:
         body = body.model_copy(update={"max_tokens": 1})
-    return body, Echo(only, state.llm.get_tokenizer())
+    return body, Echo(only, body.logprobs is not None, state.llm.get_tokenizer())
 
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     state.check_model(body.model)
     body, echo = _echo(body, state)
-    params = sampling_params(body, state.config.max_tokens)
-    if echo is not None and body.logprobs is not None:
-        params = dataclasses.replace(params, prompt_logprobs=body.logprobs)
+    prompt_logprobs = body.logprobs if echo is not None else None
+    params = sampling_params(body, state.config.max_tokens, prompt_logprobs=prompt_logprobs)
     prompts = _prompts(body.prompt)
     rid = request_id("cmpl")
     request.state.request_id = rid
@@ -120,7 +124,6 @@ async def _respond(
 ):
     outputs = await gen.collect()
     choices, usage = [], Usage(gen.prompt_tokens)
-    logprobs = body.logprobs is not None
     for i, out in enumerate(outputs):
         for c in out.outputs:
             if echo is None:
@@ -129,9 +132,8 @@ async def _respond(
                 continue
             c = echo.trimmed(c)
             usage.completion_tokens += len(c.token_ids)
-            offsets = echo.offsets(out, logprobs)
-            choice = completion_choice(i * n + c.index, c, body.return_token_ids, offsets)
-            choices.append(echo.prefix(choice, out, offsets))
+            choice = completion_choice(i * n + c.index, c, body.return_token_ids, echo.offsets(i, out))
+            choices.append(echo.prefix(choice, i, out))
     request.state.completion_tokens = usage.completion_tokens
     extra: dict[str, Any] = {}
     if body.return_token_ids:
@@ -145,6 +147,7 @@ async def _events(
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     continuous = include_usage and body.stream_options.continuous_usage_stats
     offsets: dict[int, TextOffsets] = {}
+    so_far: dict[int, int] = {}  # choice -> its tokens sent
     usage = Usage(gen.prompt_tokens)
     try:
         async for i, out in gen.outputs():
@@ -158,16 +161,18 @@ async def _events(
                         continue  # the prompt alone went in the first chunk, with the finish
                     c = echo.trimmed(c)
                 usage.completion_tokens += len(c.token_ids)
+                so_far[index] = so_far.get(index, 0) + len(c.token_ids)
                 if not echoed and not worth_sending(c, body.return_token_ids):
                     continue
                 if echoed:
-                    offsets[index] = echo.offsets(out, body.logprobs is not None)
+                    offsets[index] = echo.offsets(i, out)
                 choice = completion_choice(
                     index, c, body.return_token_ids, offsets.setdefault(index, TextOffsets())
                 )
                 if echoed:
-                    choice = echo.prefix(choice, out, offsets[index])
-                yield sse(env.body([choice], **chunk_usage(usage, include_usage, continuous)))
+                    choice = echo.prefix(choice, i, out)
+                mine = Usage(len(out.prompt_token_ids), so_far[index])  # vLLM: this choice's counts
+                yield sse(env.body([choice], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:
             yield sse(env.body([], usage=usage.as_dict()))
     except ServeError as exc:

@@ -42,8 +42,11 @@ def request_keys(req: SamplingFields) -> RequestKeys:
     return RequestKeys(prompt, _max_tokens(req)[0], _guided(req)[0])
 
 
-def sampling_params(req: SamplingFields, max_tokens_limit: int | None) -> SamplingParams:
-    """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field."""
+def sampling_params(
+    req: SamplingFields, max_tokens_limit: int | None, prompt_logprobs: int | None = None
+) -> SamplingParams:
+    """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field.
+    `prompt_logprobs`: what an echoed prompt needs."""
     max_key, max_tokens = _max_tokens(req)
     if max_tokens_limit is not None:
         if max_tokens is None:
@@ -56,7 +59,12 @@ def sampling_params(req: SamplingFields, max_tokens_limit: int | None) -> Sampli
             )
     logprob_key, logprobs = _logprobs(req)
     guided_key, guided = _guided(req)
-    names = {"max_tokens": max_key, "logprobs": logprob_key, "guided_decoding": guided_key}
+    names = {
+        "max_tokens": max_key,
+        "logprobs": logprob_key,
+        "prompt_logprobs": logprob_key,
+        "guided_decoding": guided_key,
+    }
     try:
         return SamplingParams(
             n=req.n,
@@ -75,6 +83,7 @@ def sampling_params(req: SamplingFields, max_tokens_limit: int | None) -> Sampli
             frequency_penalty=req.frequency_penalty,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             guided_decoding=guided,
         )

@@ -209,7 +209,7 @@ class TokenizeRequest(Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    add_special_tokens: bool | None = None  # a prompt's BOS; a chat's template places its own
+    add_special_tokens: bool | None = None  # default: a prompt's yes, a chat's no (its template places them)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None
@@ -220,8 +220,6 @@ class TokenizeRequest(Body):
     def _prompt_or_messages(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give prompt or messages, one of them")
-        if self.messages is not None and self.add_special_tokens:
-            raise ValueError("add_special_tokens applies to a prompt; the chat template places a chat's")
         return self
 
 

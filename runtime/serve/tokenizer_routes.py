@@ -74,4 +74,6 @@ def _render_chat(state: ServerState, body: TokenizeRequest) -> list[int]:
         )
     except Exception as exc:  # the template's own error names it
         raise RequestInvalid(f"messages: the chat template failed: {exc}", "messages") from None
+    if body.add_special_tokens:  # as vLLM: the rendered text encoded again, special tokens added
+        return list(state.llm.get_tokenizer()(rendered["prompt"], add_special_tokens=True)["input_ids"])
     return list(rendered["prompt_token_ids"])

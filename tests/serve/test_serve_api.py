@@ -92,6 +92,26 @@ def test_continuous_usage_stats_give_every_chunk_the_counts_so_far(url, route):
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + 8
 
 
+def test_continuous_usage_counts_each_choice_and_its_own_prompt(url, llm):
+    """vLLM's shape: a chunk's usage is its own choice's, with its own prompt's tokens."""
+    prompts = [PROMPTS[0], PROMPTS[1] + " and more words"]
+    chunks = list(
+        client(url).completions.create(
+            model="tiny", prompt=prompts, n=2, max_tokens=5, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}, extra_body=TOKENS,
+        )
+    )  # fmt: skip
+    lengths = [len(llm.get_tokenizer()(p)["input_ids"]) for p in prompts]
+    seen: dict[int, int] = {}
+    for c in chunks[:-1]:
+        (choice,) = c.choices
+        seen[choice.index] = seen.get(choice.index, 0) + len(choice.token_ids)
+        assert c.usage.completion_tokens == seen[choice.index]
+        assert c.usage.prompt_tokens == lengths[choice.index // 2]
+    assert seen == {0: 5, 1: 5, 2: 5, 3: 5}
+    assert chunks[-1].usage.completion_tokens == 20 and chunks[-1].usage.prompt_tokens == sum(lengths)
+
+
 def test_token_id_prompts_and_several_prompts_in_one_request(url, llm):
     tok = llm.get_tokenizer()
     ids = [tok(p)["input_ids"] for p in PROMPTS[1:]]

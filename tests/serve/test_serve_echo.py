@@ -88,8 +88,9 @@ def test_a_streamed_echo_equals_the_whole_one(url):
     chunks = list(client(url).completions.create(**kw, stream=True, extra_body={"ignore_eos": True}))
     assert chunks[0].choices[0].text.startswith(PROMPT)
     assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
-    tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
-    assert tokens == whole.choices[0].logprobs.tokens
+    for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        joined = [v for c in chunks if c.choices[0].logprobs for v in getattr(c.choices[0].logprobs, key)]
+        assert joined == getattr(whole.choices[0].logprobs, key), key
     only = list(client(url).completions.create(**{**kw, "max_tokens": 0}, stream=True))
     assert [c.choices[0].text for c in only] == [PROMPT]
     assert only[0].choices[0].finish_reason == "length"
@@ -103,14 +104,20 @@ def test_max_tokens_0_without_echo_is_refused_naming_the_field(url):
     assert r.json()["error"]["param"] == "max_tokens"
 
 
-def test_each_choice_of_several_prompts_echoes_its_own_prompt(url):
+def test_each_choice_of_several_prompts_echoes_its_own_prompt(url, llm):
     prompts = ["First prompt", "Second one here"]
     r = client(url).completions.create(
-        model="tiny", prompt=prompts, n=2, max_tokens=3, temperature=0.8, seed=3, echo=True
+        model="tiny", prompt=prompts, n=2, max_tokens=3, temperature=0.8, seed=3, echo=True, logprobs=1
     )
     assert [c.index for c in r.choices] == [0, 1, 2, 3]
     for c in r.choices:
-        assert c.text.startswith(prompts[c.index // 2])
+        prompt = prompts[c.index // 2]
+        expected = _offline(llm, prompt, 1, 1)
+        ids = expected.prompt_token_ids
+        assert c.text.startswith(prompt)
+        want = [p[t].logprob for t, p in zip(ids[1:], expected.prompt_logprobs[1:], strict=True)]
+        assert c.logprobs.token_logprobs[1 : len(ids)] == pytest.approx(want, abs=1e-6)
+        assert len(c.logprobs.token_logprobs) == len(ids) + 3
     streamed = list(
         client(url).completions.create(
             model="tiny", prompt=prompts, n=2, max_tokens=0, echo=True, stream=True
@@ -119,3 +126,26 @@ def test_each_choice_of_several_prompts_echoes_its_own_prompt(url):
     assert sorted((c.choices[0].index, c.choices[0].text) for c in streamed) == [
         (i, prompts[i // 2]) for i in range(4)
     ]
+
+
+def test_echo_with_a_constraint_and_a_stop_string(url):
+    r = client(url).completions.create(
+        model="tiny", prompt="Answer:", max_tokens=8, echo=True, logprobs=1,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )  # fmt: skip
+    assert r.choices[0].text in ("Answer:yes", "Answer:no")
+    whole = (
+        client(url)
+        .completions.create(
+            model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .text
+    )
+    assert whole, "the stop string is taken from the text"
+    stop = whole[len(whole) // 2 :]
+    cut = client(url).completions.create(
+        model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, echo=True, stop=[stop],
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert cut.choices[0].text == PROMPT + whole[: whole.index(stop)]

@@ -39,6 +39,9 @@ def test_tokenize_renders_a_chat_as_the_chat_route_does(url, llm):
         timeout=30,
     ).json()["usage"]
     assert usage["prompt_tokens"] == body["count"]
+    again = post(url, "/tokenize", {"messages": messages, "add_special_tokens": True}).json()
+    rendered = llm.render_chat(messages)["prompt"]
+    assert again["tokens"] == llm.get_tokenizer()(rendered, add_special_tokens=True)["input_ids"]
 
 
 def test_detokenize_inverts_tokenize(url):
