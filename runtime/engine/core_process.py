@@ -101,8 +101,8 @@ class ClientLink:
     """One client of the engine process: its pipe, the sender that writes to it, and the constraints
     compiled for its requests not yet added."""
 
-    def __init__(self, index: int, conn: Any, owner: bool) -> None:
-        self.index, self.conn, self.owner = index, conn, owner
+    def __init__(self, conn: Any, owner: bool) -> None:
+        self.conn, self.owner = conn, owner
         self.publisher = PipeSender(conn)
         self.prepared: dict[int, list[Any]] = {}
 
@@ -162,12 +162,15 @@ class PublishingCore(EngineCore):
                 self._add_update(updates, seq)
         for seq in record.finished:
             self._add_update(updates, seq)
-        for link, batch in updates.items():
-            link.put(("step", batch))
+        self._publish(updates)
 
     def _report_finish(self, seq: Sequence) -> None:
         updates: dict[ClientLink, list[tuple]] = {}
         self._add_update(updates, seq)
+        self._publish(updates)
+
+    @staticmethod
+    def _publish(updates: dict[ClientLink, list[tuple]]) -> None:
         for link, batch in updates.items():
             link.put(("step", batch))
 
@@ -213,9 +216,9 @@ class LinkServer:
     """The engine process's main thread: admits, aborts and answers on every link until the parent's
     link says close (or closes)."""
 
-    def __init__(self, parent_conn: Any, llm: Any, core: PublishingCore, parent: ClientLink) -> None:
+    def __init__(self, llm: Any, core: PublishingCore, parent: ClientLink) -> None:
         self.llm, self.core = llm, core
-        self._links = {parent_conn: parent}
+        self._links = {parent.conn: parent}
         # Compiling a grammar can take a while: off this thread, so adds and aborts go on meanwhile.
         # A client sends a request's add only after its prepare's reply, so the states are there.
         self._compiler = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fastpath-engine-prepare")
@@ -261,10 +264,10 @@ class LinkServer:
         if not link.owner:
             self._reply(link, token, False, ValueError("only the engine's parent opens links"))
             return
-        new = ClientLink(len(self._links), conn, owner=False)
+        new = ClientLink(conn, owner=False)
         self._links[conn] = new
         self.core.add_link(new)
-        self._reply(link, token, True, new.index)
+        self._reply(link, token, True, None)
 
     def _drop(self, link: ClientLink) -> None:
         self._links.pop(link.conn, None)
@@ -323,7 +326,7 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _parents_to_act_on)
     logging.basicConfig(level=recipe.log_level, format="%(levelname)s %(name)s: %(message)s")
-    parent = ClientLink(0, conn, owner=True)
+    parent = ClientLink(conn, owner=True)
     try:
         llm = recipe.llm_cls(recipe.model, **recipe.kwargs)
     except BaseException as exc:
@@ -344,7 +347,7 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
         })
     )  # fmt: skip
     reason = "the engine process stopped"
-    links = LinkServer(conn, llm, core, parent)
+    links = LinkServer(llm, core, parent)
     try:
         reason = links.serve()
     finally:

@@ -86,7 +86,7 @@ class Echo:
             logprobs, offsets = None, TextOffsets()
             if self.logprobs:
                 first = token_text(self.tokenizer)(ids[0]) if self.tokenizer is not None and ids else ""
-                logprobs = prompt_logprobs_part(ids, out.prompt_logprobs, first or "", offsets)
+                logprobs = prompt_logprobs_part(ids, out.prompt_logprobs, first, offsets)
             self._parts[i] = (text, logprobs, offsets.offset)
         return self._parts[i]
 
@@ -153,9 +153,8 @@ async def _events(
         async for i, out in gen.outputs():
             for c in out.outputs:
                 index = i * n + c.index
-                echoed = (
-                    echo is not None and index not in offsets
-                )  # a choice's first chunk carries its prompt
+                # A choice's first chunk carries its prompt.
+                echoed = echo is not None and index not in offsets
                 if echo is not None:
                     if echo.only and not echoed:
                         continue  # the prompt alone went in the first chunk, with the finish
