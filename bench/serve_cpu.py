@@ -18,12 +18,18 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
 
-from serve import drive_from_processes, free_port, launch_server, make_prompts, stop_server, summarize
+from serve import (
+    drive_from_processes,
+    free_port,
+    launch_server,
+    make_prompts,
+    server_cpu,
+    stop_server,
+    summarize,
+)
 
 SERVER = """
 import sys
@@ -53,22 +59,6 @@ if __name__ == "__main__":
 MODES = {"in-process": (False, 1), "engine-process": (True, 1), "api-servers": (True, None)}
 
 
-def cpu_seconds(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
-
-
-def processes(server: psutil.Process) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """(API processes, engine processes): the server and its children; behind several API servers,
-    the server only supervises, and its children are the API servers and the engine process."""
-    kids = [p for p in server.children() if "resource_tracker" not in " ".join(p.cmdline())]
-    if len(kids) <= 1:
-        return [server], [q for p in kids for q in (p, *p.children(recursive=True))]
-    # The engine process is the one the supervisor started first (the API servers attach to it).
-    engine, *api = sorted(kids, key=lambda p: p.create_time())
-    return api, [engine, *engine.children(recursive=True)]
-
-
 def run(args, mode: str) -> dict:
     remote, servers = MODES[mode]
     servers = servers or args.api_server_count
@@ -86,12 +76,11 @@ def run(args, mode: str) -> dict:
         drive_from_processes(
             url, prompts[: args.concurrency], args.output_len, args.concurrency, args.client_processes
         )
-        api, engines = processes(psutil.Process(server.pid))
-        before = (sum(cpu_seconds(p) for p in api), sum(cpu_seconds(p) for p in engines))
+        before = server_cpu(server.pid, servers)
         timings, seconds = drive_from_processes(
             url, prompts, args.output_len, args.concurrency, args.client_processes
         )
-        after = (sum(cpu_seconds(p) for p in api), sum(cpu_seconds(p) for p in engines))
+        after = server_cpu(server.pid, servers)
     finally:
         stop_server(server)
     label = {"in-process": "in process", "engine-process": "engine process"}.get(
