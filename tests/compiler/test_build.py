@@ -137,7 +137,9 @@ def test_an_isolated_build_finds_the_headers_in_the_fastpath_wheel(tmp_path):
     out = tmp_path / "dist"
     command = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--find-links", str(wheel.parent)]
     command += ["-w", str(out), "-Ccmake.define.FASTPATH_CUDA=OFF", str(folder)]
-    env = {**os.environ, "PIP_CONSTRAINT": str(constraints)}
+    # pip 26.2 and newer apply only build constraints inside the isolated build environment; without
+    # them it takes the newest torch there, a CUDA build of several GB.
+    env = {**os.environ, "PIP_CONSTRAINT": str(constraints), "PIP_BUILD_CONSTRAINT": str(constraints)}
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
