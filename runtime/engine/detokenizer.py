@@ -63,27 +63,50 @@ _TOKEN_TEXTS: weakref.WeakKeyDictionary[Any, Callable[[int], str]] = weakref.Wea
 
 
 def token_text(tokenizer: Any) -> Callable[[int], str]:
-    """One token's text, as `tokenizer.decode([token])` gives it, remembered per tokenizer.
+    """One token's text as it reads inside a text, remembered per tokenizer.
 
     Logprobs name every top-k token: at 64 rows and top-5 that was 380 decodes per step, most of
     the host's profile of such a step on a CPU. A vocabulary's texts fit in a few MB.
+
+    A token is decoded after an anchor token and the anchor's text cut off: SentencePiece-style
+    decoders drop the leading space of a text's first token, so `decode([token])` alone reads
+    "Paris" where the completion reads " Paris", and completions' `text_offset` would drift.
     """
     try:
         return _TOKEN_TEXTS[tokenizer]
     except (KeyError, TypeError):
         pass
     decode = text_decoder(tokenizer)
+    anchor = _anchor(tokenizer, decode)
     texts: dict[int, str] = {}
 
     def text(token: int) -> str:
         s = texts.get(token)
         if s is None:
-            s = texts[token] = decode([token], False)
+            s = decode([token], False)
+            if anchor is not None:
+                joined = decode([anchor[0], token], False)
+                if joined.startswith(anchor[1]):
+                    s = joined[len(anchor[1]) :]
+            texts[token] = s
         return s
 
     with contextlib.suppress(TypeError):
         _TOKEN_TEXTS[tokenizer] = text
     return text
+
+
+def _anchor(tokenizer: Any, decode: Decode) -> tuple[int, str] | None:
+    """A plain token ("a") and its text, or None where the tokenizer cannot say which."""
+    try:
+        ids = tokenizer.encode("a", add_special_tokens=False)
+        if ids:
+            spelled = decode([ids[-1]], False)
+            if spelled.strip():
+                return ids[-1], spelled
+    except Exception:  # a tokenizer without encode: single-token decodes are all there is
+        pass
+    return None
 
 
 class IncrementalText:

@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..engine.detokenizer import token_text
 from ..engine.outputs import CompletionOutput, RequestOutput
 from .errors import ServeError, error_body
 from .generation import Generation, request_id
@@ -85,7 +84,8 @@ class Echo:
                 text = self.tokenizer.decode(ids) if self.tokenizer is not None else ""
             logprobs, offsets = None, TextOffsets()
             if self.logprobs:
-                first = token_text(self.tokenizer)(ids[0]) if self.tokenizer is not None and ids else ""
+                # Spelled alone, as it starts a text (a SentencePiece decoder drops its leading space).
+                first = self.tokenizer.decode(ids[:1]) if self.tokenizer is not None and ids else ""
                 logprobs = prompt_logprobs_part(ids, out.prompt_logprobs, first, offsets)
             self._parts[i] = (text, logprobs, offsets.offset)
         return self._parts[i]

@@ -44,7 +44,38 @@ def test_a_stop_string_is_found_across_tokens(tok):
     assert hit == "three" and text.startswith("one two")
 
 
-def test_token_text_is_decode_of_one_token_remembered(tok):
+def test_token_text_is_the_tokens_text_remembered(tok):
     text = token_text(tok)
     assert token_text(tok) is text
+    # A byte-level BPE spells a token the same alone as inside a text.
     assert [text(t) for t in range(40)] == [tok.decode([t]) for t in range(40)]
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_tok():
+    """A SentencePiece-style tokenizer (Unigram + Metaspace, as Llama 2's): decoding drops the first
+    token's leading space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["The", "capital", "of", "France", "is", "Paris", "a", "."]
+    pieces = [("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("\u2581", -5.0)]
+    pieces += [("\u2581" + w, -1.0) for w in words] + [(c, -8.0) for c in "ThecapitlofFrnsPr."]
+    backend = Tokenizer(models.Unigram(pieces, unk_id=0, byte_fallback=False))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def test_a_sentencepiece_token_keeps_its_leading_space(sentencepiece_tok):
+    tok = sentencepiece_tok
+    ids = tok("The capital of France is Paris.", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids[-2:-1]) == "Paris"  # the decoder's own spelling, alone
+    text = token_text(tok)
+    assert text(ids[-2]) == " Paris"
+    # The tokens spell the completion's text, so completions' text_offset points into it.
+    prompt, output = ids[:3], ids[3:]
+    completion, _, _ = run(tok, prompt, output, [])
+    assert "".join(text(t) for t in output) == completion == " France is Paris."
