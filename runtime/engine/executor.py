@@ -276,7 +276,8 @@ class ExecutorCore:
     def prompt_logits(self, prompt_ids: list[int], every_position: bool = False) -> torch.Tensor:
         """Next-token logits after `prompt_ids` (fp32, on the host), outside the scheduler: for oracles and tests.
 
-        `every_position`: the logits after each prefix of the prompt instead, [P, V] on the device.
+        `every_position`: the logits after each prefix of the prompt instead, [P, V] on the device in
+        the model's dtype (a float32 copy of a long prompt's would be GBs; callers convert in chunks).
         """
         seq = Sequence(-2, list(prompt_ids), _PROBE_PARAMS, 0, frozenset(), 1 << 30)
         seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.runner.block_size))
@@ -288,7 +289,7 @@ class ExecutorCore:
             if self.parallel is not None:
                 self.parallel.send(Op.PREFILL_LOGITS, step)
             logits = self.runner.run_prompt(step)
-            return logits.float() if every_position else logits[0].float().cpu()
+            return logits if every_position else logits[0].float().cpu()
         finally:
             self.allocator.free(seq.block_table)
 
