@@ -32,7 +32,7 @@ from typing import Any
 
 from .core import EngineCore
 from .llm import peer_errors
-from .prompt_logprobs import prompt_logprobs
+from .prompt_logprobs import prompt_logprobs_when_room
 from .sequence import Sequence
 
 log = logging.getLogger("fastpath.engine")
@@ -287,8 +287,8 @@ class LinkServer:
                 guided = [llm._guided_state(params.guided) for _ in range(params.n)]
             plp = None
             if params.prompt_logprobs is not None:
-                plp = self.core.call(
-                    lambda: prompt_logprobs(llm.executor, prompt_ids, params.prompt_logprobs, llm.tokenizer)
+                plp = prompt_logprobs_when_room(
+                    self.core, llm.executor, prompt_ids, params.prompt_logprobs, llm.tokenizer
                 )
         except Exception as exc:
             self._reply(link, token, False, portable_error(exc))

@@ -47,7 +47,7 @@ from .core import EngineCore, EngineStats
 from .native_executor import NativeExecutor
 from .options import engine_config, model_dtype, parse_options
 from .outputs import EngineClosedError, RequestError, RequestOutput
-from .prompt_logprobs import prompt_logprobs
+from .prompt_logprobs import prompt_logprobs_when_room
 from .request import RequestHandle
 from .sampling_params import SamplingParams
 from .waiting import wait_all
@@ -280,8 +280,8 @@ class LLM:
         if params.guided is not None:
             guided = [self._guided_state(params.guided) for _ in range(params.n)]
         if params.prompt_logprobs is not None:
-            handle.prompt_logprobs = self.core.call(
-                lambda: prompt_logprobs(self.executor, prompt_ids, params.prompt_logprobs, self.tokenizer)
+            handle.prompt_logprobs = prompt_logprobs_when_room(
+                self.core, self.executor, prompt_ids, params.prompt_logprobs, self.tokenizer
             )
         return guided
 

@@ -7,14 +7,35 @@ so the batched prefill path stays free of per-position work. The first position 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 
+from ..runner.kv_cache import CacheFullError
 from .detokenizer import token_text
 from .outputs import Logprob, PositionLogprobs
 
 _CHUNK = 256  # positions per log-softmax, to bound the temporary [rows, vocab] memory
+WAIT_FOR_BLOCKS_S = 30.0  # a full KV cache frees blocks as running requests finish
+_RETRY_S = 0.01
+
+
+def prompt_logprobs_when_room(
+    core: Any, executor: Any, ids: list[int], k: int, tokenizer: Any, wait_s: float = WAIT_FOR_BLOCKS_S
+) -> list[PositionLogprobs | None]:
+    """`prompt_logprobs` on the engine's loop thread, waiting (off that thread) while the KV cache has
+    no room for the prompt's blocks; a TimeoutError naming the wait after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return core.call(lambda: prompt_logprobs(executor, ids, k, tokenizer))
+        except CacheFullError as exc:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"prompt_logprobs: the KV cache stayed full for {wait_s:g} s ({exc}); try again later"
+                ) from None
+            time.sleep(_RETRY_S)
 
 
 @torch.no_grad()
