@@ -29,6 +29,7 @@ class _Completion:
     kept: int | None = None  # tokens kept once a stop string ended it early
     sent_tokens: int = 0  # tokens already handed to a stream
     sent_logprobs: int = 0
+    finish_sent: bool = False  # a stream carries each completion's finish once
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -254,9 +255,10 @@ class RequestHandle:
             self.finished,
             self.error,
         )
-        if self.error is not None:
-            for o in outs:
-                o.finish_reason = o.finish_reason or "error"
+        if self.error is not None:  # what had not finished ends in the error
+            for o, c in zip(outs, self._completions, strict=True):
+                if c.finish_reason is None:
+                    o.finish_reason = "error"
         return out
 
     def _completion_output(self, i: int, c: _Completion, delta: bool) -> CompletionOutput:
@@ -270,16 +272,18 @@ class RequestHandle:
         else:
             text = c.text.text
         logprobs, cumulative = self._logprobs(c, len(ids), delta)
+        finish = final and not (delta and c.finish_sent)
         if delta:
             c.sent_tokens = len(ids)
+            c.finish_sent = final
         return CompletionOutput(
             i,
             text,
             list(ids[start:]),
             cumulative,
             logprobs,
-            c.finish_reason if (final or not delta) else None,
-            c.stop_reason,
+            c.finish_reason if finish else None,
+            c.stop_reason if finish else None,
         )
 
     def _logprobs(

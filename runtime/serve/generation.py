@@ -95,10 +95,9 @@ class Generation:
         now = time.monotonic()
         last = self._last.get(i)
         metrics = self.state.metrics
-        if last is None:
+        if last is None:  # a prompt's first token, whichever of its completions had it
             metrics.ttft.observe(now - self.arrival)
-            for c in out.outputs:
-                self._observe_queue(i, c.index)
+            self._observe_queue(i)
         else:
             per_token = (now - last) / tokens
             for _ in range(tokens):
@@ -107,27 +106,28 @@ class Generation:
 
     def _observe_whole(self, i: int, out: RequestOutput) -> None:
         """A reply sent whole still had a first token: the engine noted when; the rest is spread evenly."""
-        now, metrics = time.monotonic(), self.state.metrics
+        now, metrics, handle = time.monotonic(), self.state.metrics, self.handles[i]
         for c in out.outputs:
             # Deltas carry the tokens since the last one: count them all, not just the final delta's.
-            tokens = self._whole_tokens[(i, c.index)] = self._whole_tokens.get((i, c.index), 0) + len(
-                c.token_ids
-            )
-            first = self.handles[i].first_token_at(c.index) if c.finish_reason is not None else None
-            if first is None:
-                continue
-            metrics.ttft.observe(max(0.0, first - self.arrival))
-            self._observe_queue(i, c.index)
-            if tokens > 1:
+            key = (i, c.index)
+            tokens = self._whole_tokens[key] = self._whole_tokens.get(key, 0) + len(c.token_ids)
+            first = handle.first_token_at(c.index) if c.finish_reason is not None else None
+            if first is not None and tokens > 1:
                 per_token = (now - first) / (tokens - 1)
                 for _ in range(tokens - 1):
                     metrics.itl.observe(per_token)
+        if out.finished:  # once per prompt, as a stream counts it
+            firsts = [t for c in out.outputs if (t := handle.first_token_at(c.index)) is not None]
+            if firsts:
+                metrics.ttft.observe(max(0.0, min(firsts) - self.arrival))
+            self._observe_queue(i)
 
-    def _observe_queue(self, i: int, index: int) -> None:
-        """Arrival to the engine's first batch slot: the wait that is not the model's."""
-        scheduled = self.handles[i].scheduled_at(index)
-        if scheduled is not None:
-            self.state.metrics.queue.observe(max(0.0, scheduled - self.arrival))
+    def _observe_queue(self, i: int) -> None:
+        """Arrival to a prompt's first batch slot in the engine: the wait that is not the model's."""
+        handle = self.handles[i]
+        slots = [t for j in range(handle.params.n) if (t := handle.scheduled_at(j)) is not None]
+        if slots:
+            self.state.metrics.queue.observe(max(0.0, min(slots) - self.arrival))
 
     async def collect(self) -> list[RequestOutput]:
         """Every prompt's whole output, once all have finished."""

@@ -79,3 +79,22 @@ def test_the_direct_decoder_equals_the_tokenizers_decode_and_clean_up_keeps_the_
     cleaning = AutoTokenizer.from_pretrained(str(tiny_text_checkpoint))
     cleaning.clean_up_tokenization_spaces = True  # transformers' own post-processing: keep its decode
     assert text_decoder(cleaning).__name__ == "wrapped"
+
+
+def test_a_stream_carries_each_completions_finish_once():
+    llm = LLM("random:tiny-qwen3", device="cpu", max_seq_len=96)
+    # n=4 of different lengths: the early ones finish while the others still produce deltas.
+    params = SamplingParams(
+        n=4, temperature=1.0, seed=3, max_tokens=12, ignore_eos=True, stop_token_ids=list(range(0, 512, 9))
+    )
+    whole = llm.generate([[4, 5, 6]], params, use_tqdm=False)[0]
+    finishes: dict[int, list[str]] = {}
+    ids: dict[int, list[int]] = {}
+    for delta in llm.stream([[4, 5, 6]], params):
+        for c in delta.outputs:
+            ids.setdefault(c.index, []).extend(c.token_ids)
+            if c.finish_reason is not None:
+                finishes.setdefault(c.index, []).append(c.finish_reason)
+    assert finishes == {c.index: [c.finish_reason] for c in whole.outputs}
+    assert ids == {c.index: c.token_ids for c in whole.outputs}
+    assert len({len(c.token_ids) for c in whole.outputs}) > 1, "the completions end at different steps"
