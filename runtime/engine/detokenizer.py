@@ -131,6 +131,7 @@ class IncrementalText:
         self._prefix = 0
         self._read = len(self._ids)
         self._outputs = 0
+        self._floor = 0  # text before this came from the first min_tokens tokens
         self.text = ""
         self.emitted = 0  # characters of `text` already handed to a stream
         self.stop_hit: str | None = None
@@ -142,10 +143,20 @@ class IncrementalText:
         """Take new output tokens; returns the stop string they complete, if any (then text ends there)."""
         if self.stop_hit is not None:
             return self.stop_hit
+        short = self.min_tokens - self._outputs
+        if 0 < short < len(token_ids):  # the first min_tokens tokens' text is never searched
+            self._take(token_ids[:short])
+            token_ids = token_ids[short:]
+        return self._take(token_ids)
+
+    def _take(self, token_ids: list[int]) -> str | None:
         self._ids.extend(token_ids)
         self._outputs += len(token_ids)
         before = len(self.text)
         self._release(final=False)
+        if self._outputs <= self.min_tokens:
+            self._floor = len(self.text)
+            return None
         return self._find_stop(before)
 
     def finish(self) -> None:
@@ -166,10 +177,14 @@ class IncrementalText:
             self._prefix, self._read = self._read, len(self._ids)
 
     def _find_stop(self, before: int) -> str | None:
-        if not self.stop or self._outputs < self.min_tokens:
+        # As vLLM: stop strings count once more than min_tokens tokens exist, and only where they end
+        # in text written after the first min_tokens tokens (stop token ids count after min_tokens too).
+        if not self.stop or self._outputs <= self.min_tokens:
             return None
         start = max(0, before - self.hold)
-        hits = [(i, s) for s in self.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [
+            (i, s) for s in self.stop if (i := self.text.find(s, max(start, self._floor - len(s) + 1))) >= 0
+        ]
         if not hits:
             return None
         i, s = min(hits)

@@ -79,3 +79,22 @@ def test_a_sentencepiece_token_keeps_its_leading_space(sentencepiece_tok):
     prompt, output = ids[:3], ids[3:]
     completion, _, _ = run(tok, prompt, output, [])
     assert "".join(text(t) for t in output) == completion == " France is Paris."
+
+
+def _stop_with_min_tokens(tok, ids, stop, min_tokens, chunk=1):
+    text = IncrementalText(tok, [5], stop=(stop,), min_tokens=min_tokens)
+    for start in range(0, len(ids), chunk):
+        if text.add(ids[start : start + chunk]):
+            break
+    text.finish()
+    return text.stop_hit
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_a_stop_string_written_by_the_first_min_tokens_tokens_does_not_count(tok, chunk):
+    ids = tok(" one two three four five", add_special_tokens=False)["input_ids"]
+    # k: the tokens it takes to write "two" (as vLLM: stop strings count after min_tokens tokens)
+    k = next(n for n in range(1, len(ids) + 1) if "two" in tok.decode([5, *ids[:n]])[len(tok.decode([5])) :])
+    assert _stop_with_min_tokens(tok, ids, "two", k - 1, chunk) == "two"
+    assert _stop_with_min_tokens(tok, ids, "two", k, chunk) is None
+    assert _stop_with_min_tokens(tok, ids, "four", k, chunk) == "four"
