@@ -318,12 +318,21 @@ class LLM:
     ) -> list[RequestOutput]:
         """One output per prompt, in order. An invalid request fails alone: the rest still run, and a
         RequestError at the end carries every output (errors="return" hands them back instead)."""
+        if errors not in ("raise", "return"):
+            raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
         if self.core is None:
             return []
-        prompts = [prompts] if is_single_prompt(prompts) else list(prompts)
+        prompts = _prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
         outputs, handles, problems, wake = self._submit_all(prompts, params, stream=False)
-        wait_all(list(handles.values()), wake, use_tqdm and len(handles) > 1)
+        try:
+            wait_all(list(handles.values()), wake, use_tqdm and len(handles) > 1)
+        except BaseException:  # Ctrl-C, a timeout: what this call started stops with it
+            for h in handles.values():
+                h.abort()
+            with contextlib.suppress(Exception):
+                self.core.call(lambda: None)  # the aborts are done when generate() raises
+            raise
         self._raise_if_failed(handles.values())
         for i, h in handles.items():
             outputs[i] = h.result()
@@ -361,7 +370,7 @@ class LLM:
         request. Invalid requests raise before anything runs; closing the iterator aborts the rest."""
         if self.core is None:
             return
-        prompts = [prompts] if is_single_prompt(prompts) else list(prompts)
+        prompts = _prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts))
         outputs, handles, problems, wake = self._submit_all(prompts, params, stream=True)
         if problems:
@@ -392,18 +401,38 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate replies to conversations, each rendered by the tokenizer's chat template (or
-        `chat_template`) straight to token ids, so the template's BOS is the only one."""
+        `chat_template`) straight to token ids, so the template's BOS is the only one. `tools` reach
+        the template. A conversation the template refuses fails alone, as an invalid prompt does."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
-        prompts = [
-            self.render_chat(
-                c, chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs
-            )
-            for c in conversations
-        ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        params = _params_per_prompt(sampling_params, len(conversations))
+        self._chat_tokenizer(chat_template)  # the engine's own lack fails the call, not each conversation
+        prompts: list[Any] = []
+        failed: dict[int, RequestOutput] = {}
+        for i, c in enumerate(conversations):
+            try:
+                prompts.append(
+                    self.render_chat(
+                        c,
+                        chat_template,
+                        add_generation_prompt,
+                        continue_final_message,
+                        chat_template_kwargs,
+                        tools,
+                    )
+                )
+            except Exception as exc:  # the template's own error (raise_exception, a bad role order)
+                failed[i] = _failed(str(next(self._requests)), None, f"{type(exc).__name__}: {exc}")
+        if not failed:
+            return self.generate(prompts, params, use_tqdm=use_tqdm)
+        good = [i for i in range(len(conversations)) if i not in failed]
+        ran = iter(self.generate(prompts, [params[i] for i in good], use_tqdm=use_tqdm, errors="return"))
+        merged = [failed[i] if i in failed else next(ran) for i in range(len(conversations))]
+        problems = [f"conversation {i}: {o.error}" for i, o in enumerate(merged) if o.error is not None]
+        raise RequestError("invalid requests: " + " | ".join(problems), merged)
 
     def render_chat(
         self,
@@ -412,24 +441,33 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """A conversation as a prompt dict {'prompt': text, 'prompt_token_ids': ids}."""
-        tok = self.tokenizer
-        if tok is None:
-            raise ValueError("chat needs a tokenizer, and this model has none")
-        if chat_template is None and getattr(tok, "chat_template", None) is None:
-            raise ValueError("this tokenizer has no chat template: pass chat_template=")
+        """A conversation as a prompt dict {'prompt': text, 'prompt_token_ids': ids}. OpenAI-style
+        content parts of type text are joined into the message's text first."""
+        tok = self._chat_tokenizer(chat_template)
         kwargs = dict(
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             **(chat_template_kwargs or {}),
         )
-        text = tok.apply_chat_template(list(messages), tokenize=False, **kwargs)
-        ids = tok.apply_chat_template(list(messages), tokenize=True, **kwargs)
+        if tools is not None:
+            kwargs["tools"] = list(tools)
+        messages = [flat_message(m) for m in messages]
+        text = tok.apply_chat_template(messages, tokenize=False, **kwargs)
+        ids = tok.apply_chat_template(messages, tokenize=True, **kwargs)
         if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
             ids = ids["input_ids"]
         return {"prompt": text, "prompt_token_ids": list(ids)}
+
+    def _chat_tokenizer(self, chat_template: str | None) -> Any:
+        tok = self.tokenizer
+        if tok is None:
+            raise ValueError("chat needs a tokenizer, and this model has none")
+        if chat_template is None and getattr(tok, "chat_template", None) is None:
+            raise ValueError("this tokenizer has no chat template: pass chat_template=")
+        return tok
 
     def stats(self) -> EngineStats:
         """Requests running and waiting, KV-cache blocks, token counts: for metrics."""
@@ -489,9 +527,41 @@ def _close_engine(core: EngineCore | None, executor, parallel) -> None:
             parallel.close()
 
 
+def flat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A message whose content is a list of text parts, with that text as its content (what chat
+    templates written for strings expect); any other part is a ValueError naming its type."""
+    content = message.get("content") if isinstance(message, Mapping) else None
+    if not isinstance(content, list):
+        return message
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
+        texts.append(part["text"])
+    return {**message, "content": "".join(texts)}
+
+
+def _prompt_list(prompts: Any) -> list[Any]:
+    """One prompt or a sequence of them, as a list; anything else is a TypeError saying what is taken."""
+    if is_single_prompt(prompts):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        return list(prompts)
+    raise TypeError(
+        "prompts must be a prompt (a string, a list of token ids, or a dict with 'prompt' or "
+        f"'prompt_token_ids') or a list of prompts, got {type(prompts).__name__}"
+    )
+
+
 def _params_per_prompt(params: Params, n: int) -> list[SamplingParams]:
     if params is None or isinstance(params, SamplingParams):
         return [params or SamplingParams()] * n
+    if not isinstance(params, (list, tuple)):
+        raise TypeError(
+            f"sampling_params must be a SamplingParams or a list of them, got {type(params).__name__}"
+            + (" (SamplingParams(**that) makes one)" if isinstance(params, Mapping) else "")
+        )
     params = list(params)
     if len(params) != n:
         raise ValueError(f"{n} prompts but {len(params)} SamplingParams")

@@ -9,6 +9,7 @@ TypeError with a suggestion.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,9 @@ class EngineOptions:
     )
     dtype: str | None = field(
         default=None,
-        metadata=doc("float32, bfloat16 or float16; None: bfloat16 on CUDA, float32 on the CPU."),
+        metadata=doc(
+            "float32, bfloat16 or float16 (vLLM's half and float too); None or auto: bfloat16 on CUDA, float32 on the CPU."
+        ),
     )
     device: str = field(default="auto", metadata=doc("auto (CUDA when present), cuda, cuda:N or cpu."))
     seed: int = field(
@@ -163,9 +166,16 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
     return value
 
 
+ALLOW_LONG_ENV = "FASTPATH_ALLOW_LONG_MAX_MODEL_LEN"  # as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN
+
+# vLLM's dtype names; "auto" is what None means here.
+DTYPE_ALIASES = {"auto": None, "half": "float16", "float": "float32"}
+
+
 def model_dtype(o: EngineOptions) -> torch.dtype:
     """The weights' dtype: as asked, else bfloat16 on CUDA and float32 on the CPU."""
-    return resolve_dtype(o.dtype or ("bfloat16" if resolve_device(o.device).type == "cuda" else "float32"))
+    dtype = DTYPE_ALIASES.get(o.dtype, o.dtype) if isinstance(o.dtype, str) else o.dtype
+    return resolve_dtype(dtype or ("bfloat16" if resolve_device(o.device).type == "cuda" else "float32"))
 
 
 def _check_switches(o: EngineOptions) -> None:
@@ -185,6 +195,12 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
     max_seq = _int(
         "max_seq_len", o.max_seq_len or min(4096, cfg.max_position_embeddings), *LLM_INT_BOUNDS["max_seq_len"]
     )
+    if max_seq > cfg.max_position_embeddings and os.environ.get(ALLOW_LONG_ENV) != "1":
+        # Positions past what the model was trained on give silently worse text (vLLM refuses too).
+        raise ValueError(
+            f"max_seq_len (max_model_len) {max_seq} is longer than the model's max_position_embeddings "
+            f"{cfg.max_position_embeddings}; set {ALLOW_LONG_ENV}=1 to allow it anyway"
+        )
     tp = _int("tensor_parallel_size", o.tensor_parallel_size, *LLM_INT_BOUNDS["tensor_parallel_size"])
     seed = _int("seed", o.seed, *LLM_INT_BOUNDS["seed"])
     if o.fmha_enabled is not None and not tuple(o.fmha_enabled):

@@ -13,7 +13,11 @@ class Logprob:
 
     logprob: float = field(metadata=doc("Log-probability under the model's raw distribution."))
     rank: int | None = field(
-        default=None, metadata=doc("1 is the most likely token; None when not computed.")
+        default=None,
+        metadata=doc(
+            "1 is the most likely token. Top-k entries and prompt tokens always have it; a generated "
+            "token outside the top-k has None (the decode step does not count the vocabulary)."
+        ),
     )
     decoded_token: str | None = field(default=None, metadata=doc("The token's text."))
 

@@ -42,10 +42,12 @@ def prompt_logprobs_when_room(
 def prompt_logprobs(executor: Any, ids: list[int], k: int, tokenizer: Any) -> list[PositionLogprobs | None]:
     logits = executor.prompt_logits(ids, every_position=True)  # [P, V]: row i predicts token i + 1
     targets = torch.tensor(ids[1:], device=logits.device)
-    chosen, top_ids, top_lps = [], [], []
+    chosen, ranks, top_ids, top_lps = [], [], [], []
     for start in range(0, len(ids) - 1, _CHUNK):
         lp = torch.log_softmax(logits[start : start + _CHUNK].float(), dim=-1)[: len(targets) - start]
-        chosen.append(lp.gather(1, targets[start : start + lp.shape[0], None])[:, 0])
+        mine = lp.gather(1, targets[start : start + lp.shape[0], None])
+        chosen.append(mine[:, 0])
+        ranks.append((lp > mine).sum(dim=1) + 1)  # vLLM's rank: 1 + the tokens more likely
         if k:
             values, indices = lp.topk(k, dim=-1)
             top_ids.append(indices)
@@ -54,6 +56,7 @@ def prompt_logprobs(executor: Any, ids: list[int], k: int, tokenizer: Any) -> li
     if len(ids) == 1:
         return out
     chosen_host = torch.cat(chosen).tolist()
+    ranks_host = torch.cat(ranks).tolist()
     tops = (torch.cat(top_ids).tolist(), torch.cat(top_lps).tolist()) if k else None
     text = token_text(tokenizer) if tokenizer is not None else (lambda t: None)
     for j, token in enumerate(ids[1:]):
@@ -62,6 +65,6 @@ def prompt_logprobs(executor: Any, ids: list[int], k: int, tokenizer: Any) -> li
             for rank, (t, lp) in enumerate(zip(tops[0][j], tops[1][j], strict=True), 1):
                 entry[t] = Logprob(lp, rank, text(t))
         if token not in entry:
-            entry[token] = Logprob(chosen_host[j], None, text(token))
+            entry[token] = Logprob(chosen_host[j], ranks_host[j], text(token))
         out.append(entry)
     return out

@@ -8,6 +8,7 @@ stop ids fit a step) are checked again at admission (engine/admission.py).
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import reprlib
 from dataclasses import dataclass, field
@@ -15,6 +16,17 @@ from typing import Any
 
 MAX_INT64 = (1 << 63) - 1
 MAX_TOKEN_ID = (1 << 31) - 1
+MIN_TEMPERATURE = 0.01  # vLLM's floor for a positive temperature
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    key = message.split(" ", 2)[0]
+    if key not in _warned:
+        _warned.add(key)
+        logging.getLogger("fastpath").warning(message)
+
+
 MAX_LOGPROBS = 20  # top-k logprobs a request may ask for (vLLM's default max_logprobs)
 MAX_N = 256
 
@@ -153,7 +165,8 @@ class SamplingParams:
         default=None,
         metadata=doc(
             f"Top-k logprobs per generated token, 0 to {MAX_LOGPROBS}, the chosen token always included; "
-            "0 (or True): the chosen token only. Log-softmax of the model's raw logits."
+            "0 (or True): the chosen token only. Log-softmax of the model's logits before penalties and "
+            "temperature; under guided decoding, after the grammar's mask (as in vLLM)."
         ),
     )
     prompt_logprobs: int | None = field(
@@ -217,6 +230,14 @@ class SamplingParams:
             "a finite number >= 0",
             self.temperature,
         )
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            # Logits divided by so small a number overflow to inf on the device, and the sample is
+            # garbage; vLLM raises such a temperature to the same floor.
+            _warn_once(
+                f"SamplingParams.temperature {self.temperature} is below {MIN_TEMPERATURE}, which overflows "
+                f"the logits; using {MIN_TEMPERATURE} (0 is greedy)"
+            )
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         _check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
         _check(
             _is_int(self.top_k) and -1 <= self.top_k <= MAX_TOKEN_ID,
@@ -254,6 +275,8 @@ class SamplingParams:
         if stop is not None:
             ok = isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop)
             _check(ok, "stop", "a non-empty string or a list of them", self.stop)
+        if stop and self.detokenize is False:
+            raise ValueError("SamplingParams.stop: stop strings are matched on text and need detokenize=True")
         object.__setattr__(self, "stop", tuple(stop or ()))
         object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
 

@@ -1,0 +1,106 @@
+"""Where vLLM users' habits meet the offline API's edges: interrupts, wrong argument types, tiny
+temperatures, vLLM's dtype names, a context longer than the model's, and chat inputs."""
+
+import signal
+
+import pytest
+
+from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime.engine.outputs import RequestError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_text_checkpoint):
+    with LLM(str(tiny_text_checkpoint), device="cpu", max_model_len=256, max_num_seqs=4) as engine:
+        yield engine
+
+
+def test_an_interrupted_generate_stops_its_requests(llm):
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            llm.generate([[5, 6, 7]] * 4, SamplingParams(max_tokens=250, ignore_eos=True), use_tqdm=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    stats = llm.stats()  # at once: the requests were still running when the interrupt came
+    assert stats.running == stats.waiting == 0
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+    assert llm.generate([5, 6], GREEDY, use_tqdm=False)[0].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("prompts", "params", "message"),
+    [
+        (5, None, "prompts must be a prompt (a string, a list of token ids, or a dict"),
+        (None, None, "got NoneType"),
+        (b"hi", None, "got bytes"),
+        ("hi", {"max_tokens": 3}, "sampling_params must be a SamplingParams or a list of them, got dict"),
+    ],
+)
+def test_arguments_of_the_wrong_type_say_what_is_taken(llm, prompts, params, message):
+    with pytest.raises(TypeError) as info:
+        llm.generate(prompts, params, use_tqdm=False)
+    assert message in str(info.value)
+
+
+def test_errors_takes_raise_or_return(llm):
+    with pytest.raises(ValueError, match="errors must be 'raise' or 'return', got 'ignore'"):
+        llm.generate("hi", GREEDY, errors="ignore")
+
+
+def test_a_tiny_positive_temperature_is_raised_to_vllms_floor_and_samples_real_tokens(llm):
+    params = SamplingParams(temperature=1e-45, max_tokens=6, ignore_eos=True, seed=1)
+    assert params.temperature == 0.01
+    sampled = llm.generate([5, 6, 7], params, use_tqdm=False)[0].outputs[0].token_ids
+    # At 0.01 the sample is the greedy token wherever the top logit leads by a margin; garbage is all 0.
+    greedy = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    assert sampled == greedy[0].outputs[0].token_ids
+
+
+def test_stop_strings_need_text():
+    with pytest.raises(ValueError, match="stop strings are matched on text and need detokenize=True"):
+        SamplingParams(stop=["."], detokenize=False)
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("auto", "float32"), ("float", "float32"), ("half", "float16")])
+def test_vllms_dtype_names_are_taken(name, dtype):
+    with LLM("random:tiny-qwen3", device="cpu", dtype=name, max_seq_len=64) as engine:
+        assert str(engine.config.dtype) == f"torch.{dtype}"
+
+
+def test_a_context_longer_than_the_model_was_trained_for_is_refused(monkeypatch):
+    with pytest.raises(ValueError, match=r"max_seq_len \(max_model_len\) 4096 is longer than the model's"):
+        LLM("random:tiny-qwen3", device="cpu", max_model_len=4096)
+    monkeypatch.setenv("FASTPATH_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    with LLM("random:tiny-qwen3", device="cpu", max_model_len=4096, kv_cache_blocks=300) as engine:
+        assert engine.config.max_seq_len == 4096
+
+
+def test_chat_joins_text_parts_and_a_bad_conversation_fails_alone(llm):
+    plain = [{"role": "user", "content": "hello there"}]
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}
+    ]
+    expected = llm.chat(plain, GREEDY, use_tqdm=False)[0]
+    assert llm.chat(parts, GREEDY, use_tqdm=False)[0].prompt_token_ids == expected.prompt_token_ids
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with pytest.raises(RequestError) as info:
+        llm.chat([plain, image], GREEDY, use_tqdm=False)
+    assert "conversation 1: ValueError: only text content parts are supported" in str(info.value)
+    good, bad = info.value.outputs
+    assert good.outputs[0].token_ids == expected.outputs[0].token_ids
+    assert bad.outputs[0].finish_reason == "error"
+
+
+def test_chat_hands_tools_to_the_template(llm):
+    tools = [{"type": "function", "function": {"name": "add"}}]
+    template = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}{{ messages[-1].content }}"
+    out = llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template=template, tools=tools)[0]
+    assert out.prompt == "[add]hi"
