@@ -20,16 +20,18 @@ from ..engine.outputs import EngineClosedError
 from .chat import create_chat_completion
 from .completions import create_completion
 from .config import AdmissionGate, ServeConfig
-from .errors import ServeError, error_response, validation_param
+from .errors import ServeError, error_response
 from .metrics import ServerMetrics
 from .middleware import RequestMiddleware
 from .state import ServerState
 from .tokenizer_routes import detokenize, tokenize, version
+from .validation import explain
 
 # What metrics label requests by; any other path counts as "other", so a scan cannot grow the labels.
 ROUTES = frozenset(
     {
         "/health",
+        "/ping",
         "/metrics",
         "/v1/models",
         "/v1/completions",
@@ -84,10 +86,7 @@ def _errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         # The deepest error is the most specific: inside a union, the branch that got furthest.
-        first = max(exc.errors(), key=lambda e: len(e.get("loc", ())))
-        # A body that is not JSON is located at a character offset, which is no request key.
-        param = None if first.get("type") == "json_invalid" else validation_param(tuple(first.get("loc", ())))
-        message = first.get("msg", "invalid request").removeprefix("Value error, ")
+        param, message = explain(exc.errors())
         return error_response(400, f"{param}: {message}" if param else message, param)
 
     @app.exception_handler(HTTPException)
@@ -111,7 +110,9 @@ async def _require_api_key(request: Request) -> None:
 def _public_routes() -> APIRouter:
     router = APIRouter()
 
-    @router.get("/health")
+    # /ping is vLLM's (SageMaker's) spelling; HEAD is what some load balancers probe with.
+    @router.api_route("/health", methods=["GET", "HEAD"])
+    @router.api_route("/ping", methods=["GET", "POST", "HEAD"])
     async def health(request: Request) -> Response:
         state: ServerState = request.app.state.fastpath
         if state.gate.draining:

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, request_id
-from .params import request_keys, sampling_params
+from .params import check_room, request_keys, sampling_params
 from .protocol import ChatRequest
 from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, chunk_usage, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
@@ -26,17 +26,20 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
 
     def prompts() -> list[Any]:
         try:
-            return [
-                state.llm.render_chat(
-                    messages,
-                    body.chat_template,
-                    body.add_generation_prompt,
-                    body.continue_final_message,
-                    body.chat_template_kwargs,
-                )
-            ]
+            prompt = state.llm.render_chat(
+                messages,
+                body.chat_template,
+                body.add_generation_prompt,
+                body.continue_final_message,
+                body.template_kwargs(),
+            )
         except Exception as exc:  # the template's own error (raise_exception, a bad role order) names it
             raise RequestInvalid(f"messages: the chat template failed: {exc}", "messages") from None
+        if body.add_special_tokens:  # vLLM's: the tokenizer's own BOS as well as the template's
+            ids = state.llm.get_tokenizer()(prompt["prompt"], add_special_tokens=True)["input_ids"]
+            prompt = {**prompt, "prompt_token_ids": list(ids)}
+        check_room(len(prompt["prompt_token_ids"]), body, state.llm.config.max_seq_len)
+        return [prompt]
 
     rid = request_id("chatcmpl")
     request.state.request_id = rid
@@ -63,19 +66,21 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     continuous = include_usage and body.stream_options.continuous_usage_stats
-    started: set[int] = set()
     so_far: dict[int, int] = {}  # choice -> its tokens so far
     usage = Usage(gen.prompt_tokens)
     try:
+        # Each choice opens with its role alone, before any token (as OpenAI and vLLM send it).
+        for index in range(body.n):
+            role = {"role": "assistant", "content": ""}
+            opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
+            yield sse(env.body([opening], **chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)))
         async for _, out in gen.outputs():
             for c in out.outputs:
                 usage.completion_tokens += len(c.token_ids)
                 so_far[c.index] = so_far.get(c.index, 0) + len(c.token_ids)
-                first = c.index not in started
-                if not (first or worth_sending(c, body.return_token_ids)):
+                if not worth_sending(c, body.return_token_ids):
                     continue
-                started.add(c.index)
-                delta = chat_delta(c.index, c, first, body.return_token_ids)
+                delta = chat_delta(c.index, c, body.return_token_ids)
                 mine = Usage(gen.prompt_tokens, so_far[c.index])  # vLLM: this choice's counts
                 yield sse(env.body([delta], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:

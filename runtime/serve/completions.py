@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from ..engine.outputs import CompletionOutput, RequestOutput
 from .errors import ServeError, error_body
 from .generation import Generation, request_id
-from .params import request_keys, sampling_params
+from .params import check_room, request_keys, sampling_params
 from .protocol import CompletionRequest
 from .responses import (
     SSE_DONE,
@@ -39,6 +39,17 @@ def _prompts(prompt: Any) -> list[Any]:
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     return list(prompt)
+
+
+def _tokenized(prompt: Any, body: CompletionRequest, state: ServerState) -> Any:
+    """A text prompt with its token ids (so max_tokens is checked against the room it leaves)."""
+    tokenizer = state.llm.get_tokenizer()
+    if isinstance(prompt, str) and tokenizer is not None:
+        ids = list(tokenizer(prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
+        prompt = {"prompt": prompt, "prompt_token_ids": ids}
+    ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
+    check_room(len(ids), body, state.llm.config.max_seq_len)
+    return prompt
 
 
 @dataclass(slots=True)
@@ -107,10 +118,14 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     prompt_logprobs = body.logprobs if echo is not None else None
     params = sampling_params(body, state.config.max_tokens, prompt_logprobs=prompt_logprobs)
     prompts = _prompts(body.prompt)
+
+    def engine_prompts() -> list[Any]:
+        return [_tokenized(p, body, state) for p in prompts]
+
     rid = request_id("cmpl")
     request.state.request_id = rid
     gen = await Generation.start(
-        state, lambda: prompts, len(prompts), params, rid, body.stream, request_keys(body)
+        state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body)
     )
     request.state.prompt_tokens = gen.prompt_tokens
     env = Envelope(rid, "text_completion", int(time.time()), state.model_name)
@@ -129,11 +144,13 @@ async def _respond(
             if echo is None:
                 usage.completion_tokens += len(c.token_ids)
                 choices.append(completion_choice(i * n + c.index, c, body.return_token_ids))
-                continue
-            c = echo.trimmed(c)
-            usage.completion_tokens += len(c.token_ids)
-            choice = completion_choice(i * n + c.index, c, body.return_token_ids, echo.offsets(i, out))
-            choices.append(echo.prefix(choice, i, out))
+            else:
+                c = echo.trimmed(c)
+                usage.completion_tokens += len(c.token_ids)
+                choice = completion_choice(i * n + c.index, c, body.return_token_ids, echo.offsets(i, out))
+                choices.append(echo.prefix(choice, i, out))
+            if body.return_token_ids:  # vLLM's place, in each choice (the list beside them stays)
+                choices[-1]["prompt_token_ids"] = out.prompt_token_ids
     request.state.completion_tokens = usage.completion_tokens
     extra: dict[str, Any] = {}
     if body.return_token_ids:
@@ -163,6 +180,7 @@ async def _events(
                 so_far[index] = so_far.get(index, 0) + len(c.token_ids)
                 if not echoed and not worth_sending(c, body.return_token_ids):
                     continue
+                first = index not in offsets
                 if echoed:
                     offsets[index] = echo.offsets(i, out)
                 choice = completion_choice(
@@ -170,6 +188,8 @@ async def _events(
                 )
                 if echoed:
                     choice = echo.prefix(choice, i, out)
+                if first and body.return_token_ids:  # vLLM's place: the choice's first chunk
+                    choice["prompt_token_ids"] = out.prompt_token_ids
                 mine = Usage(len(out.prompt_token_ids), so_far[index])  # vLLM: this choice's counts
                 yield sse(env.body([choice], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:

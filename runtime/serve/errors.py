@@ -43,7 +43,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return {
         "error": {
             "message": message,
-            "type": _TYPES.get(status, "server_error"),
+            "type": _TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "server_error"),
             "param": param,
             "code": status,
         }

@@ -101,6 +101,21 @@ def _respell(message: str, field: str | None, param: str | None) -> str:
     return message.replace("GuidedDecodingParams", param or "guided decoding")
 
 
+def check_room(prompt_tokens: int, req: SamplingFields, max_seq_len: int) -> None:
+    """An explicit max_tokens that the context cannot hold after this prompt is a 400, as in OpenAI's
+    API and vLLM's server (the offline API caps it instead). A default is capped."""
+    key, value = _max_tokens(req)
+    if value is None or key not in req.model_fields_set or prompt_tokens >= max_seq_len:
+        return  # a prompt that fills the context is the engine's to refuse, naming the prompt
+    room = max_seq_len - prompt_tokens
+    if value > room:
+        raise RequestInvalid(
+            f"{key} is too large: {value}. This model's context is {max_seq_len} tokens and the prompt "
+            f"has {prompt_tokens} ({value} > {max_seq_len} - {prompt_tokens})",
+            key,
+        )
+
+
 def _max_tokens(req: SamplingFields) -> tuple[str, int | None]:
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         return "max_completion_tokens", req.max_completion_tokens
@@ -128,6 +143,11 @@ def _guided(req: SamplingFields) -> tuple[str, GuidedDecodingParams | None]:
         value = getattr(req, key)
         if value is not None:
             given[key] = {kind: value}
+    if req.structured_outputs is not None:
+        spec = req.structured_outputs.spec()
+        if not spec:
+            raise RequestInvalid("structured_outputs: sets no constraint", "structured_outputs")
+        given["structured_outputs"] = spec
     if not given:
         return "response_format", None
     if len(given) > 1:
@@ -137,4 +157,5 @@ def _guided(req: SamplingFields) -> tuple[str, GuidedDecodingParams | None]:
         return key, GuidedDecodingParams(**spec)
     except ValueError as exc:
         kind = next(iter(spec))
-        raise RequestInvalid(str(exc).replace(f"GuidedDecodingParams.{kind}", key), key) from None
+        message = str(exc).replace(f"GuidedDecodingParams.{kind}", key).replace("GuidedDecodingParams", key)
+        raise RequestInvalid(message, key) from None

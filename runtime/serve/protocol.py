@@ -1,21 +1,47 @@
 """The OpenAI request bodies the server accepts, as pydantic models (vLLM's extras included).
 
 Types are checked here, strictly (`"8"` is not 8, `1` is not `true`); value ranges are checked once,
-by SamplingParams (params.py), and both kinds of error name the request field. Unknown fields are
-refused rather than ignored, so a misspelt option never silently does nothing.
+by SamplingParams (params.py), and both kinds of error name the request field.
+
+Unknown fields: one that is close to a known field is a misspelling and refused with a suggestion, so
+a misspelt option never silently does nothing; any other is ignored and logged once, as vLLM does, so
+clients that send newer OpenAI fields (`store`, `metadata`, ...) keep working.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import difflib
+import logging
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 TokenIds = list[Annotated[int, Field(ge=0)]]
 
 
+_log = logging.getLogger("fastpath.serve")
+_ignored_logged: set[str] = set()
+
+
+class FieldError(ValueError):
+    """A check across fields that blames one of them (the 400's `param`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.detail = message
+
+
+def misspelling_of(name: str, known: Any) -> str | None:
+    """The known field `name` is most likely a misspelling of, if any."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    # Fields whose null is a value of its own rather than "the default".
+    null_is_a_value: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
@@ -25,16 +51,37 @@ class Body(BaseModel):
         if not isinstance(data, dict):
             return data
         fields = cls.model_fields
-        return {
-            k: v
-            for k, v in data.items()
-            if not (
+        known = cls._known_keys()
+        out = {}
+        for k, v in data.items():
+            if k not in known and misspelling_of(k, known) is None:
+                cls._ignore(k)
+                continue
+            default_for_null = (
                 v is None
                 and k in fields
+                and k not in cls.null_is_a_value
                 and not fields[k].is_required()
                 and fields[k].get_default() is not None
             )
-        }
+            if not default_for_null:
+                out[k] = v
+        return out
+
+    @classmethod
+    def _known_keys(cls) -> set[str]:
+        keys = set(cls.model_fields)
+        keys.update(f.alias for f in cls.model_fields.values() if f.alias)
+        return keys
+
+    @classmethod
+    def _ignore(cls, key: str) -> None:
+        name = f"{cls.__name__}.{key}"
+        if name not in _ignored_logged and len(_ignored_logged) < 256:  # bounded: keys come from clients
+            _ignored_logged.add(name)
+            _log.warning(
+                "ignoring the request field %r of %s: this server does not use it", key, cls.__name__
+            )
 
 
 class StreamOptions(Body):
@@ -58,6 +105,20 @@ class ResponseFormat(Body):
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("type 'json_schema' needs a json_schema object")
         return self
+
+
+class StructuredOutputs(Body):
+    """vLLM's `structured_outputs` (the newer spelling of its guided_* fields): one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")  # not BaseModel.json
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def spec(self) -> dict[str, Any]:
+        given = self.model_dump(exclude_none=True, by_alias=True)
+        return {k: v for k, v in given.items() if v is not False}
 
 
 class SamplingFields(Body):
@@ -90,6 +151,7 @@ class SamplingFields(Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
 
     @field_validator("logit_bias")
@@ -108,8 +170,12 @@ class SamplingFields(Body):
 
 
 class CompletionRequest(SamplingFields):
+    # An explicit null max_tokens is the rest of the context, as in vLLM; absent, OpenAI's 16.
+    null_is_a_value: ClassVar[frozenset[str]] = frozenset({"max_tokens"})
+
     prompt: str | list[str] | TokenIds | list[TokenIds]
     max_tokens: int | None = 16  # OpenAI's default for completions (chat's is the rest of the context)
+    add_special_tokens: bool = True  # vLLM's: the tokenizer's BOS and the like, for a text prompt
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
@@ -146,14 +212,24 @@ class ChatMessage(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    # What a client sends back of an earlier reply, and what tool results carry: templates read
+    # tool_calls and tool_call_id; the rest is accepted and not used.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
-        if self.name is not None:
-            message["name"] = self.name
+        for key in ("name", "tool_calls", "tool_call_id"):
+            value = getattr(self, key)
+            if value is not None:
+                message[key] = value
         return message
 
 
@@ -162,9 +238,10 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Literal["none"] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    add_special_tokens: bool = False  # vLLM's: the chat template places BOS itself
     # vLLM's chat extras
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -185,12 +262,25 @@ class ChatRequest(SamplingFields):
             raise ValueError("needs logprobs: true")
         return value
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: Any) -> Any:
-        if value:
-            raise ValueError("are not supported")
-        return value
+    @model_validator(mode="after")
+    def _tools_for_the_template_only(self) -> ChatRequest:
+        # Tools reach the chat template (tool_choice "none", so the model may read them); this server
+        # parses no tool calls out of the output, so it does not pretend to call tools.
+        choice = self.tool_choice
+        if choice is not None and choice != "none":
+            what = choice if isinstance(choice, str) else "a named tool"
+            raise FieldError(
+                "tool_choice",
+                f"{what!r} is not supported: this server does not parse tool calls; 'none' renders "
+                "the tools into the prompt",
+            )
+        if self.tools and choice is None:
+            raise FieldError(
+                "tool_choice",
+                "tools need tool_choice 'none' here (OpenAI's default with tools is 'auto', and this "
+                "server does not parse tool calls)",
+            )
+        return self
 
     @field_validator("continue_final_message")
     @classmethod
@@ -201,6 +291,12 @@ class ChatRequest(SamplingFields):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_dict() for m in self.messages]
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """chat_template_kwargs, with the tools when there are any."""
+        if not self.tools:
+            return self.chat_template_kwargs
+        return {**(self.chat_template_kwargs or {}), "tools": self.tools}
 
 
 class TokenizeRequest(Body):

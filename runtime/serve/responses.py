@@ -189,11 +189,10 @@ def chat_choice(index: int, c: CompletionOutput, return_token_ids: bool) -> dict
     return choice
 
 
-def chat_delta(index: int, c: CompletionOutput, first: bool, return_token_ids: bool) -> dict[str, Any]:
-    delta: dict[str, Any] = {"role": "assistant", "content": c.text} if first else {"content": c.text}
+def chat_delta(index: int, c: CompletionOutput, return_token_ids: bool) -> dict[str, Any]:
     choice = {
         "index": index,
-        "delta": delta,
+        "delta": {"content": c.text},
         "logprobs": chat_logprobs(c),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,

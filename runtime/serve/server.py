@@ -1,8 +1,9 @@
 """Run an app under uvicorn; SIGTERM (or Ctrl-C) drains it and returns, so the process exits 0.
 
-On the signal the gate refuses new requests (503) and /health turns 503; uvicorn stops listening
-and lets running responses finish for up to `drain_timeout_s`, then cancels the rest, whose
-requests the engine aborts. Unlike plain uvicorn, the signal is not raised again afterwards.
+On the signal uvicorn stops listening (new connections are refused, which is how a load balancer
+sees the drain), and on connections still open the gate answers new requests, /health included,
+with 503. Running responses finish for up to `drain_timeout_s`; then the rest are cut (a stream
+ends with a 503 error event and [DONE]) and the engine aborts their requests. Unlike plain uvicorn, the signal is not raised again afterwards.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from .errors import error_body, error_response
 from .generation import Generation
-from .responses import sse
+from .responses import SSE_DONE, sse
 
 DRAIN_CUT = "the server shut down before this request finished (its drain bound ran out)"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -44,7 +44,7 @@ class SSEResponse(StreamingResponse):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
             self.generation.close()
         if cut:
-            event = sse(error_body(503, DRAIN_CUT))
+            event = sse(error_body(503, DRAIN_CUT)) + SSE_DONE  # a stream always ends in [DONE]
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": event, "more_body": False})
 

@@ -1,5 +1,6 @@
 """The OpenAI routes through the official client: models, completions and chat, streamed and not."""
 
+import httpx
 import openai
 import pytest
 from serve_helpers import client, running
@@ -240,3 +241,96 @@ def test_a_stream_interval_outside_its_range_is_refused():
 
     with pytest.raises(ValueError, match="stream_interval"):
         ServeConfig(stream_interval=0)
+
+
+def _finished_total(url) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("fastpath_request_finished_total{")
+    )
+
+
+def test_n_choices_each_finish_once_in_a_stream_and_in_the_metrics(url):
+    # Stop ids that end some choices early, so finished choices sit beside running ones.
+    extra = {"stop_token_ids": list(range(3, 300, 7)), "ignore_eos": True}
+    kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=1.0, seed=5, n=4, extra_body=extra)
+    before = _finished_total(url)
+    whole = client(url).completions.create(**kw)
+    assert _finished_total(url) - before == 4
+    assert len({len(c.text) for c in whole.choices}) > 1, "the choices end at different steps"
+    finishes: dict[int, list[str]] = {}
+    for chunk in client(url).completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            if c.finish_reason is not None:
+                finishes.setdefault(c.index, []).append(c.finish_reason)
+    assert finishes == {c.index: [c.finish_reason] for c in whole.choices}
+    assert _finished_total(url) - before == 8
+
+
+def test_max_tokens_beyond_the_context_is_a_400_and_null_means_the_rest_of_it(url, llm):
+    room = 12
+    prompt = [5] * (llm.config.max_seq_len - room)
+    http = httpx.Client(base_url=url, timeout=60)
+    body = {"model": "tiny", "prompt": prompt, "ignore_eos": True}
+    r = http.post("/v1/completions", json={**body, "max_tokens": room + 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    assert f"({room + 1} > {llm.config.max_seq_len} - {len(prompt)})" in r.json()["error"]["message"]
+    assert http.post("/v1/completions", json={**body, "max_tokens": room}).status_code == 200
+    whole = http.post("/v1/completions", json={**body, "max_tokens": None}).json()
+    assert whole["usage"]["completion_tokens"] == room and whole["choices"][0]["finish_reason"] == "length"
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10**6}
+    r = http.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+
+
+def test_structured_outputs_is_vllms_newer_spelling_of_guided_decoding(url):
+    r = client(url).completions.create(
+        model="tiny",
+        prompt=PROMPTS[0],
+        max_tokens=8,
+        extra_body={"structured_outputs": {"choice": ["yes", "no"]}},
+    )
+    assert r.choices[0].text in ("yes", "no")
+
+
+def test_tools_with_tool_choice_none_reach_the_chat_template(url, llm):
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+    template = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}{{ messages[-1].content }}"
+    messages = [{"role": "user", "content": "hi"}]
+    r = client(url).chat.completions.create(
+        model="tiny", messages=messages, max_tokens=2, tools=tools, tool_choice="none",
+        extra_body={"chat_template": template, "return_token_ids": True},
+    )  # fmt: skip
+    assert r.prompt_token_ids == llm.get_tokenizer()("[add]hi", add_special_tokens=False)["input_ids"]
+
+
+def test_a_streamed_chat_opens_each_choice_with_its_role_alone(url):
+    chunks = list(
+        client(url).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, seed=1, stream=True
+        )
+    )
+    openings = chunks[:2]
+    assert [(c.choices[0].index, c.choices[0].delta.role, c.choices[0].delta.content) for c in openings] == [
+        (0, "assistant", ""),
+        (1, "assistant", ""),
+    ]
+    assert all(c.choices[0].delta.role is None for c in chunks[2:] if c.choices)
+
+
+def test_ping_and_head_health_answer_as_health_does(url):
+    assert httpx.get(f"{url}/ping", timeout=10).json() == {"status": "ok"}
+    assert httpx.post(f"{url}/ping", timeout=10).status_code == 200
+    assert httpx.head(f"{url}/health", timeout=10).status_code == 200
+
+
+def test_add_special_tokens_decides_a_text_prompts_bos(url, llm):
+    tok = llm.get_tokenizer()
+    for add in (True, False):
+        r = client(url).completions.create(
+            model="tiny", prompt="hello there", max_tokens=1,
+            extra_body={"add_special_tokens": add, "return_token_ids": True},
+        )  # fmt: skip
+        assert r.choices[0].prompt_token_ids == tok("hello there", add_special_tokens=add)["input_ids"]

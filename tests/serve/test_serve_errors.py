@@ -42,7 +42,17 @@ BAD = [
     (COMPLETION, {"prompt": [[1, 2], []]}, "prompt", "empty prompt"),
     (COMPLETION, {"prompt": [1, 99999]}, "prompt", "out of range"),
     (COMPLETION, {"stop_token_ids": [99999]}, "stop_token_ids", "out of range"),
-    (COMPLETION, {"temprature": 1}, "temprature", "Extra inputs"),
+    (COMPLETION, {"temprature": 1}, "temprature", "did you mean 'temperature'"),
+    (COMPLETION, {"prompt": [1, True]}, "prompt", "a list of token ids"),
+    (COMPLETION, {"stop": 5}, "stop", "a string or a list of strings"),
+    (
+        COMPLETION,
+        {"structured_outputs": {"regex": "a+", "choice": ["a"]}},
+        "structured_outputs",
+        "exactly one",
+    ),
+    (COMPLETION, {"structured_outputs": {}}, "structured_outputs", "no constraint"),
+    (COMPLETION, {"structured_outputs": {"regx": "a"}}, "structured_outputs.regx", "did you mean 'regex'"),
     (COMPLETION, {"echo": True, "max_tokens": -1}, "max_tokens", "an int in [1, "),
     (COMPLETION, {"logit_bias": {"5": 1}}, "logit_bias", "not supported"),
     (COMPLETION, {"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
@@ -70,7 +80,10 @@ BAD = [
     (CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
     (CHAT, {"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
     (CHAT, {"response_format": {"type": "yaml"}}, "response_format.type", "json_object"),
-    (CHAT, {"tools": [{"type": "function"}]}, "tools", "not supported"),
+    (CHAT, {"tools": [{"type": "function"}]}, "tool_choice", "tool_choice 'none'"),
+    (CHAT, {"tools": [{"type": "function"}], "tool_choice": "auto"}, "tool_choice", "not supported"),
+    (CHAT, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "named tool"),
+    (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "a list of text parts"),
 ]
 
 
@@ -103,10 +116,38 @@ def test_explicit_nulls_take_the_defaults_as_openai_documents(http, base):
     assert len(response.json()["choices"]) == 1
 
 
-def test_a_body_that_is_not_json_gets_400(http):
-    r = http.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+@pytest.mark.parametrize(
+    ("content", "content_type", "words"),
+    [
+        (b"{not json", "application/json", "not valid JSON at character 1"),
+        (b"", "application/json", "the body is empty"),
+        (b"[1, 2]", "application/json", "must be a JSON object"),
+        (b"prompt=hi", "application/x-www-form-urlencoded", "must be a JSON object"),
+    ],
+    ids=["malformed", "empty", "array", "form"],
+)
+def test_a_body_that_is_not_a_json_object_gets_400_saying_so(http, content, content_type, words):
+    r = http.post("/v1/completions", content=content, headers={"content-type": content_type})
     assert r.status_code == 400
-    assert "JSON" in r.json()["error"]["message"] and r.json()["error"]["param"] is None
+    assert words in r.json()["error"]["message"] and r.json()["error"]["param"] is None
+
+
+def test_fields_this_server_does_not_use_are_ignored_and_misspellings_are_not(http):
+    # Newer OpenAI fields, vLLM extras it does not implement, and a client's round-tripped reply.
+    extra = {"store": False, "metadata": {"a": "b"}, "service_tier": "auto", "priority": 0}
+    assert http.post("/v1/completions", json={**COMPLETION, **extra}).status_code == 200
+    reply = {"role": "assistant", "content": "hello", "refusal": None, "annotations": [], "tool_calls": None}
+    messages = [{"role": "user", "content": "hi"}, reply, {"role": "user", "content": "again"}]
+    r = http.post("/v1/chat/completions", json={**CHAT, "messages": messages, "prompt_cache_key": "k"})
+    assert r.status_code == 200, r.text
+    r = http.post("/v1/chat/completions", json={**CHAT, "max_tokns": 3})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokns"
+    assert "did you mean 'max_tokens'" in r.json()["error"]["message"]
+
+
+def test_a_wrong_method_is_405_typed_as_the_clients_error(http):
+    r = http.get("/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_the_default_max_tokens_fits_under_the_limit(llm):

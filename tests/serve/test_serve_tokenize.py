@@ -57,7 +57,7 @@ def test_detokenize_inverts_tokenize(url):
         ("/tokenize", {"prompt": 5}, "prompt", "valid string"),
         ("/detokenize", {"tokens": [1, 10**9]}, "tokens", "out of range"),
         ("/detokenize", {"tokens": [-1]}, "tokens.0", "greater than or equal to 0"),
-        ("/detokenize", {"tokens": [1], "extra": 1}, "extra", "Extra inputs"),
+        ("/detokenize", {"tokens": [1], "tokes": 1}, "tokes", "did you mean 'tokens'"),
     ],
 )
 def test_bad_bodies_get_400_naming_the_field(url, path, body, param, words):
