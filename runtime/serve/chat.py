@@ -9,11 +9,22 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..engine.token_bytes import token_bytes
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, request_id
 from .params import check_room, request_keys, sampling_params
 from .protocol import ChatRequest
-from .responses import SSE_DONE, Envelope, Usage, chat_choice, chat_delta, chunk_usage, sse, worth_sending
+from .responses import (
+    SSE_DONE,
+    Envelope,
+    TokenBytes,
+    Usage,
+    chat_choice,
+    chat_delta,
+    chunk_usage,
+    sse,
+    worth_sending,
+)
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 
@@ -56,7 +67,8 @@ async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: R
     (out,) = await gen.collect()
     usage = Usage(gen.prompt_tokens, sum(len(c.token_ids) for c in out.outputs))
     request.state.completion_tokens = usage.completion_tokens
-    choices = [chat_choice(c.index, c, body.return_token_ids) for c in out.outputs]
+    raw = _raw(gen)
+    choices = [chat_choice(c.index, c, body.return_token_ids, raw) for c in out.outputs]
     extra = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
     return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
 
@@ -68,6 +80,7 @@ async def _events(
     continuous = include_usage and body.stream_options.continuous_usage_stats
     so_far: dict[int, int] = {}  # choice -> its tokens so far
     usage = Usage(gen.prompt_tokens)
+    raw = _raw(gen)
     try:
         # Each choice opens with its role alone, before any token (as OpenAI and vLLM send it).
         for index in range(body.n):
@@ -80,7 +93,7 @@ async def _events(
                 so_far[c.index] = so_far.get(c.index, 0) + len(c.token_ids)
                 if not worth_sending(c, body.return_token_ids):
                     continue
-                delta = chat_delta(c.index, c, body.return_token_ids)
+                delta = chat_delta(c.index, c, body.return_token_ids, raw)
                 mine = Usage(gen.prompt_tokens, so_far[c.index])  # vLLM: this choice's counts
                 yield sse(env.body([delta], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:
@@ -90,3 +103,8 @@ async def _events(
     finally:
         request.state.completion_tokens = usage.completion_tokens
     yield SSE_DONE
+
+
+def _raw(gen: Generation) -> TokenBytes | None:
+    tokenizer = gen.state.llm.get_tokenizer()
+    return token_bytes(tokenizer) if tokenizer is not None else None

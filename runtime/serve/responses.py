@@ -6,6 +6,7 @@ Plain dicts: a stream sends one per step per request, and building them must sta
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,29 +105,37 @@ def completion_logprobs(
     return out
 
 
-def chat_logprobs(c: CompletionOutput) -> dict[str, list[Any]] | None:
-    """The chat shape: per token its text, logprob, UTF-8 bytes and the top alternatives."""
+TokenBytes = Callable[[int], bytes]
+
+
+def chat_logprobs(c: CompletionOutput, raw: TokenBytes | None = None) -> dict[str, list[Any]] | None:
+    """The chat shape: per token its text, logprob, bytes and the top alternatives. `raw`: a token's
+    own bytes (a piece of a multi-byte character has its bytes, not U+FFFD's)."""
     if c.logprobs is None:
         return None
     content = []
     for token, position in zip(c.token_ids, c.logprobs, strict=False):
-        chosen = position[token]
         content.append(
             {
-                **_token(chosen),
-                "top_logprobs": [_token(e) for e in _ranked(position)],
+                **_token(token, position[token], raw),
+                "top_logprobs": [_token(t, e, raw) for t, e in _ranked_items(position)],
             }
         )
     return {"content": content}
+
+
+def _ranked_items(position: PositionLogprobs) -> list[tuple[int, Any]]:
+    return sorted(((t, e) for t, e in position.items() if e.rank is not None), key=lambda te: te[1].rank)
 
 
 def _ranked(position: PositionLogprobs) -> list[Any]:
     return sorted((e for e in position.values() if e.rank is not None), key=lambda e: e.rank)
 
 
-def _token(entry: Any) -> dict[str, Any]:
+def _token(token: int, entry: Any, raw: TokenBytes | None) -> dict[str, Any]:
     text = _text(entry)
-    return {"token": text, "logprob": _lp(entry.logprob), "bytes": list(text.encode("utf-8"))}
+    spelled = raw(token) if raw is not None and entry.decoded_token is not None else text.encode("utf-8")
+    return {"token": text, "logprob": _lp(entry.logprob), "bytes": list(spelled)}
 
 
 def prompt_logprobs_part(
@@ -176,11 +185,13 @@ def completion_choice(
     return choice
 
 
-def chat_choice(index: int, c: CompletionOutput, return_token_ids: bool) -> dict[str, Any]:
+def chat_choice(
+    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None
+) -> dict[str, Any]:
     choice = {
         "index": index,
         "message": {"role": "assistant", "content": c.text},
-        "logprobs": chat_logprobs(c),
+        "logprobs": chat_logprobs(c, raw),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }
@@ -189,11 +200,13 @@ def chat_choice(index: int, c: CompletionOutput, return_token_ids: bool) -> dict
     return choice
 
 
-def chat_delta(index: int, c: CompletionOutput, return_token_ids: bool) -> dict[str, Any]:
+def chat_delta(
+    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None
+) -> dict[str, Any]:
     choice = {
         "index": index,
         "delta": {"content": c.text},
-        "logprobs": chat_logprobs(c),
+        "logprobs": chat_logprobs(c, raw),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }

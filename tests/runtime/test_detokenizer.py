@@ -98,3 +98,16 @@ def test_a_stop_string_written_by_the_first_min_tokens_tokens_does_not_count(tok
     assert _stop_with_min_tokens(tok, ids, "two", k - 1, chunk) == "two"
     assert _stop_with_min_tokens(tok, ids, "two", k, chunk) is None
     assert _stop_with_min_tokens(tok, ids, "four", k, chunk) == "four"
+
+
+def test_token_bytes_rebuild_characters_split_across_tokens(tok, sentencepiece_tok):
+    from fastpath.runtime.engine.token_bytes import token_bytes
+
+    raw = token_bytes(tok)
+    for text in ["✓ ü日本", " héllo"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert any("\ufffd" in tok.decode([t]) for t in ids), "the case: a character split across tokens"
+        assert b"".join(raw(t) for t in ids) == text.encode("utf-8")
+    sp_raw = token_bytes(sentencepiece_tok)
+    paris = sentencepiece_tok("Paris", add_special_tokens=False)["input_ids"][-1]
+    assert sp_raw(paris) == b" Paris"  # whole tokens: the UTF-8 of their text, leading space kept
