@@ -329,6 +329,17 @@ class SamplingParams:
     def penalized(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
+    def clone(self, **changes: Any) -> SamplingParams:
+        """A copy, with `changes` (SamplingParams are frozen: `sp.clone(max_tokens=10)` where vLLM
+        code would assign). The copy is checked as a new one is."""
+        from dataclasses import replace
+
+        guided = ("guided_decoding", "structured_outputs", "guided")
+        given = [k for k in guided if k in changes]
+        # The constraint lives on in `guided` (its spec); a new one replaces it.
+        cleared = {k: None for k in guided if k not in given} if given else {k: None for k in guided[:2]}
+        return replace(self, **{**cleared, **changes})
+
     def with_seed(self, seed: int) -> SamplingParams:
         """A copy for one of `n` completions."""
         from dataclasses import replace

@@ -75,7 +75,12 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.block_size = sizing.block_size
         self.num_blocks = sizing.num_blocks
-        log.info("KV cache: %d blocks of %d tokens (%s)", sizing.num_blocks, sizing.block_size, sizing.reason)
+        log.info(  # block 0 is padding's scratch block, never handed out: the metrics count the rest
+            "KV cache: %d blocks of %d tokens for sequences, one more for padding (%s)",
+            sizing.num_blocks - 1,
+            sizing.block_size,
+            sizing.reason,
+        )
 
 
 class BlockAllocator:

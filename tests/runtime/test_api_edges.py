@@ -104,3 +104,13 @@ def test_chat_hands_tools_to_the_template(llm):
     template = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}{{ messages[-1].content }}"
     out = llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template=template, tools=tools)[0]
     assert out.prompt == "[add]hi"
+
+
+def test_clone_copies_with_changes_checked_and_the_constraint_kept():
+    p = SamplingParams(temperature=0.5, structured_outputs={"regex": "[0-9]+"}, max_tokens=5)
+    q = p.clone(max_tokens=10)
+    assert (q.max_tokens, q.temperature, q.guided) == (10, 0.5, {"regex": "[0-9]+"})
+    assert p.clone().guided == p.guided and p.max_tokens == 5
+    assert p.clone(guided_decoding={"choice": ["a"]}).guided == {"choice": ["a"]}
+    with pytest.raises(ValueError, match="temperature"):
+        p.clone(temperature=-1)
