@@ -15,7 +15,7 @@ from pathlib import Path
 DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 REGENERATE = "python -m fastpath.runtime.api_reference"
 LLM_METHODS = (
-    "generate", "chat", "stream", "submit", "get_tokenizer", "render_chat", "stats", "prompt_logits", "close", "from_lock", "open_link", "attach",
+    "generate", "chat", "stream", "submit", "get_tokenizer", "get_default_sampling_params", "render_chat", "stats", "prompt_logits", "close", "from_lock", "open_link", "attach",
 )  # fmt: skip
 HANDLE_METHODS = ("__iter__", "__aiter__", "result", "deltas", "poll", "abort")
 
@@ -74,6 +74,7 @@ def reference_markdown() -> str:
         "",
         *_methods(LLM, LLM_METHODS),
         *_section("SamplingParams", SamplingParams),
+        *_methods(SamplingParams, ("clone",)),
         *_section("GuidedDecodingParams", GuidedDecodingParams),
         *_section(
             "RequestOutput", RequestOutput, "What generate(), chat() and stream() return, one per request."

@@ -44,6 +44,7 @@ from .admission import (
     make_sequences,
 )
 from .core import EngineCore, EngineStats
+from .generation_defaults import generation_defaults
 from .native_executor import NativeExecutor
 from .options import engine_config, model_dtype, parse_options
 from .outputs import EngineClosedError, RequestError, RequestOutput
@@ -84,6 +85,7 @@ class LLM:
             tensor_parallel_size=config.tensor_parallel_size,
         )
         self.config = dataclasses.replace(config, guided_backend=backend)
+        self._defaults = SamplingParams(**generation_defaults(o.generation_config, checkpoint))
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}
@@ -207,6 +209,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without SamplingParams gets: the model's generation_config.json values
+        (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) over SamplingParams'
+        own defaults, unless the LLM was made with generation_config="vllm"."""
+        return self._defaults
+
     def open_link(self) -> tuple[Any, dict[str, Any]]:
         """(a pipe into this LLM's engine process, the engine's description): what `LLM.attach` takes
         in another process, with this LLM's `recipe`. The caller hands the pipe on, then closes its copy."""
@@ -241,7 +249,7 @@ class LLM:
         """A request checked and made into its sequences, not yet submitted."""
         if self.core is None:
             raise RuntimeError("requests go to rank 0, which gets the results")
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = sampling_params if sampling_params is not None else self._defaults
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         admitted = encode(prompt, self.tokenizer, self._limits)
@@ -323,7 +331,7 @@ class LLM:
         if self.core is None:
             return []
         prompts = _prompt_list(prompts)
-        params = _params_per_prompt(sampling_params, len(prompts))
+        params = _params_per_prompt(sampling_params, len(prompts), self._defaults)
         outputs, handles, problems, wake = self._submit_all(prompts, params, stream=False)
         try:
             wait_all(list(handles.values()), wake, use_tqdm and len(handles) > 1)
@@ -371,7 +379,7 @@ class LLM:
         if self.core is None:
             return
         prompts = _prompt_list(prompts)
-        params = _params_per_prompt(sampling_params, len(prompts))
+        params = _params_per_prompt(sampling_params, len(prompts), self._defaults)
         outputs, handles, problems, wake = self._submit_all(prompts, params, stream=True)
         if problems:
             raise RequestError("invalid requests: " + " | ".join(problems), [o for o in outputs if o])
@@ -408,7 +416,7 @@ class LLM:
         `chat_template`) straight to token ids, so the template's BOS is the only one. `tools` reach
         the template. A conversation the template refuses fails alone, as an invalid prompt does."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
-        params = _params_per_prompt(sampling_params, len(conversations))
+        params = _params_per_prompt(sampling_params, len(conversations), self._defaults)
         self._chat_tokenizer(chat_template)  # the engine's own lack fails the call, not each conversation
         prompts: list[Any] = []
         failed: dict[int, RequestOutput] = {}
@@ -554,9 +562,9 @@ def _prompt_list(prompts: Any) -> list[Any]:
     )
 
 
-def _params_per_prompt(params: Params, n: int) -> list[SamplingParams]:
+def _params_per_prompt(params: Params, n: int, default: SamplingParams) -> list[SamplingParams]:
     if params is None or isinstance(params, SamplingParams):
-        return [params or SamplingParams()] * n
+        return [params or default] * n
     if not isinstance(params, (list, tuple)):
         raise TypeError(
             f"sampling_params must be a SamplingParams or a list of them, got {type(params).__name__}"

@@ -123,6 +123,13 @@ class EngineOptions:
     executor_cls: Any = field(
         default=None, metadata=doc("The executor class; a generated package passes its own.")
     )
+    generation_config: str | Path = field(
+        default="auto",
+        metadata=doc(
+            "Sampling defaults for what a request leaves unset: auto (the model's generation_config.json, "
+            "as vLLM), vllm (SamplingParams' own), or a folder holding a generation_config.json."
+        ),
+    )
     engine_process: bool = field(
         default=False,
         metadata=doc(

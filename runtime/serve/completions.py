@@ -116,7 +116,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     state.check_model(body.model)
     body, echo = _echo(body, state)
     prompt_logprobs = body.logprobs if echo is not None else None
-    params = sampling_params(body, state.config.max_tokens, prompt_logprobs=prompt_logprobs)
+    params = sampling_params(
+        body, state.config.max_tokens, prompt_logprobs, defaults=state.llm.get_default_sampling_params()
+    )
     prompts = _prompts(body.prompt)
 
     def engine_prompts() -> list[Any]:

@@ -43,11 +43,18 @@ def request_keys(req: SamplingFields) -> RequestKeys:
 
 
 def sampling_params(
-    req: SamplingFields, max_tokens_limit: int | None, prompt_logprobs: int | None = None
+    req: SamplingFields,
+    max_tokens_limit: int | None,
+    prompt_logprobs: int | None = None,
+    defaults: SamplingParams | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field.
-    `prompt_logprobs`: what an echoed prompt needs."""
+    `prompt_logprobs`: what an echoed prompt needs. `defaults` (the model's, from the engine's
+    get_default_sampling_params) fill what the request leaves unset, as in vLLM."""
+    d = defaults or SamplingParams()
     max_key, max_tokens = _max_tokens(req)
+    if max_key not in req.model_fields_set and d.max_tokens is not None:
+        max_tokens = d.max_tokens if max_tokens is None else min(max_tokens, d.max_tokens)
     if max_tokens_limit is not None:
         if max_tokens is None:
             max_tokens = max_tokens_limit
@@ -68,10 +75,10 @@ def sampling_params(
     try:
         return SamplingParams(
             n=req.n,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0,
-            min_p=req.min_p or 0.0,
+            temperature=d.temperature if req.temperature is None else req.temperature,
+            top_p=d.top_p if req.top_p is None else req.top_p,
+            top_k=d.top_k if req.top_k is None else req.top_k,
+            min_p=d.min_p if req.min_p is None else req.min_p,
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
@@ -81,7 +88,9 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=d.repetition_penalty
+            if req.repetition_penalty is None
+            else req.repetition_penalty,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,

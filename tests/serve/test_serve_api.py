@@ -334,3 +334,22 @@ def test_add_special_tokens_decides_a_text_prompts_bos(url, llm):
             extra_body={"add_special_tokens": add, "return_token_ids": True},
         )  # fmt: skip
         assert r.choices[0].prompt_token_ids == tok("hello there", add_special_tokens=add)["input_ids"]
+
+
+def test_fields_a_request_leaves_unset_take_the_models_generation_config(tiny_text_checkpoint, tmp_path):
+    import json
+    import shutil
+
+    from serve_helpers import engine
+
+    folder = tmp_path / "with-defaults"
+    shutil.copytree(tiny_text_checkpoint, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_new_tokens": 4}))
+    with engine(folder, engine_process=False) as llm, running(llm) as url:
+        r = client(url).completions.create(model="tiny", prompt=PROMPTS[0], extra_body=TOKENS)
+        want = _offline(llm, PROMPTS[0], 4)
+        assert r.choices[0].token_ids == want.token_ids  # greedy, and 4 tokens, not completions' 16
+        chat = client(url).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], extra_body=TOKENS
+        )
+        assert chat.usage.completion_tokens == 4
