@@ -15,7 +15,7 @@ from pathlib import Path
 DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 REGENERATE = "python -m fastpath.runtime.api_reference"
 LLM_METHODS = (
-    "generate", "chat", "stream", "submit", "get_tokenizer", "get_default_sampling_params", "render_chat", "stats", "prompt_logits", "close", "from_lock", "open_link", "attach",
+    "generate", "chat", "stream", "submit", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "prompt_logits", "close", "from_lock", "open_link", "attach",
 )  # fmt: skip
 HANDLE_METHODS = ("__iter__", "__aiter__", "result", "deltas", "poll", "abort")
 
@@ -38,6 +38,10 @@ def _methods(cls: type, names: tuple[str, ...]) -> list[str]:
     out = []
     for name in names:
         member = inspect.getattr_static(cls, name)
+        if isinstance(member, property):  # an attribute: its type, not a call
+            kind = inspect.signature(member.fget).return_annotation
+            out += [f"### `{name}: {kind}`", "", inspect.cleandoc(member.__doc__ or "").strip(), ""]
+            continue
         fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
         signature = str(inspect.signature(fn)).replace("self, ", "").replace("(self)", "()")
         out += [f"### `{name}{signature}`", "", inspect.cleandoc(fn.__doc__ or "").strip(), ""]

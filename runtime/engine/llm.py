@@ -85,7 +85,8 @@ class LLM:
             tensor_parallel_size=config.tensor_parallel_size,
         )
         self.config = dataclasses.replace(config, guided_backend=backend)
-        self._defaults = SamplingParams(**generation_defaults(o.generation_config, checkpoint))
+        self._generation_defaults = generation_defaults(o.generation_config, checkpoint)
+        self._defaults = SamplingParams(**self._generation_defaults)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}
@@ -208,6 +209,12 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        """The model's own sampling values (SamplingParams keywords from its generation_config.json),
+        only those it sets: what a server fills in for fields a request leaves unset."""
+        return dict(self._generation_defaults)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What a request without SamplingParams gets: the model's generation_config.json values

@@ -32,7 +32,7 @@ from .state import ServerState
 async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     state.check_model(body.model)
-    params = sampling_params(body, state.config.max_tokens, defaults=state.llm.get_default_sampling_params())
+    params = sampling_params(body, state.config.max_tokens, defaults=state.llm.generation_defaults)
     messages = body.template_messages()
 
     def prompts() -> list[Any]:

@@ -117,7 +117,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     body, echo = _echo(body, state)
     prompt_logprobs = body.logprobs if echo is not None else None
     params = sampling_params(
-        body, state.config.max_tokens, prompt_logprobs, defaults=state.llm.get_default_sampling_params()
+        body, state.config.max_tokens, prompt_logprobs, defaults=state.llm.generation_defaults
     )
     prompts = _prompts(body.prompt)
 

@@ -8,6 +8,7 @@ module maps that name back to what the client sent (`max_completion_tokens`, `to
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ from ..engine.sampling_params import GuidedDecodingParams, SamplingParams
 from .errors import RequestInvalid
 from .protocol import ChatRequest, CompletionRequest, SamplingFields
 
+# What an unset field means when the model's generation_config says nothing (OpenAI's defaults).
+_OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -46,15 +49,16 @@ def sampling_params(
     req: SamplingFields,
     max_tokens_limit: int | None,
     prompt_logprobs: int | None = None,
-    defaults: SamplingParams | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field.
-    `prompt_logprobs`: what an echoed prompt needs. `defaults` (the model's, from the engine's
-    get_default_sampling_params) fill what the request leaves unset, as in vLLM."""
-    d = defaults or SamplingParams()
+    `prompt_logprobs`: what an echoed prompt needs. `defaults`: the model's own sampling values (the
+    engine's `generation_defaults`), for what the request leaves unset, as in vLLM."""
+    d = {**_OPENAI_DEFAULTS, **(defaults or {})}
     max_key, max_tokens = _max_tokens(req)
-    if max_key not in req.model_fields_set and d.max_tokens is not None:
-        max_tokens = d.max_tokens if max_tokens is None else min(max_tokens, d.max_tokens)
+    model_max = d.get("max_tokens")
+    if max_key not in req.model_fields_set and model_max is not None:
+        max_tokens = model_max if max_tokens is None else min(max_tokens, model_max)
     if max_tokens_limit is not None:
         if max_tokens is None:
             max_tokens = max_tokens_limit
@@ -75,10 +79,10 @@ def sampling_params(
     try:
         return SamplingParams(
             n=req.n,
-            temperature=d.temperature if req.temperature is None else req.temperature,
-            top_p=d.top_p if req.top_p is None else req.top_p,
-            top_k=d.top_k if req.top_k is None else req.top_k,
-            min_p=d.min_p if req.min_p is None else req.min_p,
+            temperature=d["temperature"] if req.temperature is None else req.temperature,
+            top_p=d["top_p"] if req.top_p is None else req.top_p,
+            top_k=d["top_k"] if req.top_k is None else req.top_k,
+            min_p=d["min_p"] if req.min_p is None else req.min_p,
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
@@ -88,7 +92,7 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=d.repetition_penalty
+            repetition_penalty=d["repetition_penalty"]
             if req.repetition_penalty is None
             else req.repetition_penalty,
             logprobs=logprobs,

@@ -353,3 +353,11 @@ def test_fields_a_request_leaves_unset_take_the_models_generation_config(tiny_te
             model="tiny", messages=[{"role": "user", "content": "hi"}], extra_body=TOKENS
         )
         assert chat.usage.completion_tokens == 4
+
+
+def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(url, llm):
+    r = client(url).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], temperature=0, extra_body=TOKENS
+    )
+    assert r.usage.completion_tokens == llm.config.max_seq_len - r.usage.prompt_tokens
+    assert r.choices[0].finish_reason == "length"
