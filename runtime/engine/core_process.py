@@ -83,6 +83,8 @@ class PipeSender:
             except (OSError, ValueError):  # the other side is gone: nothing left to tell it
                 self._release_waiters(sent)
                 return
+            except Exception:  # it did not pickle (nothing was written): drop it, keep the pipe
+                log.exception("a %r message could not be sent to the other process", message[0])
             if sent is not None:
                 sent.set()
 

@@ -43,6 +43,7 @@ from .admission import (
     is_single_prompt,
     make_sequences,
 )
+from .chat_kwargs import check_template_kwargs
 from .core import EngineCore, EngineStats
 from .generation_defaults import generation_defaults
 from .native_executor import NativeExecutor
@@ -461,6 +462,7 @@ class LLM:
         """A conversation as a prompt dict {'prompt': text, 'prompt_token_ids': ids}. OpenAI-style
         content parts of type text are joined into the message's text first."""
         tok = self._chat_tokenizer(chat_template)
+        check_template_kwargs(chat_template_kwargs)
         kwargs = dict(
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,

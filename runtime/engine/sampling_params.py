@@ -20,6 +20,14 @@ MIN_TEMPERATURE = 0.01  # vLLM's floor for a positive temperature
 _warned: set[str] = set()
 
 
+def _parse_spec(spec: dict[str, Any]) -> None:
+    """The constraint checked here, where the request enters (its depth above all: a schema nested
+    hundreds deep could not even be pickled to the engine process)."""
+    from ..guided.spec import parse_spec
+
+    parse_spec(spec)
+
+
 def _warn_once(message: str) -> None:
     key = message.split(" ", 2)[0]
     if key not in _warned:
@@ -265,7 +273,10 @@ class SamplingParams:
                 self.max_tokens,
             )
         _check(
-            _is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", "an int >= 0", self.min_tokens
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= MAX_TOKEN_ID,
+            "min_tokens",
+            f"an int in [0, {MAX_TOKEN_ID}]",
+            self.min_tokens,
         )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
@@ -312,6 +323,7 @@ class SamplingParams:
         name, value = given[0]
         if name == "guided":
             _check(isinstance(value, dict), name, "a dict such as {'json_schema': {...}}", value)
+            _parse_spec(value)
             return
         if isinstance(value, dict):
             try:
@@ -319,7 +331,9 @@ class SamplingParams:
             except TypeError as exc:
                 raise ValueError(f"SamplingParams.{name}: {exc}") from None
         _check(isinstance(value, GuidedDecodingParams), name, "a GuidedDecodingParams or its dict", value)
-        object.__setattr__(self, "guided", value.as_spec())
+        spec = value.as_spec()
+        _parse_spec(spec)
+        object.__setattr__(self, "guided", spec)
 
     @property
     def greedy(self) -> bool:

@@ -32,6 +32,7 @@ from .state import ServerState
 async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     state.check_model(body.model)
+    state.check_chat_template(body.chat_template)
     params = sampling_params(body, state.config.max_tokens, defaults=state.llm.generation_defaults)
     messages = body.template_messages()
 
@@ -42,7 +43,8 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
                 body.chat_template,
                 body.add_generation_prompt,
                 body.continue_final_message,
-                body.template_kwargs(),
+                body.chat_template_kwargs,
+                body.tools or None,
             )
         except Exception as exc:  # the template's own error (raise_exception, a bad role order) names it
             raise RequestInvalid(f"messages: the chat template failed: {exc}", "messages") from None

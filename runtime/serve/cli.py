@@ -24,14 +24,19 @@ DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
 # flag -> (LLM keyword, type, help); only flags given on the command line reach the factory.
 ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--device": ("device", str, "auto | cuda | cpu"),
-    "--dtype": ("dtype", str, "float32 | bfloat16 | float16"),
+    "--dtype": ("dtype", str, "auto | float32 | bfloat16 | float16 (vLLM's half and float too)"),
     "--seed": ("seed", int, "engine seed (random weights, unseeded requests)"),
     "--max-batch-size": ("max_batch_size", int, "most sequences in one step (vLLM: --max-num-seqs)"),
     "--max-seq-len": ("max_seq_len", int, "longest sequence, prompt and output (vLLM: --max-model-len)"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "most prompt tokens one prefill step takes"),
     "--kv-cache-blocks": ("kv_cache_blocks", int, "KV-cache blocks (default: from free memory)"),
     "--gpu-memory-utilization": ("gpu_memory_utilization", float, "share of GPU memory the engine may use"),
-    "--guided-backend": ("guided_backend", str, "auto | xgrammar | none"),
+    "--guided-backend": ("guided_backend", str, "auto | xgrammar | llguidance | none"),
+    "--generation-config": (
+        "generation_config",
+        str,
+        "auto | vllm | a folder: sampling defaults for what requests leave unset (auto: the model's)",
+    ),
     "--tensor-parallel-size": ("tensor_parallel_size", int, "GPUs that split each layer"),
     "--tokenizer": ("tokenizer", str, "a tokenizer folder, when the model's has none"),
 }
@@ -96,6 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         "second than one Python process can send (default: %(default)s)",
     )
     s.add_argument("--no-access-log", dest="access_log", action="store_false", help="no per-request log line")
+    s.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="let requests bring their own chat_template (vLLM's flag; a template runs on the server's CPU)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     e = parser.add_argument_group("engine")
     for flag, (key, kind, text) in ENGINE_FLAGS.items():
@@ -144,6 +154,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         access_log=args.access_log,
         stream_interval=args.stream_interval,
         api_server_count=args.api_server_count,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
 
 

@@ -22,6 +22,8 @@ class ServeConfig:
       end go at once): fewer, larger events cost the server less CPU per token under load.
     - `api_server_count`: processes that serve HTTP in front of the one engine process (vLLM's
       --api-server-count); above one, the admission bounds are shared out among them.
+    - `trust_request_chat_template`: requests may bring their own `chat_template`. Off by default,
+      as in vLLM: a template is a program that runs on the server's CPU for as long as it likes.
     """
 
     host: str = "127.0.0.1"
@@ -35,6 +37,7 @@ class ServeConfig:
     access_log: bool = True
     stream_interval: int = 1
     api_server_count: int = 1
+    trust_request_chat_template: bool = False
 
     def __post_init__(self) -> None:
         _check(

@@ -103,7 +103,8 @@ def sampling_params(
     except (ValueError, TypeError) as exc:
         message = str(exc)
         match = _FIELD.search(message)
-        field = match.group(1) if match else ("guided_decoding" if "Guided" in message else None)
+        guided_message = "Guided" in message or message.startswith("guided")
+        field = match.group(1) if match else ("guided_decoding" if guided_message else None)
         param = names.get(field, field) if field else None
         raise RequestInvalid(_respell(message, field, param), param) from None
 

@@ -16,10 +16,13 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from ..engine.chat_kwargs import check_template_kwargs
+
 TokenIds = list[Annotated[int, Field(ge=0)]]
 
 
 _log = logging.getLogger("fastpath.serve")
+_MAX_SPELL_CHECKS = 32  # unknown keys checked for misspelling; the rest are ignored unchecked
 _ignored_logged: set[str] = set()
 
 
@@ -53,10 +56,14 @@ class Body(BaseModel):
         fields = cls.model_fields
         known = cls._known_keys()
         out = {}
+        checks = 0
         for k, v in data.items():
-            if k not in known and misspelling_of(k, known) is None:
-                cls._ignore(k)
-                continue
+            if k not in known:
+                # Bounded: a body of 500k unknown keys must not hold the event loop in difflib.
+                checks += 1
+                if checks > _MAX_SPELL_CHECKS or misspelling_of(k, known) is None:
+                    cls._ignore(k)
+                    continue
             default_for_null = (
                 v is None
                 and k in fields
@@ -248,6 +255,12 @@ class ChatRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value: Any) -> Any:
+        check_template_kwargs(value)
+        return value
+
     @field_validator("max_completion_tokens")
     @classmethod
     def _one_max(cls, value: Any, info: ValidationInfo) -> Any:
@@ -292,12 +305,6 @@ class ChatRequest(SamplingFields):
     def template_messages(self) -> list[dict[str, Any]]:
         return [m.as_template_dict() for m in self.messages]
 
-    def template_kwargs(self) -> dict[str, Any] | None:
-        """chat_template_kwargs, with the tools when there are any."""
-        if not self.tools:
-            return self.chat_template_kwargs
-        return {**(self.chat_template_kwargs or {}), "tools": self.tools}
-
 
 class TokenizeRequest(Body):
     """vLLM's /tokenize: a prompt, or a conversation rendered by the chat template (not both)."""
@@ -311,6 +318,12 @@ class TokenizeRequest(Body):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value: Any) -> Any:
+        check_template_kwargs(value)
+        return value
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> TokenizeRequest:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import AdmissionGate, ServeConfig
-from .errors import ServeError
+from .errors import RequestInvalid, ServeError
 from .metrics import ServerMetrics
 
 
@@ -24,6 +24,14 @@ class ServerState:
         if model is not None and model != self.model_name:
             raise ServeError(
                 f"the model {model!r} does not exist; this server serves {self.model_name!r}", "model", 404
+            )
+
+    def check_chat_template(self, chat_template: str | None) -> None:
+        if chat_template is not None and not self.config.trust_request_chat_template:
+            raise RequestInvalid(
+                "a request's own chat template runs on this server's CPU, so it is refused unless the "
+                "server was started with --trust-request-chat-template",
+                "chat_template",
             )
 
     def closed_reason(self) -> str | None:

@@ -24,12 +24,16 @@ from .state import ServerState
 async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     state.check_model(body.model)
+    state.check_chat_template(body.chat_template)
     tok = _tokenizer(state)
     if body.messages is not None:
         ids = await run_in_threadpool(_render_chat, state, body)
     else:
         add = True if body.add_special_tokens is None else body.add_special_tokens
-        ids = list((await run_in_threadpool(tok, body.prompt, add_special_tokens=add))["input_ids"])
+        try:
+            ids = list((await run_in_threadpool(tok, body.prompt, add_special_tokens=add))["input_ids"])
+        except (TypeError, ValueError) as exc:  # text the tokenizer cannot take (a lone surrogate)
+            raise RequestInvalid(f"prompt: the tokenizer cannot encode it: {exc}", "prompt") from None
     reply: dict[str, Any] = {"count": len(ids), "max_model_len": state.llm.config.max_seq_len, "tokens": ids}
     if body.return_token_strs:
         reply["token_strs"] = tok.convert_ids_to_tokens(ids)

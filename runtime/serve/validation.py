@@ -51,7 +51,8 @@ def explain(errors: Sequence[dict[str, Any]]) -> tuple[str | None, str]:
         deeper = {e[at + 1] for e in mine if len(e) > at + 2}
         if len(mine) > 1 and len(deeper) != 1:
             return validation_param(loc[: at + 1]), _SHAPES[str(loc[at])]
-    return param, str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    return param, message.removeprefix(f"{param}: ") if param else message
 
 
 def _union_at(loc: tuple[Any, ...]) -> int | None:

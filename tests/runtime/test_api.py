@@ -16,6 +16,13 @@ def llm(tiny_text_checkpoint):
     engine.close()
 
 
+def _deep(depth: int) -> dict:
+    value: dict = {"type": "object"}
+    for _ in range(depth):
+        value = {"type": "object", "properties": {"a": value}}
+    return value
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -37,6 +44,8 @@ def llm(tiny_text_checkpoint):
         ({"logprobs": 21}, "SamplingParams.logprobs must be None or an int in [0, 20]"),
         ({"ignore_eos": 1}, "SamplingParams.ignore_eos must be a bool"),
         ({"guided_decoding": {"regex": "a", "json": {}}}, "set exactly one of"),
+        ({"guided_decoding": {"json": _deep(500)}}, "guided: json_schema nests deeper than 64 levels"),
+        ({"min_tokens": 1 << 63}, "SamplingParams.min_tokens must be an int in [0, 2147483647]"),
         ({"guided": {"regex": "a"}, "structured_outputs": {"regex": "b"}}, "both set a constraint"),
     ],
 )

@@ -203,3 +203,19 @@ def test_a_request_knows_when_it_was_scheduled_and_got_its_first_token(engines):
         scheduled, first = handle.scheduled_at(0), handle.first_token_at(0)
         assert scheduled is not None and first is not None
         assert handle.created <= scheduled <= first <= time.monotonic()
+
+
+def test_a_message_that_does_not_pickle_is_dropped_and_the_pipe_lives_on():
+    import multiprocessing
+    import threading
+
+    from fastpath.runtime.engine.core_process import PipeSender
+
+    ours, theirs = multiprocessing.Pipe()
+    sender = PipeSender(ours)
+    sent = threading.Event()
+    sender.put(("add", lambda: None), sent)  # a lambda does not pickle
+    sender.put(("stats", 1))
+    assert sent.wait(10), "whoever waits on the dropped message is released"
+    assert theirs.poll(10) and theirs.recv() == ("stats", 1)
+    sender.close()

@@ -88,10 +88,15 @@ def test_a_bad_grammar_fails_its_request_alone(llm):
 
 
 def test_hostile_constraints_are_their_requests_own_errors(llm):
-    """Constraints that are not JSON data, or do not compile, fail alone; the engine serves on."""
+    """Constraints that are not JSON data are refused where they enter, by SamplingParams; ones that
+    do not compile fail their request alone; the engine serves on."""
     good = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     expected = llm.generate([PROMPTS[0]], good)[0].outputs[0].token_ids
-    hostile = [spec for spec, _ in MALFORMED if isinstance(spec, dict)] + UNCOMPILABLE
+    for spec, message in MALFORMED:
+        if isinstance(spec, dict):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                SamplingParams(max_tokens=8, guided=spec)
+    hostile = UNCOMPILABLE
     params = [good] + [SamplingParams(temperature=0.0, max_tokens=8, guided=spec) for spec in hostile]
     outs = llm.generate([PROMPTS[0]] * len(params), params, errors="return")
     assert outs[0].outputs[0].token_ids == expected

@@ -295,14 +295,15 @@ def test_structured_outputs_is_vllms_newer_spelling_of_guided_decoding(url):
     assert r.choices[0].text in ("yes", "no")
 
 
-def test_tools_with_tool_choice_none_reach_the_chat_template(url, llm):
+def test_tools_with_tool_choice_none_reach_the_chat_template(llm):
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
     template = "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}{{ messages[-1].content }}"
     messages = [{"role": "user", "content": "hi"}]
-    r = client(url).chat.completions.create(
-        model="tiny", messages=messages, max_tokens=2, tools=tools, tool_choice="none",
-        extra_body={"chat_template": template, "return_token_ids": True},
-    )  # fmt: skip
+    with running(llm, trust_request_chat_template=True) as url:
+        r = client(url).chat.completions.create(
+            model="tiny", messages=messages, max_tokens=2, tools=tools, tool_choice="none",
+            extra_body={"chat_template": template, "return_token_ids": True},
+        )  # fmt: skip
     assert r.prompt_token_ids == llm.get_tokenizer()("[add]hi", add_special_tokens=False)["input_ids"]
 
 

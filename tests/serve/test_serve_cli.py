@@ -142,3 +142,12 @@ def test_an_engine_switch_is_the_engines_choice_unless_a_flag_says(calls, flag):
     assert main(["serve", "random:tiny-llama"]) == 0
     kwargs = [runtime_cli.engine_kwargs(args) for _, args, _ in calls]
     assert [k.get(flag.replace("-", "_")) for k in kwargs] == [False, True, None]
+
+
+def test_request_templates_and_generation_config_are_vllms_flags(calls):
+    assert main(["serve", "random:tiny-llama", "--generation-config", "vllm"]) == 0
+    assert main(["serve", "random:tiny-llama", "--trust-request-chat-template"]) == 0
+    (_, plain, _), (_, trusting, _) = calls
+    assert runtime_cli.engine_kwargs(plain)["generation_config"] == "vllm"
+    assert runtime_cli.serve_config(plain).trust_request_chat_template is False
+    assert runtime_cli.serve_config(trusting).trust_request_chat_template is True

@@ -1,5 +1,7 @@
 """Bad requests get 400 with an OpenAI error body naming the field; auth, size and model errors likewise."""
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -19,6 +21,13 @@ def url(llm):
 def http(url):
     with httpx.Client(base_url=url, timeout=30, headers={"Authorization": "Bearer sesame"}) as http:
         yield http
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {"a": 1}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
 
 
 BAD = [
@@ -58,6 +67,8 @@ BAD = [
     (COMPLETION, {"stream_options": {"include_usage": True}}, "stream_options", "stream: true"),
     (COMPLETION, {"guided_regex": "[a-z]+", "guided_choice": ["a"]}, "guided_regex", "set one"),
     (COMPLETION, {"guided_choice": []}, "guided_choice", "non-empty"),
+    (COMPLETION, {"guided_json": _nested(500)}, "guided_json", "nests deeper than 64"),
+    (COMPLETION, {"max_tokens": None, "min_tokens": 1 << 63}, "min_tokens", "[0, 2147483647]"),
     (COMPLETION, {"guided_regex": "([a-z"}, "guided_regex", "regex"),
     (
         CHAT,
@@ -77,6 +88,13 @@ BAD = [
     (CHAT, {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens", "[1, "),
     (CHAT, {"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens", "disagree"),
     (CHAT, {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
+    (CHAT, {"chat_template": "{{ 'x' * 9 }}"}, "chat_template", "--trust-request-chat-template"),
+    (
+        CHAT,
+        {"chat_template_kwargs": {"return_tensors": "np"}},
+        "chat_template_kwargs",
+        "'return_tensors' is an",
+    ),
     (CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
     (CHAT, {"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
     (CHAT, {"response_format": {"type": "yaml"}}, "response_format.type", "json_object"),
@@ -196,3 +214,34 @@ def test_the_right_key_passes_and_health_and_metrics_need_none(url):
     assert [m.id for m in client(url, "sesame").models.list().data] == ["tiny"]
     assert httpx.get(f"{url}/health", timeout=30).json() == {"status": "ok"}
     assert httpx.get(f"{url}/metrics", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"prompt": "\ud800"}, "prompt", "cannot encode"),
+        ({"messages": [{"role": "user", "content": "hi"}], "chat_template": "x"}, "chat_template", "--trust"),
+        (
+            {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"padding": True}},
+            "chat_template_kwargs",
+            "'padding'",
+        ),
+    ],
+    ids=["surrogate", "template", "tokenizer-argument"],
+)
+def test_tokenize_refuses_what_the_routes_refuse_with_400(http, body, param, words):
+    content = json.dumps(body).encode()  # ASCII with \u escapes: a lone surrogate is valid JSON text
+    r = http.post("/tokenize", content=content, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and words in r.json()["error"]["message"]
+
+
+def test_unknown_keys_are_spell_checked_a_bounded_number_of_times(monkeypatch):
+    from fastpath.runtime.serve import protocol
+
+    calls = []
+    real = protocol.misspelling_of
+    monkeypatch.setattr(protocol, "misspelling_of", lambda *a: calls.append(a) or real(*a))
+    body = {"prompt": "hi", **{f"k{i:06d}": 0 for i in range(2000)}}
+    assert protocol.CompletionRequest.model_validate(body).prompt == "hi"
+    assert 0 < len(calls) <= 32
