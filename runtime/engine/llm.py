@@ -512,11 +512,18 @@ class LLM:
 LINK_SHIFT = 40  # an attached client's sequence ids start at index << LINK_SHIFT
 
 
+_MASK64 = (1 << 64) - 1
+
+
 def _derived_seed(seed: int, seq_id: int) -> int:
-    """An unseeded request's seed. An attached client's index (the id's high bits) moves it by a large
-    odd step, so the j-th unseeded request of each API server does not sample what the others' do."""
-    link, local = divmod(seq_id, 1 << LINK_SHIFT)
-    return (seed * 1_000_003 + local + link * 2_654_435_761) & 0x7FFFFFFF
+    """An unseeded request's seed: the engine seed and the sequence id mixed (splitmix64's finalizer),
+    so it is reproducible for a given engine seed, yet is not the small number a user would pass as
+    `seed` (the request with id 7 sampled what `seed=7` does), and an attached client's index (the
+    id's high bits) gives each API server's requests seeds of their own."""
+    x = (seed * 0x9E3779B97F4A7C15 + seq_id + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & 0x7FFFFFFF
 
 
 @contextlib.contextmanager

@@ -114,3 +114,11 @@ def test_clone_copies_with_changes_checked_and_the_constraint_kept():
     assert p.clone(guided_decoding={"choice": ["a"]}).guided == {"choice": ["a"]}
     with pytest.raises(ValueError, match="temperature"):
         p.clone(temperature=-1)
+
+
+def test_an_unseeded_request_does_not_sample_what_a_small_explicit_seed_does():
+    from fastpath.runtime.engine.llm import LINK_SHIFT, _derived_seed
+
+    seeds = {_derived_seed(0, i) for i in range(1000)}
+    assert len(seeds) == 1000 and not seeds & set(range(1000))
+    assert _derived_seed(0, 5) != _derived_seed(0, (1 << LINK_SHIFT) + 5) != _derived_seed(1, 5)
