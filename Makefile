@@ -17,7 +17,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python $(BUILD_INPUTS)
 	@# torch first, pinned, so the editable install never pulls a multi-GB CUDA build.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	@# The distribution was called fastpath before it was fastpath-llm: never keep both.
 	$(BIN)/python -m pip uninstall -y -q fastpath 2>/dev/null || true
 	$(BIN)/python -m pip install -e '.[dev,guided,smollm,serve]'

@@ -21,6 +21,8 @@ _EXPORTS = {
     "RequestError": ".engine.outputs",
     "EngineClosedError": ".engine.outputs",
     "StreamToken": ".engine.outputs",
+    "RequestHandle": ".engine.request",
+    "EngineStats": ".engine.core",
     "ExecutorCore": ".engine.executor",
     "NativeExecutor": ".engine.native_executor",
     "ModelRunner": ".runner.runner",

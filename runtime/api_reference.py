@@ -15,7 +15,7 @@ from pathlib import Path
 DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 REGENERATE = "python -m fastpath.runtime.api_reference"
 LLM_METHODS = (
-    "generate", "chat", "stream", "submit", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "prompt_logits", "close", "from_lock", "open_link", "attach",
+    "generate", "chat", "stream", "submit", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "prompt_logits", "close", "from_lock", "open_link", "attach", "in_engine_process", "closed_reason", "engine_pid",
 )  # fmt: skip
 HANDLE_METHODS = ("__iter__", "__aiter__", "result", "deltas", "poll", "abort")
 

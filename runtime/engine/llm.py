@@ -318,6 +318,16 @@ class LLM:
         return f"{cls.__module__}.{cls.__qualname__}"
 
     @property
+    def in_engine_process(self) -> bool:
+        """Whether the engine runs in a process of its own (engine_process=True, or attached)."""
+        return self.executor is None and self.core is not None
+
+    @property
+    def closed_reason(self) -> str | None:
+        """Why the engine no longer takes requests (closed, failed, its process gone); None while it does."""
+        return getattr(self.core, "closed_reason", None)
+
+    @property
     def engine_pid(self) -> int | None:
         """The engine process's pid; None when the engine runs in this process."""
         if self.executor is None and self.core is not None:

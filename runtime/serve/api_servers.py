@@ -62,7 +62,7 @@ def api_server_main(spec: ApiServerSpec) -> None:
     configure_logging(spec.log_level)
     llm = spec.recipe.llm_cls.attach(spec.recipe, spec.conn, spec.info, spec.index)
     watch = threading.Thread(
-        target=_drain_when_alone, args=(spec.supervisor, llm.core), name="fastpath-watch", daemon=True
+        target=_drain_when_alone, args=(spec.supervisor, llm), name="fastpath-watch", daemon=True
     )
     watch.start()
     try:
@@ -78,15 +78,15 @@ def api_server_main(spec: ApiServerSpec) -> None:
         llm.close()
 
 
-def _drain_when_alone(supervisor: int, core: Any) -> None:
+def _drain_when_alone(supervisor: int, llm: Any) -> None:
     """A supervisor that died without a word (SIGKILL), or an engine that closed, leaves this server
     with nothing to serve: it drains and exits as on SIGTERM, rather than holding the port."""
-    while os.getppid() == supervisor and core.closed_reason is None:
+    while os.getppid() == supervisor and llm.closed_reason is None:
         time.sleep(WATCH_POLL_S)
     if os.getppid() != supervisor:
         log.warning("the supervising process (pid %d) is gone; draining", supervisor)
     else:
-        log.warning("the engine closed (%s); draining", core.closed_reason)
+        log.warning("the engine closed (%s); draining", llm.closed_reason)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -96,7 +96,7 @@ def serve_many(
     """Serve `llm` (an LLM whose engine runs in its own process) through `config.api_server_count`
     API server processes until SIGTERM or SIGINT; 0 once all drained, 1 if a part died. The caller
     closes `llm`."""
-    if getattr(llm, "recipe", None) is None or llm.executor is not None:
+    if getattr(llm, "recipe", None) is None or not llm.in_engine_process:
         raise ValueError(
             "api_server_count above 1 needs the engine in a process of its own (engine_process=True, "
             "the server's default)"
@@ -122,7 +122,7 @@ def serve_many(
             ", ".join(str(p.pid) for p in procs),
             llm.engine_pid,
         )
-        return _supervise(procs, llm.core, config.drain_timeout_s, stop)
+        return _supervise(procs, llm, config.drain_timeout_s, stop)
 
 
 def _start_server(
@@ -203,15 +203,15 @@ def _metrics_dir() -> Iterator[None]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _supervise(procs: list[Any], core: Any, drain_s: float, stop: threading.Event) -> int:
+def _supervise(procs: list[Any], llm: Any, drain_s: float, stop: threading.Event) -> int:
     failure = None
     while not stop.wait(0.1):
         dead = next((p for p in procs if p.exitcode is not None), None)
         if dead is not None:
             failure = f"API server {dead.name} (pid {dead.pid}) exited with code {dead.exitcode}"
             break
-        if core.closed_reason is not None:
-            failure = f"the engine closed: {core.closed_reason}"
+        if llm.closed_reason is not None:
+            failure = f"the engine closed: {llm.closed_reason}"
             break
     if failure is not None:
         log.error("%s; stopping the other API servers", failure)

@@ -67,7 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     s.add_argument("--host", default=d["host"], help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=d["port"], help="port (default: %(default)s)")
     s.add_argument("--served-model-name", default=d["served_model_name"], help="the name /v1/models lists")
-    s.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1")
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="require `Authorization: Bearer KEY` on /v1, /tokenize, /detokenize and /version",
+    )
     s.add_argument(
         "--api-key-env", default=d["api_key_env"], help="environment variable read when --api-key is absent"
     )

@@ -24,6 +24,7 @@ TokenIds = list[Annotated[int, Field(ge=0)]]
 _log = logging.getLogger("fastpath.serve")
 _MAX_SPELL_CHECKS = 32  # unknown keys checked for misspelling; the rest are ignored unchecked
 _ignored_logged: set[str] = set()
+_KNOWN: dict[type, frozenset[str]] = {}
 
 
 class FieldError(ValueError):
@@ -76,9 +77,11 @@ class Body(BaseModel):
         return out
 
     @classmethod
-    def _known_keys(cls) -> set[str]:
-        keys = set(cls.model_fields)
-        keys.update(f.alias for f in cls.model_fields.values() if f.alias)
+    def _known_keys(cls) -> frozenset[str]:
+        keys = _KNOWN.get(cls)
+        if keys is None:  # once per model class, not per request
+            aliases = {f.alias for f in cls.model_fields.values() if f.alias}
+            keys = _KNOWN[cls] = frozenset(cls.model_fields) | aliases
         return keys
 
     @classmethod

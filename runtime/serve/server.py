@@ -91,6 +91,6 @@ def serve(
         config.host,
         config.port,
         llm.executor_name,
-        " in its own process" if llm.executor is None else "",
+        " in its own process" if llm.in_engine_process else "",
     )
     server.run(sockets=[sock] if sock is not None else None)

@@ -36,5 +36,4 @@ class ServerState:
 
     def closed_reason(self) -> str | None:
         """Why the engine no longer takes requests, or None while it does."""
-        core = getattr(self.llm, "core", None)
-        return getattr(core, "closed_reason", None)
+        return self.llm.closed_reason
