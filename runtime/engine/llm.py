@@ -435,7 +435,9 @@ class LLM:
         the template. A conversation the template refuses fails alone, as an invalid prompt does."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self._defaults)
-        self._chat_tokenizer(chat_template)  # the engine's own lack fails the call, not each conversation
+        # What is wrong with the call itself fails the call, not each conversation.
+        self._chat_tokenizer(chat_template)
+        check_template_kwargs(chat_template_kwargs)
         prompts: list[Any] = []
         failed: dict[int, RequestOutput] = {}
         for i, c in enumerate(conversations):

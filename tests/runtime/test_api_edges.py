@@ -122,3 +122,8 @@ def test_an_unseeded_request_does_not_sample_what_a_small_explicit_seed_does():
     seeds = {_derived_seed(0, i) for i in range(1000)}
     assert len(seeds) == 1000 and not seeds & set(range(1000))
     assert _derived_seed(0, 5) != _derived_seed(0, (1 << LINK_SHIFT) + 5) != _derived_seed(1, 5)
+
+
+def test_chat_template_kwargs_carry_template_variables_only(llm):
+    with pytest.raises(ValueError, match="'return_tensors' is an argument of the tokenizer's chat call"):
+        llm.chat([{"role": "user", "content": "hi"}], GREEDY, chat_template_kwargs={"return_tensors": "np"})
