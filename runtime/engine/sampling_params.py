@@ -35,6 +35,8 @@ def _warn_once(message: str) -> None:
         logging.getLogger("fastpath").warning(message)
 
 
+MAX_STOP_STRINGS = 128
+MAX_STOP_CHARS = 16384
 MAX_LOGPROBS = 20  # top-k logprobs a request may ask for (vLLM's default max_logprobs)
 MAX_N = 256
 
@@ -140,7 +142,10 @@ class SamplingParams:
     )
     stop: str | list[str] | None = field(
         default=None,
-        metadata=doc("Strings that end the completion, matched on the detokenized text, also across tokens."),
+        metadata=doc(
+            "Strings that end the completion, matched on the detokenized text, also across tokens "
+            "(at most 128, of 16384 characters in all)."
+        ),
     )
     stop_token_ids: list[int] | tuple[int, ...] = field(
         default=(), metadata=doc("Token ids that end the completion (kept in token_ids).")
@@ -286,6 +291,12 @@ class SamplingParams:
         if stop is not None:
             ok = isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop)
             _check(ok, "stop", "a non-empty string or a list of them", self.stop)
+        if stop is not None and (len(stop) > MAX_STOP_STRINGS or sum(map(len, stop)) > MAX_STOP_CHARS):
+            # Each is searched for after every token, on the thread that streams the text.
+            raise ValueError(
+                f"SamplingParams.stop must hold at most {MAX_STOP_STRINGS} strings of at most "
+                f"{MAX_STOP_CHARS} characters in all, got {len(stop)} of {sum(map(len, stop))}"
+            )
         if stop and self.detokenize is False:
             raise ValueError("SamplingParams.stop: stop strings are matched on text and need detokenize=True")
         object.__setattr__(self, "stop", tuple(stop or ()))

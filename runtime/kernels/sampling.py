@@ -33,7 +33,9 @@ MASS_SCALE = float(1 << 32)
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _MIX2 = -7723592293110705685  # 0x94D049BB133111EB
-_MASK24 = (1 << 24) - 1
+# 23 bits, not 24: (2**24 - 1) + 0.5 rounds to 2**24 in float32, so u was 1.0 once in 2**24 draws,
+# the Gumbel noise +inf, and on a masked (-inf) token -inf + inf = NaN, which drew token `vocab`.
+_MASK23 = (1 << 23) - 1
 
 
 def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -50,7 +52,12 @@ def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, cols: torch.Tenso
     x = (x ^ _shr(x, 30)) * _MIX1
     x = (x ^ _shr(x, 27)) * _MIX2
     x = x ^ _shr(x, 31)
-    return ((_shr(x, 40) & _MASK24).float() + 0.5) * (1.0 / (1 << 24))
+    return unit_float(_shr(x, 41))
+
+
+def unit_float(bits: torch.Tensor) -> torch.Tensor:
+    """The low 23 bits of int64 `bits` as a float32 strictly inside (0, 1)."""
+    return ((bits & _MASK23).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def gumbel(u: torch.Tensor) -> torch.Tensor:

@@ -83,7 +83,8 @@ def uniform(seed, counter, cols):
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
     x = (x ^ (x >> 27)) * 0x94D049BB133111EB
     x = x ^ (x >> 31)
-    return (((x >> 40) & 0xFFFFFF).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    # 23 bits, so u < 1 in float32 (sampling.py's uniform_noise says why).
+    return (((x >> 41) & 0x7FFFFF).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
 
 @triton.jit

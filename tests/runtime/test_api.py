@@ -46,6 +46,8 @@ def _deep(depth: int) -> dict:
         ({"guided_decoding": {"regex": "a", "json": {}}}, "set exactly one of"),
         ({"guided_decoding": {"json": _deep(500)}}, "guided: json_schema nests deeper than 64 levels"),
         ({"min_tokens": 1 << 63}, "SamplingParams.min_tokens must be an int in [0, 2147483647]"),
+        ({"stop": [f"s{i}" for i in range(129)]}, "SamplingParams.stop must hold at most 128 strings"),
+        ({"stop": ["x" * 16385]}, "of at most 16384 characters in all, got 1 of 16385"),
         ({"guided": {"regex": "a"}, "structured_outputs": {"regex": "b"}}, "both set a constraint"),
     ],
 )

@@ -90,3 +90,13 @@ def test_noise_is_a_pure_function_of_seed_counter_and_column():
     assert torch.equal(u[0], uniform_noise(torch.tensor([3]), torch.tensor([0]), 1000)[0])
     assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
     assert u.min() > 0 and u.max() < 1 and abs(float(u.mean()) - 0.5) < 0.03
+
+
+def test_the_gumbel_noise_stays_finite_at_the_extreme_draws():
+    import torch
+
+    from fastpath.runtime.kernels.sampling import gumbel, unit_float
+
+    u = unit_float(torch.tensor([0, (1 << 23) - 1, -1], dtype=torch.int64))
+    assert ((u > 0) & (u < 1)).all(), u  # u == 1.0 made the noise +inf, and -inf + inf a NaN token
+    assert torch.isfinite(gumbel(u)).all()
