@@ -291,11 +291,12 @@ class SamplingParams:
         if stop is not None:
             ok = isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop)
             _check(ok, "stop", "a non-empty string or a list of them", self.stop)
-        if stop is not None and (len(stop) > MAX_STOP_STRINGS or sum(map(len, stop)) > MAX_STOP_CHARS):
+        chars = sum(map(len, stop)) if stop is not None else 0
+        if stop is not None and (len(stop) > MAX_STOP_STRINGS or chars > MAX_STOP_CHARS):
             # Each is searched for after every token, on the thread that streams the text.
             raise ValueError(
                 f"SamplingParams.stop must hold at most {MAX_STOP_STRINGS} strings of at most "
-                f"{MAX_STOP_CHARS} characters in all, got {len(stop)} of {sum(map(len, stop))}"
+                f"{MAX_STOP_CHARS} characters in all, got {len(stop)} of {chars}"
             )
         if stop and self.detokenize is False:
             raise ValueError("SamplingParams.stop: stop strings are matched on text and need detokenize=True")

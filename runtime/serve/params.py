@@ -16,8 +16,9 @@ from ..engine.sampling_params import GuidedDecodingParams, SamplingParams
 from .errors import RequestInvalid
 from .protocol import ChatRequest, CompletionRequest, SamplingFields
 
-# What an unset field means when the model's generation_config says nothing (OpenAI's defaults).
-_OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+# Fields a request may leave unset (None): the model's generation_config value, else SamplingParams'.
+_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+_OWN_DEFAULTS = {name: SamplingParams.__dataclass_fields__[name].default for name in _DEFAULTED}
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -54,7 +55,8 @@ def sampling_params(
     """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field.
     `prompt_logprobs`: what an echoed prompt needs. `defaults`: the model's own sampling values (the
     engine's `generation_defaults`), for what the request leaves unset, as in vLLM."""
-    d = {**_OPENAI_DEFAULTS, **(defaults or {})}
+    d = {**_OWN_DEFAULTS, **(defaults or {})}
+    unset = {name: d[name] if getattr(req, name) is None else getattr(req, name) for name in _DEFAULTED}
     max_key, max_tokens = _max_tokens(req)
     model_max = d.get("max_tokens")
     if max_key not in req.model_fields_set and model_max is not None:
@@ -79,10 +81,7 @@ def sampling_params(
     try:
         return SamplingParams(
             n=req.n,
-            temperature=d["temperature"] if req.temperature is None else req.temperature,
-            top_p=d["top_p"] if req.top_p is None else req.top_p,
-            top_k=d["top_k"] if req.top_k is None else req.top_k,
-            min_p=d["min_p"] if req.min_p is None else req.min_p,
+            **unset,
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,
@@ -92,9 +91,6 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            repetition_penalty=d["repetition_penalty"]
-            if req.repetition_penalty is None
-            else req.repetition_penalty,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
