@@ -12,23 +12,40 @@ from pathlib import Path
 import torch
 
 
-def copy_bandwidth(gib: float = 2.0, repeats: int = 10) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
-    n = int(gib * (1 << 30)) // 2
-    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
+def _median_seconds(fn: Callable[[], object], device: str, repeats: int) -> float:
     for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()
     times = []
     for _ in range(repeats):
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    return 2 * n * 2 / statistics.median(times)
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(gib: float = 2.0, repeats: int = 10, device: str = "cuda") -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    n = int(gib * (1 << 30)) // 2
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    seconds = _median_seconds(lambda: dst.copy_(src), device, repeats)
+    return 2 * n * 2 / seconds
+
+
+def matmul_peak(n: int = 8192, repeats: int = 10, device: str = "cuda") -> float:
+    """bf16 matrix-product rate in FLOP/s on random n x n operands: the compute ceiling of a step."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    seconds = _median_seconds(lambda: a @ b, device, repeats)
+    return 2 * n**3 / seconds
 
 
 def replay_seconds(graph: torch.cuda.CUDAGraph, replays: int) -> float:
@@ -43,10 +60,11 @@ def replay_seconds(graph: torch.cuda.CUDAGraph, replays: int) -> float:
 
 
 def wall(fn: Callable[[], object]) -> float:
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t0
 
 

@@ -12,11 +12,22 @@ request with its own seed): the general sampler inside the same decode graphs. `
 tensor-parallel rows (2 GPUs, NCCL all-reduces inside the decode graphs) beside the one-GPU rows; a
 tensor-parallel row's floor is its rank's weight bytes over the copy bandwidth, since every GPU
 streams its shard at once.
+
+Two figures per native row: "µs/step" is the engine's own count of its decode steps (the time from
+one step's delivery to the next, while the loop runs without a pause), a long run's less a short
+run's over the steps between them, so the first and last steps of a run cancel; beside it, the same
+difference of the two runs' wall times, which also holds the caller's work (building outputs). "replay µs" is the step's graph replayed back to
+back, host work left out, so "wall / replay" above 1 is time the host adds to a step. A row's floor is
+the larger of its weight bytes (plus the KV bytes attention reads) over the copy bandwidth and its
+matrix FLOPs over the bf16 matrix rate, both measured in this run. `--long-context N` adds a batch-8
+row whose prompts are N tokens long, where attention's reads of the KV cache dominate, and reports the
+bandwidth attention reaches on them (the extra KV bytes over the extra replay time).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import statistics
@@ -26,7 +37,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth, environment, markdown_table, replay_seconds, wall, write_outputs
+from common import (
+    copy_bandwidth,
+    environment,
+    markdown_table,
+    matmul_peak,
+    replay_seconds,
+    wall,
+    write_outputs,
+)
 
 from fastpath.runtime.model.presets import resolve_random
 
@@ -48,20 +67,51 @@ def weight_bytes(llm) -> int:
     return total
 
 
-def engine_step_time(llm, batch: int, short: int, long: int, repeats: int, sampled: bool = False) -> float:
+def engine_step_time(
+    llm, batch: int, short: int, long: int, repeats: int, sampled: bool = False, prompt_len: int = PROMPT_LEN
+) -> tuple[float, float, list[float]]:
+    """A steady decode step, each figure a median over repeats: the engine's counted decode seconds
+    of a long run less a short one's, over the steps between them (a run's first and last steps, which
+    overlap nothing, cancel), and the same difference of wall times (the caller's work included); then
+    every long run's counted mean step (a one-time cost inside one run shows there)."""
     from fastpath.runtime import SamplingParams
 
     g = torch.Generator().manual_seed(batch)
-    prompts = [torch.randint(1000, 100000, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
+    vocab = llm.config.model.vocab_size
+    low, high = min(1000, vocab // 4), min(100000, vocab)
+    prompts = [torch.randint(low, high, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     extra = SAMPLED if sampled else {"temperature": 0.0}
 
-    def run(n):
+    def run(n) -> tuple[float, float, int]:
+        """(wall seconds, counted decode seconds, decode steps) of one generation of n tokens a row."""
         params = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i, **extra) for i in range(batch)]
-        return wall(lambda: llm.generate(prompts, params))
+        before = llm.stats()
+        seconds = wall(lambda: llm.generate(prompts, params))
+        after = llm.stats()
+        steps = after.steps["decode"] - before.steps["decode"]
+        return seconds, after.step_seconds["decode"] - before.step_seconds["decode"], steps
 
     run(short)  # first use of this batch size: nothing lazy left in the timed runs
-    diffs = [(run(long) - run(short)) / (long - short) for _ in range(repeats)]
-    return statistics.median(diffs)
+    counted, diffs, means = [], [], []
+    for _ in range(repeats):
+        wall_long, counted_long, steps_long = run(long)
+        wall_short, counted_short, steps_short = run(short)
+        counted.append((counted_long - counted_short) / max(steps_long - steps_short, 1))
+        diffs.append((wall_long - wall_short) / (long - short))
+        means.append(counted_long / max(steps_long, 1))
+    return statistics.median(counted), statistics.median(diffs), means
+
+
+def matmul_flops_per_token(model: str, context: int) -> float:
+    """A decode token's matrix FLOPs: every weight matrix once, and attention over `context` keys."""
+    cfg = resolve_random(model)
+    params = cfg.num_parameters() - (0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size)
+    return 2 * params + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+
+
+def kv_bytes_per_token(model: str) -> int:
+    cfg = resolve_random(model)
+    return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, bf16
 
 
 def replay_time(llm, batch: int, kind: str, replays: int = 50) -> float | None:
@@ -116,68 +166,186 @@ def main() -> None:
         "--sampling", nargs="+", choices=["greedy", "penalties"], default=["greedy", "penalties"],
         help="native rows: greedy, and sampled with penalties (SAMPLED)",
     )  # fmt: skip
+    ap.add_argument(
+        "--long-context", type=int, default=0, metavar="N", help="add a batch-8 row of N-token prompts"
+    )
+    ap.add_argument(
+        "--device", choices=["cuda", "cpu"], default="cuda",
+        help="cpu: a smoke run of the bench itself (no graphs, peers or HF rows), for tests",
+    )  # fmt: skip
+    ap.add_argument(
+        "--stack-dump-s", type=float, default=0, help="print every thread's stack every S seconds"
+    )
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.stack_dump_s:  # a run stuck in C++ (a collective, say) still says where
+        faulthandler.dump_traceback_later(args.stack_dump_s, repeat=True)
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("bench/decode.py needs a CUDA device; none is visible")
         return
+    if args.device == "cpu":
+        args.no_hf = args.no_compile_peer = True
     from fastpath.runtime import LLM
 
-    short, long, repeats = (8, 40, 1) if args.quick else (16, 144, 3)
-    bw = copy_bandwidth()
-    results = {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "rows": []}
+    short, long, repeats = (8, 40, 3) if args.quick else (16, 144, 3)
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    gib = 2.0 if args.device == "cuda" else 0.125
+    bw = copy_bandwidth(gib, device=args.device)
+    peak = matmul_peak(8192 if args.device == "cuda" else 512, device=args.device)
+    results = {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "matmul_flop_per_s": peak, "rows": []}
     max_batch = max(args.batch)
     engines = {
         "fused": dict(fused_kernels=True),
         "torch-ops": dict(fused_kernels=False),
         "no-graphs": dict(cuda_graphs=False),
     }
+    kv_token = kv_bytes_per_token(args.model)
+
+    def floor(rank_bytes: int, batch: int, context: int, tp: int = 1) -> float:
+        reads = rank_bytes + batch * context * kv_token / tp
+        return max(reads / bw, batch * matmul_flops_per_token(args.model, context) / tp / peak)
+
+    def measure(llm, name, tp, variant, batch, sampling, prompt_len=PROMPT_LEN):
+        rank_bytes = weight_bytes(llm)
+        step, diff, counted = engine_step_time(
+            llm, batch, short, long, repeats, sampled=sampling == "penalties", prompt_len=prompt_len
+        )
+        label = name if sampling == "greedy" else f"{name}, sampled with penalties"
+        context = prompt_len + (short + long) // 2
+        row = {"engine": label, "batch": batch, "step_s": step, "diff_step_s": diff, "tp": tp}
+        row["counted_mean_step_s"] = counted
+        row |= {"variant": variant, "sampling": sampling, "context": context}
+        row |= {"floor_step_s": floor(rank_bytes, batch, context, tp), "kv_bytes": batch * context * kv_token}
+        # A tensor-parallel graph replayed on rank 0 alone waits forever in its all-reduce for the others.
+        kind = "greedy" if sampling == "greedy" else "general"
+        row["replay_s"] = replay_time(llm, batch, kind) if tp == 1 else None
+        row["allreduce"] = llm.parallel.tp.allreduce_path if llm.parallel is not None else None
+        results["rows"].append(row)
+        print(f"{label} batch {batch} context {context}: {step * 1e6:.0f} us/step counted, {diff * 1e6:.0f} us/step"
+              f" by difference (long runs' counted means: {[round(c * 1e6) for c in counted]}), replay {row['replay_s'] and row['replay_s'] * 1e6}", flush=True)  # fmt: skip
+
+    def release(llm):
+        report()
+        llm.close()
+        del llm
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def report() -> None:
+        """The table from the rows so far: written after each stage, so a run cut short keeps them."""
+        nonlocal floor_bytes
+        if floor_bytes is None:  # only tensor-parallel rows ran: the one-GPU floor from the parameter count
+            floor_bytes = resolve_random(args.model).num_parameters() * 2
+        context = PROMPT_LEN + (short + long) // 2
+        results["weight_bytes"] = floor_bytes
+        results["floor_step_s"] = floor_bytes / bw
+        hf = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"].startswith("HF")}
+        peer = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"] == PEER}
+        greedy = {
+            (r["variant"], r["tp"], r["batch"]): r
+            for r in results["rows"]
+            if r.get("sampling") == "greedy" and r.get("context") == context
+        }
+        rows = []
+        for r in results["rows"]:
+            b, step = r["batch"], r["step_s"]
+            r.setdefault("floor_step_s", floor(floor_bytes, b, context))
+            r["tok_s"] = b / step
+            r["share_of_floor"] = r["floor_step_s"] / step
+            # The peers ran the short context only: a long-context row has nothing to be compared with.
+            same = r.get("context", context) == context
+            r["speedup_vs_hf"] = hf[b] / step if b in hf and same else None
+            r["speedup_vs_compile"] = peer[b] / step if b in peer and same and r["engine"] != PEER else None
+            base = greedy.get((r.get("variant"), 1, b)) if r.get("tp", 1) > 1 else None
+            r["speedup_vs_tp1"] = base["step_s"] / step if base else None
+            plain = (
+                greedy.get((r.get("variant"), r.get("tp"), b)) if r.get("sampling") == "penalties" else None
+            )
+            r["vs_greedy"] = step / plain["step_s"] - 1 if plain else None
+            short_ctx = greedy.get((r.get("variant"), 1, b)) if r.get("context", context) > context else None
+            if short_ctx and r.get("replay_s") and short_ctx.get("replay_s"):
+                extra_bytes = r["kv_bytes"] - short_ctx["kv_bytes"]
+                r["attention_kv_bandwidth"] = extra_bytes / max(r["replay_s"] - short_ctx["replay_s"], 1e-9)
+                r["attention_kv_share_of_copy"] = r["attention_kv_bandwidth"] / bw
+            replay, diff = r.get("replay_s"), r.get("diff_step_s")
+            rows.append([r["engine"], b, r.get("context", "-"), f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}",
+                         f"{diff * 1e6:.0f}" if diff else "-",
+                         f"{replay * 1e6:.0f}" if replay else "-", f"{step / replay:.2f}" if replay else "-",
+                         f"{r['floor_step_s'] * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
+                         f"{r['speedup_vs_compile']:.2f}x" if r["speedup_vs_compile"] else "-",
+                         f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-",
+                         f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-",
+                         f"{100 * r['vs_greedy']:+.1f}%" if r["vs_greedy"] is not None else "-"])  # fmt: skip
+        headers = ["engine", "batch", "context", "tok/s", "µs/step", "µs/step (difference)", "replay µs",
+                   "wall / replay", "floor µs", "share of floor", "vs torch.compile", "vs HF", "vs tp=1",
+                   "vs greedy"]  # fmt: skip
+        table = markdown_table(headers, rows)
+        table += (
+            f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; bf16 matrix rate {peak / 1e12:.0f} TFLOP/s; weights "
+            f"{floor_bytes / 1e9:.2f} GB; {results['env']}"
+        )
+        for r in results["rows"]:
+            if "attention_kv_bandwidth" in r:
+                table += (
+                    f"\n\n{r['engine']}: attention reads {r['kv_bytes'] / 1e9:.2f} GB of KV cache a step at "
+                    f"{r['attention_kv_bandwidth'] / 1e12:.2f} TB/s ({100 * r['attention_kv_share_of_copy']:.0f}% of the "
+                    "copy bandwidth), from the extra replay time over the short-context row."
+                )
+        paths = sorted({r["allreduce"] for r in results["rows"] if r.get("allreduce")})
+        table += "".join(f"\n\nTensor-parallel all-reduce: {p}." for p in paths)
+        results["model"] = args.model
+        table += f"\n\nModel {args.model}."
+        write_outputs(args.out, args.name, results, table)
+        plot(results, args.out / f"{args.name}.png")
+
     floor_bytes = None
     sizes = [1, *sorted({t for t in args.tp if t > 1})]
     for variant in args.variants:
         for tp in sizes:
-            if tp > torch.cuda.device_count():
+            if tp > 1 and tp > torch.cuda.device_count():
                 print(f"skipping tp={tp}: {torch.cuda.device_count()} CUDA devices are visible", flush=True)
                 continue
             llm = LLM(
                 args.model,
-                device="cuda",
-                dtype="bfloat16",
+                device=args.device,
+                dtype=dtype,
                 max_batch_size=max_batch,
                 max_seq_len=512,
                 tp=tp,
                 **engines[variant],
             )
-            rank_bytes = weight_bytes(llm)
             if tp == 1:
-                floor_bytes = floor_bytes or rank_bytes
+                floor_bytes = floor_bytes or weight_bytes(llm)
             name = f"native ({variant})" if tp == 1 else f"native ({variant}, tp={tp})"
             for b in args.batch:
                 for sampling in args.sampling:
-                    step = engine_step_time(llm, b, short, long, repeats, sampled=sampling == "penalties")
-                    label = name if sampling == "greedy" else f"{name}, sampled with penalties"
-                    row = {"engine": label, "batch": b, "step_s": step, "tp": tp, "variant": variant}
-                    row |= {"sampling": sampling, "floor_step_s": rank_bytes / bw}
-                    row["replay_s"] = replay_time(llm, b, "greedy" if sampling == "greedy" else "general")
-                    row["allreduce"] = llm.parallel.tp.allreduce_path if llm.parallel is not None else None
-                    results["rows"].append(row)
-                    print(f"{label} batch {b}: {step * 1e6:.0f} us/step, {b / step:.0f} tok/s", flush=True)
-            llm.close()
-            del llm
-            gc.collect()
-            torch.cuda.empty_cache()
+                    measure(llm, name, tp, variant, b, sampling)
+            release(llm)
+        if args.long_context:
+            n = args.long_context
+            llm = LLM(
+                args.model,
+                device=args.device,
+                dtype=dtype,
+                max_batch_size=8,
+                max_seq_len=n + long + 64,
+                **engines[variant],
+            )
+            measure(llm, f"native ({variant}), {n}-token contexts", 1, variant, 8, "greedy", prompt_len=n)
+            release(llm)
     for pkg in args.package:
         module = __import__(pkg)
         llm = module.LLM(
             model=MODEL, device="cuda", dtype="bfloat16", max_batch_size=max_batch, max_seq_len=512
         )
         for b in args.batch:
-            step = engine_step_time(llm, b, short, long, repeats)
-            results["rows"].append({"engine": f"generated {pkg}", "batch": b, "step_s": step})
+            step, diff, _ = engine_step_time(llm, b, short, long, repeats)
+            results["rows"].append(
+                {"engine": f"generated {pkg}", "batch": b, "step_s": step, "diff_step_s": diff}
+            )
             print(f"generated {pkg} batch {b}: {step * 1e6:.0f} us/step", flush=True)
-        llm.close()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
+        release(llm)
+    report()
     if not args.no_compile_peer:
         from compile_peer import step_time as peer_step_time
 
@@ -195,67 +363,7 @@ def main() -> None:
             torch.cuda.empty_cache()
             results["rows"].append({"engine": "HF transformers generate (eager)", "batch": b, "step_s": step})
             print(f"hf batch {b}: {step * 1e6:.0f} us/step", flush=True)
-    if floor_bytes is None:  # only tensor-parallel rows ran: the one-GPU floor from the parameter count
-        floor_bytes = resolve_random(args.model).num_parameters() * 2
-    floor_step = floor_bytes / bw
-    results["weight_bytes"] = floor_bytes
-    results["floor_step_s"] = floor_step
-    hf = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"].startswith("HF")}
-    peer = {r["batch"]: r["step_s"] for r in results["rows"] if r["engine"] == PEER}
-    one_gpu = {
-        (r["variant"], r["batch"]): r["step_s"]
-        for r in results["rows"]
-        if r.get("tp") == 1 and r.get("sampling") == "greedy"
-    }
-    greedy = {
-        (r["variant"], r["tp"], r["batch"]): r["step_s"]
-        for r in results["rows"]
-        if r.get("sampling") == "greedy"
-    }
-    rows = []
-    for r in results["rows"]:
-        b, step = r["batch"], r["step_s"]
-        r["tok_s"] = b / step
-        r["share_of_floor"] = r.get("floor_step_s", floor_step) / step
-        r["speedup_vs_hf"] = hf[b] / step if b in hf else None
-        r["speedup_vs_compile"] = peer[b] / step if b in peer and r["engine"] != PEER else None
-        base = one_gpu.get((r.get("variant"), b)) if r.get("tp", 1) > 1 else None
-        r["speedup_vs_tp1"] = base / step if base else None
-        plain = greedy.get((r.get("variant"), r.get("tp"), b)) if r.get("sampling") == "penalties" else None
-        r["vs_greedy"] = step / plain - 1 if plain else None
-        replay = r.get("replay_s")
-        rows.append([r["engine"], b, f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
-                     f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-",
-                     f"{r['speedup_vs_compile']:.2f}x" if r["speedup_vs_compile"] else "-",
-                     f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-",
-                     f"{100 * r['vs_greedy']:+.1f}%" if r["vs_greedy"] is not None else "-",
-                     f"{replay * 1e6:.0f}" if replay else "-", f"{step / replay:.2f}" if replay else "-"])  # fmt: skip
-    for b in args.batch:
-        rows.append(
-            [
-                "weight-read floor",
-                b,
-                f"{b / floor_step:.0f}",
-                f"{floor_step * 1e6:.0f}",
-                "100%",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-            ]
-        )
-    headers = ["engine", "batch", "tok/s", "µs/step", "share of floor", "vs HF", "vs torch.compile", "vs tp=1", "vs greedy",
-               "replay µs", "wall / replay"]  # fmt: skip
-    table = markdown_table(headers, rows)
-    table += f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; weights {floor_bytes / 1e9:.2f} GB; {results['env']}"
-    paths = sorted({r["allreduce"] for r in results["rows"] if r.get("allreduce")})
-    table += "".join(f"\n\nTensor-parallel all-reduce: {p}." for p in paths)
-    results["model"] = args.model
-    table += f"\n\nModel {args.model}."
-    write_outputs(args.out, args.name, results, table)
-    plot(results, args.out / f"{args.name}.png")
+    report()
 
 
 def plot(results: dict, path: Path) -> None:

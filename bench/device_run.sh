@@ -2,25 +2,28 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-18|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
 # Steps write into $WORK; at the end everything but the bench tokenizer goes back as one archive
 # (the device tool returns at most 8 files).
 FINAL=${OUT:-out}
-OUT=/tmp/device-work
+OUT=${WORK:-/tmp/device-work}  # two runs side by side (one a GPU) each name their own
 mkdir -p "$OUT" "$FINAL"
 log="$OUT/device.log"
 start=$(date +%s)
 stamp() { echo "=== $1 $(( $(date +%s) - start )) s" | tee -a "$log"; }
 
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  [ -n "${SKIP_INSTALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1 || { echo "install failed" | tee -a "$log"; tail -30 "$log"; exit 1; }
-stamp install
+# SKIP_INSTALL=1: an earlier run on this machine installed; two side-by-side runs must not both build.
+if [ -z "${SKIP_INSTALL:-}" ]; then
+  python3 -m pip install -q --no-build-isolation --no-deps -e . >>"$log" 2>&1 || { echo "install failed" | tee -a "$log"; tail -30 "$log"; exit 1; }
+  stamp install
+fi
 export FASTPATH_PROGRESS=0 PYTHONUNBUFFERED=1
 
 for step in "$@"; do
@@ -36,6 +39,13 @@ for step in "$@"; do
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;
     decode-sampling) timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --batch 8 64 256 --name decode-sampling --out "$OUT" 2>&1 | tail -12 ;;
+    # #18's table: batch 1 to 256 and 8k-token contexts beside the torch.compile peer, sampled rows too.
+    decode-18) timeout 520 python3 bench/decode.py --quick --no-hf --variants fused --batch 1 8 64 256 --long-context 8192 \
+      --stack-dump-s 240 --name decode-18 --out "$OUT" 2>&1 | tail -24 ;;
+    guided-3)  # #18's guided rows, three consecutive runs, batch 16, spin
+      for i in 1 2 3; do
+        timeout 200 python3 bench/guided.py --quick --modes spin --batch 16 --name "guided-run-$i" --out "$OUT" 2>&1 | tail -4
+      done ;;
     decode-fused) python3 bench/decode.py --quick --no-hf --variants fused --out "$OUT" 2>&1 | tail -30 ;;
     tp-decode)
       for m in random:llama-1b random:llama-8b; do
@@ -45,7 +55,7 @@ for step in "$@"; do
     tp-decode-1b|tp-decode-8b)  # one model per device call: both in one call ran past its 600 s
       m="random:llama-${step#tp-decode-}"
       timeout 560 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy \
-        --tp 2 --model "$m" --name "decode-tp2-${m#random:}" --out "$OUT" 2>&1 | tail -12 ;;
+        --tp 2 --model "$m" --name "decode-tp2-${m#random:}" --stack-dump-s 200 --out "$OUT" 2>&1 | tail -40 ;;
     allreduce) timeout 200 python3 bench/allreduce.py --out "$OUT" 2>&1 | tail -20 ;;
     prefill) timeout 200 python3 bench/prefill.py --out "$OUT" 2>&1 | tail -8 ;;
     tp-two-shot) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py -k two_shot 2>&1 | tee "$OUT/gpu_tp_two_shot.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;

@@ -50,7 +50,10 @@ def tokenizer_dir(path: Path | None, out: Path) -> Path:
 def step_time(
     llm, batch: int, guided: bool, short: int, long: int, repeats: int, temperature: float = 0.0
 ) -> float:
-    """Median over repeats of (wall(long) - wall(short)) / (long - short): decode steps only."""
+    """Median over repeats of the engine's own count of a decode step over the long run.
+
+    The difference of two runs' wall times, used before, swung by more than the overhead measured
+    (once below zero) whenever one run caught a one-time cost."""
     from fastpath.runtime import SamplingParams
 
     prompts = [[1000 + 7 * i + j for j in range(16)] for i in range(batch)]
@@ -63,7 +66,14 @@ def step_time(
         return wall(lambda: llm.generate(prompts, params(n)))
 
     run(short)
-    return statistics.median((run(long) - run(short)) / (long - short) for _ in range(repeats))
+    counted = []
+    for _ in range(repeats):
+        before = llm.stats()
+        run(long)
+        after = llm.stats()
+        steps = after.steps["decode"] - before.steps["decode"]
+        counted.append((after.step_seconds["decode"] - before.step_seconds["decode"]) / max(steps, 1))
+    return statistics.median(counted)
 
 
 @contextmanager
@@ -145,6 +155,7 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["xgrammar"], choices=["xgrammar", "llguidance"])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--name", default="guided", help="the output files' stem")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/guided.py needs a CUDA device; none is visible")
@@ -186,7 +197,7 @@ def main() -> None:
         "overhead, sampled",
     ]
     table = markdown_table(headers, rows) + f"\n\nHost: {payload['host']}\n"
-    write_outputs(args.out, "guided", payload, table)
+    write_outputs(args.out, args.name, payload, table)
 
 
 if __name__ == "__main__":
