@@ -193,7 +193,8 @@ def missing_server_modules() -> list[str]:
 
 
 def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name: str | None = None) -> int:
-    """Build the engine, serve until SIGTERM, drain, close the engine; 0, or 2 for a bad option."""
+    """Build the engine, serve until SIGTERM, drain, close the engine; 0, 1 when the engine (or an API
+    server) died first, or 2 for a bad option."""
     missing = missing_server_modules()
     if missing:
         print(
@@ -219,8 +220,7 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
     llm = llm_factory(**engine_kwargs(args))
     try:
         if config.api_server_count == 1:
-            serve(llm, config, model_name=model_name, log_level=args.log_level)
-            return 0
+            return 0 if serve(llm, config, model_name=model_name, log_level=args.log_level) else 1
         try:
             return serve_many(llm, config, model_name=model_name, log_level=args.log_level)
         except OSError as exc:  # the address is taken, or not ours to bind

@@ -4,6 +4,10 @@ On the signal uvicorn stops listening (new connections are refused, which is how
 sees the drain), and on connections still open the gate answers new requests, /health included,
 with 503. Running responses finish for up to `drain_timeout_s`; then the rest are cut (a stream
 ends with a 503 error event and [DONE]) and the engine aborts their requests. Unlike plain uvicorn, the signal is not raised again afterwards.
+
+An engine that closes on its own (its process killed, a step that failed) leaves nothing to serve: the
+server drains the same way and `serve` returns False, so the command exits 1 and whatever supervises
+it (systemd, Kubernetes) restarts it, where a server answering 503 for ever would only be routed around.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +30,7 @@ from .state import ServerState
 log = logging.getLogger("fastpath.serve")
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+ENGINE_POLL_S = 0.25
 
 
 class DrainingServer(uvicorn.Server):
@@ -80,10 +86,15 @@ def serve(
     sock: socket.socket | None = None,
     log_level: str = "info",
     label: str = "",
-) -> None:
-    """Serve until SIGTERM or SIGINT, drain, return. The caller closes `llm`. `label` names this
-    process among several API servers."""
+) -> bool:
+    """Serve until SIGTERM or SIGINT, drain, return True; False when the engine closed first. The
+    caller closes `llm`. `label` names this process among several API servers."""
     server = make_server(llm, config, model_name=model_name, log_level=log_level)
+    engine_closed = threading.Event()
+    watch = threading.Thread(
+        target=_drain_when_the_engine_closes, args=(server, llm, engine_closed), name="fastpath-engine-watch",
+        daemon=True,
+    )  # fmt: skip
     log.info(
         "%sserving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
         label,
@@ -93,4 +104,17 @@ def serve(
         llm.executor_name,
         " in its own process" if llm.in_engine_process else "",
     )
+    watch.start()
     server.run(sockets=[sock] if sock is not None else None)
+    return not engine_closed.is_set()
+
+
+def _drain_when_the_engine_closes(server: DrainingServer, llm: Any, engine_closed: threading.Event) -> None:
+    while not server.should_exit:
+        reason = llm.closed_reason
+        if reason is not None:
+            log.error("the engine closed (%s): draining, then exiting with status 1", reason)
+            engine_closed.set()
+            server.handle_exit(signal.SIGTERM, None)
+            return
+        time.sleep(ENGINE_POLL_S)
