@@ -16,8 +16,11 @@ streams its shard at once.
 Two figures per native row: "µs/step" is the engine's own count of its decode steps (the time from
 one step's delivery to the next, while the loop runs without a pause), a long run's less a short
 run's over the steps between them, so the first and last steps of a run cancel; beside it, the same
-difference of the two runs' wall times, which also holds the caller's work (building outputs). "replay µs" is the step's graph replayed back to
-back, host work left out, so "wall / replay" above 1 is time the host adds to a step. A row's floor is
+difference of the two runs' wall times, which also holds the caller's work (building outputs).
+"replay µs" is the step's graph replayed back to back, host work left out, so "wall / replay" above 1
+is time the host adds to a step. "host µs" is the host's own work in a step (scheduling, staging,
+launching, completing), counted as the step less the time the engine loop waited for the device: the
+host keeps ahead while it is below the replay. A row's floor is
 the larger of its weight bytes (plus the KV bytes attention reads) over the copy bandwidth and its
 matrix FLOPs over the bf16 matrix rate, both measured in this run. `--long-context N` adds a batch-8
 row whose prompts are N tokens long, where attention's reads of the KV cache dominate, and reports the
@@ -69,11 +72,12 @@ def weight_bytes(llm) -> int:
 
 def engine_step_time(
     llm, batch: int, short: int, long: int, repeats: int, sampled: bool = False, prompt_len: int = PROMPT_LEN
-) -> tuple[float, float, list[float]]:
+) -> tuple[float, float, list[float], float]:
     """A steady decode step, each figure a median over repeats: the engine's counted decode seconds
     of a long run less a short one's, over the steps between them (a run's first and last steps, which
     overlap nothing, cancel), and the same difference of wall times (the caller's work included); then
-    every long run's counted mean step (a one-time cost inside one run shows there)."""
+    every long run's counted mean step (a one-time cost inside one run shows there); last, the host's
+    work in a step, counted the same way: the step less the time the loop waited for the device."""
     from fastpath.runtime import SamplingParams
 
     g = torch.Generator().manual_seed(batch)
@@ -82,24 +86,28 @@ def engine_step_time(
     prompts = [torch.randint(low, high, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     extra = SAMPLED if sampled else {"temperature": 0.0}
 
-    def run(n) -> tuple[float, float, int]:
-        """(wall seconds, counted decode seconds, decode steps) of one generation of n tokens a row."""
+    def run(n) -> tuple[float, float, float, int]:
+        """(wall seconds, counted decode seconds, of them waiting for the device, decode steps) of one
+        generation of n tokens a row."""
         params = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i, **extra) for i in range(batch)]
         before = llm.stats()
         seconds = wall(lambda: llm.generate(prompts, params))
         after = llm.stats()
         steps = after.steps["decode"] - before.steps["decode"]
-        return seconds, after.step_seconds["decode"] - before.step_seconds["decode"], steps
+        waited = after.step_wait_seconds["decode"] - before.step_wait_seconds["decode"]
+        return seconds, after.step_seconds["decode"] - before.step_seconds["decode"], waited, steps
 
     run(short)  # first use of this batch size: nothing lazy left in the timed runs
-    counted, diffs, means = [], [], []
+    counted, diffs, means, host = [], [], [], []
     for _ in range(repeats):
-        wall_long, counted_long, steps_long = run(long)
-        wall_short, counted_short, steps_short = run(short)
-        counted.append((counted_long - counted_short) / max(steps_long - steps_short, 1))
+        wall_long, counted_long, waited_long, steps_long = run(long)
+        wall_short, counted_short, waited_short, steps_short = run(short)
+        steps = max(steps_long - steps_short, 1)
+        counted.append((counted_long - counted_short) / steps)
+        host.append((counted_long - waited_long - counted_short + waited_short) / steps)
         diffs.append((wall_long - wall_short) / (long - short))
         means.append(counted_long / max(steps_long, 1))
-    return statistics.median(counted), statistics.median(diffs), means
+    return statistics.median(counted), statistics.median(diffs), means, statistics.median(host)
 
 
 def matmul_flops_per_token(model: str, context: int) -> float:
@@ -206,13 +214,14 @@ def main() -> None:
 
     def measure(llm, name, tp, variant, batch, sampling, prompt_len=PROMPT_LEN):
         rank_bytes = weight_bytes(llm)
-        step, diff, counted = engine_step_time(
+        step, diff, counted, host = engine_step_time(
             llm, batch, short, long, repeats, sampled=sampling == "penalties", prompt_len=prompt_len
         )
         label = name if sampling == "greedy" else f"{name}, sampled with penalties"
         context = prompt_len + (short + long) // 2
         row = {"engine": label, "batch": batch, "step_s": step, "diff_step_s": diff, "tp": tp}
         row["counted_mean_step_s"] = counted
+        row["host_step_s"] = host
         row |= {"variant": variant, "sampling": sampling, "context": context}
         row |= {"floor_step_s": floor(rank_bytes, batch, context, tp), "kv_bytes": batch * context * kv_token}
         # A tensor-parallel graph replayed on rank 0 alone waits forever in its all-reduce for the others.
@@ -267,17 +276,18 @@ def main() -> None:
                 extra_bytes = r["kv_bytes"] - short_ctx["kv_bytes"]
                 r["attention_kv_bandwidth"] = extra_bytes / max(r["replay_s"] - short_ctx["replay_s"], 1e-9)
                 r["attention_kv_share_of_copy"] = r["attention_kv_bandwidth"] / bw
-            replay, diff = r.get("replay_s"), r.get("diff_step_s")
+            replay, diff, host = r.get("replay_s"), r.get("diff_step_s"), r.get("host_step_s")
             rows.append([r["engine"], b, r.get("context", "-"), f"{r['tok_s']:.0f}", f"{step * 1e6:.0f}",
                          f"{diff * 1e6:.0f}" if diff else "-",
                          f"{replay * 1e6:.0f}" if replay else "-", f"{step / replay:.2f}" if replay else "-",
+                         f"{host * 1e6:.0f}" if host is not None else "-",
                          f"{r['floor_step_s'] * 1e6:.0f}", f"{100 * r['share_of_floor']:.0f}%",
                          f"{r['speedup_vs_compile']:.2f}x" if r["speedup_vs_compile"] else "-",
                          f"{r['speedup_vs_hf']:.1f}x" if r["speedup_vs_hf"] else "-",
                          f"{r['speedup_vs_tp1']:.2f}x" if r["speedup_vs_tp1"] else "-",
                          f"{100 * r['vs_greedy']:+.1f}%" if r["vs_greedy"] is not None else "-"])  # fmt: skip
         headers = ["engine", "batch", "context", "tok/s", "µs/step", "µs/step (difference)", "replay µs",
-                   "wall / replay", "floor µs", "share of floor", "vs torch.compile", "vs HF", "vs tp=1",
+                   "wall / replay", "host µs", "floor µs", "share of floor", "vs torch.compile", "vs HF", "vs tp=1",
                    "vs greedy"]  # fmt: skip
         table = markdown_table(headers, rows)
         table += (
@@ -339,9 +349,15 @@ def main() -> None:
             model=MODEL, device="cuda", dtype="bfloat16", max_batch_size=max_batch, max_seq_len=512
         )
         for b in args.batch:
-            step, diff, _ = engine_step_time(llm, b, short, long, repeats)
+            step, diff, _, host = engine_step_time(llm, b, short, long, repeats)
             results["rows"].append(
-                {"engine": f"generated {pkg}", "batch": b, "step_s": step, "diff_step_s": diff}
+                {
+                    "engine": f"generated {pkg}",
+                    "batch": b,
+                    "step_s": step,
+                    "diff_step_s": diff,
+                    "host_step_s": host,
+                }
             )
             print(f"generated {pkg} batch {b}: {step * 1e6:.0f} us/step", flush=True)
         release(llm)

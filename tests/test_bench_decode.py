@@ -25,10 +25,11 @@ def test_the_decode_bench_reports_steps_floors_sampling_cost_and_long_contexts(t
     for r in rows:
         assert r["step_s"] > 0 and r["diff_step_s"] > 0 and len(r["counted_mean_step_s"]) == 3
         assert r["floor_step_s"] > 0 and r["share_of_floor"] > 0
+        assert 0 < r["host_step_s"] <= r["step_s"] * 1.5  # a difference of two runs: noise, but no more
         assert r["replay_s"] is None  # no graphs on the CPU: no replay column invented
     sampled = [r for r in short if r["sampling"] == "penalties"]
     assert all(r["vs_greedy"] is not None for r in sampled)
     (long_row,) = [r for r in rows if r["context"] >= 200]
     assert long_row["batch"] == 8 and long_row["kv_bytes"] > max(r["kv_bytes"] for r in short)
     table = (tmp_path / "decode.md").read_text()
-    assert "floor µs" in table and "200-token contexts" in table
+    assert "floor µs" in table and "host µs" in table and "200-token contexts" in table

@@ -43,6 +43,9 @@ class EngineStats:
     steps: dict[str, int] = field(default_factory=dict)
     step_tokens: dict[str, int] = field(default_factory=dict)
     step_seconds: dict[str, float] = field(default_factory=dict)
+    # Of step_seconds, the time the loop waited for the device's tokens; the rest is host work. A
+    # device that is never waited for is one the host keeps waiting instead.
+    step_wait_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class EngineCore:
@@ -63,9 +66,12 @@ class EngineCore:
         self._live: set[RequestHandle] = set()
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        # phase -> (steps, tokens, seconds); both phases exist from the start, so stats() on another
-        # thread never iterates a dict that grows
-        self._steps: dict[str, tuple[int, int, float]] = {"prefill": (0, 0, 0.0), "decode": (0, 0, 0.0)}
+        # phase -> (steps, tokens, seconds, seconds waiting for the device); both phases exist from
+        # the start, so stats() on another thread never iterates a dict that grows
+        self._steps: dict[str, tuple[int, int, float, float]] = {
+            "prefill": (0, 0, 0.0, 0.0),
+            "decode": (0, 0, 0.0, 0.0),
+        }
         self._last_delivery = 0.0
         self._thread = threading.Thread(target=self._run, name="fastpath-engine", daemon=True)
         self._thread.start()
@@ -200,12 +206,13 @@ class EngineCore:
         """Tally a completed step; the time now."""
         self.generation_tokens += len(record.new_tokens)
         now = time.monotonic()
-        steps, tokens, seconds = self._steps.get(record.phase, (0, 0, 0.0))
+        steps, tokens, seconds, waited = self._steps.get(record.phase, (0, 0, 0.0, 0.0))
         # One new tuple per step: a reader on another thread sees the old tally or the new, never half.
         self._steps[record.phase] = (
             steps + 1,
             tokens + record.num_tokens,
             seconds + now - self._last_delivery,
+            waited + record.device_wait_s,
         )
         self._last_delivery = now
         return now
@@ -251,12 +258,16 @@ class EngineCore:
                 future.set_exception(error)
 
 
-def _columns(rows: list[tuple[str, tuple]]) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
-    """Steps, tokens and seconds by phase, from one snapshot of each phase's tally."""
+def _columns(
+    rows: list[tuple[str, tuple]],
+) -> tuple[dict[str, int], dict[str, int], dict[str, float], dict[str, float]]:
+    """Steps, tokens, seconds and seconds waiting for the device by phase, from one snapshot of each
+    phase's tally."""
     return (
         {phase: int(v[0]) for phase, v in rows},
         {phase: int(v[1]) for phase, v in rows},
         {phase: float(v[2]) for phase, v in rows},
+        {phase: float(v[3]) for phase, v in rows},
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import time
 from collections.abc import Iterator
 
 import torch
@@ -242,9 +243,11 @@ class ExecutorCore:
 
     def complete(self, step: InflightStep) -> StepRecord:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
+        waited = time.perf_counter()
         self.readback.wait(step.ticket, step.event)
+        waited = time.perf_counter() - waited
         self.dispatcher.check()  # a host callback's exception surfaces here, with its traceback
-        record = StepRecord(step.batch.phase, step.batch.num_tokens)
+        record = StepRecord(step.batch.phase, step.batch.num_tokens, device_wait_s=waited)
         host = step.host
         tops = None
         if host.top_ids is not None:  # some row asked for top-k logprobs

@@ -50,6 +50,12 @@ class EngineCollector:
                 "Seconds from each step's previous delivery to its own, by phase (the engine's pace).",
                 s.step_seconds,
             ),
+            (
+                "fastpath_engine_step_wait_seconds",
+                "Of the step seconds, those the engine loop waited for the device, by phase (the rest is "
+                "host work).",
+                s.step_wait_seconds,
+            ),
         ):
             family = CounterMetricFamily(name, doc, labels=["phase"])
             for phase in ("prefill", "decode"):
