@@ -45,7 +45,7 @@ def main() -> None:
             llm.close()
             continue
         for b in args.batch:
-            step = engine_step_time(llm, b, 16, 144, 3)
+            step = engine_step_time(llm, b, 16, 144, 3)[0]
             payload.append({"readback": name, "batch": b, "step_s": step})
             rows.append([name, b, f"{step * 1e6:.0f}"])
             print(rows[-1], flush=True)

@@ -3,7 +3,8 @@
 `generate`, a gpt-fast-style torch.compile peer of the same shape (bench/compile_peer.py), and the
 weight-read floor (weight bytes over the copy bandwidth measured in this run).
 
-    python bench/decode.py --out bench/results [--quick] [--batch 1 8 64] [--tp 2] [--sampling greedy]
+    python bench/decode.py --out bench/results [--quick] [--batch 1 8 64 256] [--tp 2] [--sampling greedy]
+        [--long-context 8192] [--package llama_1b --alternate 5] [--device cpu]
 
 Steady-state decode time per step is the difference between two generations that differ only in
 length, so prefill, warmup and start-up cancel out. Each native row runs greedy and "sampled with
@@ -163,20 +164,26 @@ def main() -> None:
         "--model", default=MODEL, help="a random: preset (random:llama-8b for tensor parallelism)"
     )
     ap.add_argument("--name", default="decode", help="the output files' stem")
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--quick", action="store_true", help="fewer steps and repeats")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-compile-peer", action="store_true", help="skip the torch.compile peer rows")
     ap.add_argument("--variants", nargs="+", default=["fused", "torch-ops"], help="native variants to run")
     ap.add_argument("--package", action="append", default=[], help="generated package to run beside native")
+    ap.add_argument(
+        "--alternate", type=int, default=0, metavar="N",
+        help="N runs a batch, alternating native and each --package (or, with none, a second native "
+        "engine: the method's own spread); reports each one's median and spread",
+    )  # fmt: skip
     ap.add_argument("--tp", type=int, nargs="*", default=[], help="tensor-parallel sizes to run beside tp=1")
     ap.add_argument(
         "--sampling", nargs="+", choices=["greedy", "penalties"], default=["greedy", "penalties"],
         help="native rows: greedy, and sampled with penalties (SAMPLED)",
     )  # fmt: skip
     ap.add_argument(
-        "--long-context", type=int, default=0, metavar="N", help="add a batch-8 row of N-token prompts"
-    )
+        "--long-context", type=int, metavar="N",
+        help="add a batch-8 row of N-token prompts (default 8192 on CUDA; 0 leaves it out)",
+    )  # fmt: skip
     ap.add_argument(
         "--device", choices=["cuda", "cpu"], default="cuda",
         help="cpu: a smoke run of the bench itself (no graphs, peers or HF rows), for tests",
@@ -192,6 +199,8 @@ def main() -> None:
         return
     if args.device == "cpu":
         args.no_hf = args.no_compile_peer = True
+    if args.long_context is None:
+        args.long_context = 8192 if args.device == "cuda" else 0
     from fastpath.runtime import LLM
 
     short, long, repeats = (8, 40, 3) if args.quick else (16, 144, 3)
@@ -200,6 +209,7 @@ def main() -> None:
     bw = copy_bandwidth(gib, device=args.device)
     peak = matmul_peak(8192 if args.device == "cuda" else 512, device=args.device)
     results = {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "matmul_flop_per_s": peak, "rows": []}
+    results["alternating"] = []
     max_batch = max(args.batch)
     engines = {
         "fused": dict(fused_kernels=True),
@@ -301,6 +311,13 @@ def main() -> None:
                     f"{r['attention_kv_bandwidth'] / 1e12:.2f} TB/s ({100 * r['attention_kv_share_of_copy']:.0f}% of the "
                     "copy bandwidth), from the extra replay time over the short-context row."
                 )
+        if results["alternating"]:
+            alt = [[a["engine"], a["batch"], a["runs"], f"{a['median_s'] * 1e6:.0f}", f"{a['spread_s'] * 1e6:.0f}",
+                    f"{a['native_median_s'] * 1e6:.0f}", f"{a['native_spread_s'] * 1e6:.0f}",
+                    f"{100 * a['vs_native']:+.2f}%"] for a in results["alternating"]]  # fmt: skip
+            table += "\n\nAlternating runs:\n\n" + markdown_table(
+                ["engine", "batch", "runs", "median µs/step", "spread µs", "native median", "native spread", "vs native"], alt
+            )  # fmt: skip
         paths = sorted({r["allreduce"] for r in results["rows"] if r.get("allreduce")})
         table += "".join(f"\n\nTensor-parallel all-reduce: {p}." for p in paths)
         results["model"] = args.model
@@ -343,6 +360,8 @@ def main() -> None:
             )
             measure(llm, f"native ({variant}), {n}-token contexts", 1, variant, 8, "greedy", prompt_len=n)
             release(llm)
+    if args.alternate:
+        alternate(args, results, short, long)
     for pkg in args.package:
         module = __import__(pkg)
         llm = module.LLM(
@@ -380,6 +399,48 @@ def main() -> None:
             results["rows"].append({"engine": "HF transformers generate (eager)", "batch": b, "step_s": step})
             print(f"hf batch {b}: {step * 1e6:.0f} us/step", flush=True)
     report()
+
+
+def alternate(args, results: dict, short: int, long: int) -> None:
+    """Native beside each package (or beside a second native engine), one run each in turn, so drift
+    in the machine lands on both alike; each package's median against native's, with both spreads."""
+    from fastpath.runtime import LLM
+
+    def native():
+        return LLM(args.model, device=args.device, dtype="bfloat16" if args.device == "cuda" else "float32",
+                   max_batch_size=max(args.batch), max_seq_len=512, fused_kernels=args.device == "cuda")  # fmt: skip
+
+    engines = {"native": native()}
+    for pkg in args.package or [None]:
+        if pkg is None:
+            engines["native, a second engine"] = native()
+        else:
+            engines[f"generated {pkg}"] = __import__(pkg).LLM(
+                model=args.model, device=args.device, dtype="bfloat16", max_batch_size=max(args.batch),
+                max_seq_len=512,
+            )  # fmt: skip
+    try:
+        for b in args.batch:
+            steps: dict[str, list[float]] = {name: [] for name in engines}
+            for i in range(args.alternate):
+                order = list(engines.items())
+                for name, llm in order if i % 2 == 0 else order[::-1]:
+                    steps[name].append(engine_step_time(llm, b, short, long, 1)[0])
+            base = statistics.median(steps["native"])
+            for name, runs in steps.items():
+                if name == "native":
+                    continue
+                mid = statistics.median(runs)
+                results["alternating"].append(
+                    {"engine": name, "batch": b, "runs": args.alternate, "median_s": mid, "native_median_s": base,
+                     "spread_s": max(runs) - min(runs), "native_spread_s": max(steps["native"]) - min(steps["native"]),
+                     "vs_native": mid / base - 1, "steps_s": runs, "native_steps_s": steps["native"]}
+                )  # fmt: skip
+                print(f"{name} batch {b}: {mid * 1e6:.0f} us/step against native {base * 1e6:.0f} "
+                      f"({100 * (mid / base - 1):+.2f}%) over {args.alternate} alternating runs", flush=True)  # fmt: skip
+    finally:
+        for llm in engines.values():
+            llm.close()
 
 
 def plot(results: dict, path: Path) -> None:

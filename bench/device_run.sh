@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-18|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -38,10 +38,14 @@ for step in "$@"; do
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
     decode) python3 bench/decode.py --out "$OUT" 2>&1 | tail -30 ;;
     decode-quick) python3 bench/decode.py --quick --out "$OUT" 2>&1 | tail -30 ;;
-    decode-sampling) timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --batch 8 64 256 --name decode-sampling --out "$OUT" 2>&1 | tail -12 ;;
+    decode-sampling) timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --batch 8 64 256 --long-context 0 --name decode-sampling --out "$OUT" 2>&1 | tail -12 ;;
     # #18's table: batch 1 to 256 and 8k-token contexts beside the torch.compile peer, sampled rows too.
     decode-18) timeout 520 python3 bench/decode.py --quick --no-hf --variants fused --batch 1 8 64 256 --long-context 8192 \
       --stack-dump-s 240 --name decode-18 --out "$OUT" 2>&1 | tail -24 ;;
+    decode-generated)  # #18: the compiled llama_1b package against native, 5 alternating runs a batch
+      python3 -m pip install -q --no-build-isolation --no-deps ./generated/llama-1b >>"$log" 2>&1 || echo "llama_1b build failed" | tee -a "$log"
+      timeout 400 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch 1 8 64 --long-context 0 \
+        --batch 1 8 64 --long-context 0 --package llama_1b --alternate 5 --name decode-generated --out "$OUT" 2>&1 | tail -12 ;;
     guided-3)  # #18's guided rows, three consecutive runs, batch 16, spin
       for i in 1 2 3; do
         timeout 200 python3 bench/guided.py --quick --modes spin --batch 16 --name "guided-run-$i" --out "$OUT" 2>&1 | tail -4
@@ -49,12 +53,12 @@ for step in "$@"; do
     decode-fused) python3 bench/decode.py --quick --no-hf --variants fused --out "$OUT" 2>&1 | tail -30 ;;
     tp-decode)
       for m in random:llama-1b random:llama-8b; do
-        timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy \
+        timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch 1 8 64 --long-context 0 \
           --tp 2 --model "$m" --name "decode-tp2-${m#random:}" --out "$OUT" 2>&1 | tail -12
       done ;;
     tp-decode-1b|tp-decode-8b)  # one model per device call: both in one call ran past its 600 s
       m="random:llama-${step#tp-decode-}"
-      timeout 560 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy \
+      timeout 560 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch 1 8 64 --long-context 0 \
         --tp 2 --model "$m" --name "decode-tp2-${m#random:}" --stack-dump-s 200 --out "$OUT" 2>&1 | tail -40 ;;
     allreduce) timeout 200 python3 bench/allreduce.py --out "$OUT" 2>&1 | tail -20 ;;
     prefill) timeout 200 python3 bench/prefill.py --out "$OUT" 2>&1 | tail -8 ;;

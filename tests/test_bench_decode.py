@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_decode_bench_reports_steps_floors_sampling_cost_and_long_contexts(tmp_path):
     cmd = [sys.executable, str(ROOT / "bench" / "decode.py"), "--device", "cpu", "--model", "random:tiny-llama",
-           "--quick", "--batch", "1", "2", "--variants", "torch-ops", "--long-context", "200", "--out", str(tmp_path)]  # fmt: skip
+           "--quick", "--batch", "1", "2", "--variants", "torch-ops", "--long-context", "200", "--alternate", "2", "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "decode.json").read_text())
@@ -31,5 +31,10 @@ def test_the_decode_bench_reports_steps_floors_sampling_cost_and_long_contexts(t
     assert all(r["vs_greedy"] is not None for r in sampled)
     (long_row,) = [r for r in rows if r["context"] >= 200]
     assert long_row["batch"] == 8 and long_row["kv_bytes"] > max(r["kv_bytes"] for r in short)
+    alternating = report["alternating"]  # with no package: native against a second native engine
+    assert [(a["batch"], len(a["steps_s"]), len(a["native_steps_s"])) for a in alternating] == [
+        (1, 2, 2),
+        (2, 2, 2),
+    ]
     table = (tmp_path / "decode.md").read_text()
     assert "floor µs" in table and "host µs" in table and "200-token contexts" in table
