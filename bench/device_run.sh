@@ -45,7 +45,7 @@ for step in "$@"; do
     decode-generated)  # #18: the compiled llama_1b package against native, 5 alternating runs a batch
       python3 -m pip install -q --no-build-isolation --no-deps ./generated/llama-1b >>"$log" 2>&1 || echo "llama_1b build failed" | tee -a "$log"
       timeout 400 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch 1 8 64 --long-context 0 \
-        --batch 1 8 64 --long-context 0 --package llama_1b --alternate 5 --name decode-generated --out "$OUT" 2>&1 | tail -12 ;;
+        --package llama_1b --alternate 5 --name decode-generated --out "$OUT" 2>&1 | tail -12 ;;
     guided-3)  # #18's guided rows, three consecutive runs, batch 16, spin
       for i in 1 2 3; do
         timeout 200 python3 bench/guided.py --quick --modes spin --batch 16 --name "guided-run-$i" --out "$OUT" 2>&1 | tail -4
