@@ -138,7 +138,11 @@ class SamplingParams:
         default=16, metadata=doc("The most tokens to generate; None: until the sequence limit.")
     )
     min_tokens: int = field(
-        default=0, metadata=doc("EOS and stop_token_ids are banned until this many tokens are generated.")
+        default=0,
+        metadata=doc(
+            "EOS and stop_token_ids are banned until this many tokens are generated, except where a "
+            "guided request's grammar has ended and allows nothing else: the grammar comes first."
+        ),
     )
     stop: str | list[str] | None = field(
         default=None,

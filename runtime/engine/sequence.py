@@ -87,7 +87,9 @@ class Sequence:
             self.logprobs.append(logprob)
             if p.logprobs and top is not None:
                 self.top_logprobs.append((top[0][: p.logprobs], top[1][: p.logprobs]))
-        if len(self.output_ids) > p.min_tokens or p.min_tokens == 0:
+        # Under min_tokens the sampler bans stop tokens, except where a grammar allowed nothing else
+        # (runner/sampler.py, grammar_before_min_tokens): a guided row's stop token then ends it.
+        if len(self.output_ids) > p.min_tokens or p.min_tokens == 0 or self.guided is not None:
             if token in p.stop_token_ids:
                 self.finish_reason, self.stop_reason = "stop", token
                 return

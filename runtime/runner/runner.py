@@ -31,7 +31,7 @@ from .graphs import DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
 from .penalties import PenaltySlots, PenaltyTable
 from .prefill_graphs import PrefillGraphs, token_buckets
-from .sampler import Sampled, SamplingTensors, sample
+from .sampler import Sampled, SamplingTensors, grammar_before_min_tokens, sample
 from .step_inputs import DecodeStep, PrefillStep
 
 log = logging.getLogger("fastpath.runner")
@@ -287,6 +287,8 @@ class ModelRunner:
         if joined is not None:
             joined()
             logits = self.guided.apply(logits, self.guided.device_mask, self.guided.device_rows)
+            if sampling is not None:
+                sampling = grammar_before_min_tokens(logits, sampling, self.penalties.entries)
         return sample(logits, sampling, self.model.ops, self.penalties, top)
 
     def _guided_mask_async(self, fed_tokens: torch.Tensor):
@@ -339,6 +341,8 @@ class ModelRunner:
                 mask = g.host_mask[:n].to(self.device, non_blocking=True)
                 rows = g.host_rows[:n].to(self.device, non_blocking=True)
                 logits = g.apply(logits, mask, rows)
+                if sampling is not None:
+                    sampling = grammar_before_min_tokens(logits, sampling, self.penalties.entries)
             return sample(logits, sampling, self.model.ops, self.penalties, step.top_logprobs)
 
     def prefill_forward(self, step: PrefillStep) -> torch.Tensor:

@@ -64,6 +64,33 @@ def test_every_output_of_a_choice_is_one_of_its_strings(llm):
     )
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_past_a_grammars_end_yields_to_the_grammar(llm, temperature):
+    """A choice ends after a token or two; min_tokens asks for more. The grammar wins: the output is
+    one of the choices and ends there (before, the sampler banned the only allowed tokens, drew one
+    outside the grammar and ran unconstrained)."""
+    params = [
+        SamplingParams(
+            max_tokens=30, min_tokens=12, temperature=temperature, seed=s, guided={"choice": CHOICES}
+        )
+        for s in range(4)
+    ]
+    outs = llm.generate(PROMPTS[:4], params)
+    assert [o.outputs[0].finish_reason for o in outs] == ["stop"] * 4
+    assert all(o.outputs[0].text in CHOICES for o in outs), [o.outputs[0].text for o in outs]
+
+
+def test_min_tokens_still_holds_where_the_grammar_can_go_on(llm):
+    """[a-z]+ may end after any letter: min_tokens keeps it going, within the grammar."""
+    params = [
+        SamplingParams(max_tokens=24, min_tokens=10, temperature=1.0, seed=s, guided={"regex": "[a-z]+"})
+        for s in range(4)
+    ]
+    for o in llm.generate(PROMPTS[:4], params):
+        out = o.outputs[0]
+        assert len(out.token_ids) >= 10 and re.fullmatch("[a-z]+", out.text), (out.text, out.token_ids)
+
+
 def test_free_requests_are_undisturbed_by_guided_ones(llm):
     free = [
         SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True),
