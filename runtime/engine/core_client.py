@@ -149,6 +149,13 @@ class EngineCoreClient:
                 self._replies.pop(token, None)
             if kind == "prepare":
                 self.forget([token])
+            if (
+                kind == "prepare"
+            ):  # the engine is alive; the compile (or the room for prompt logprobs) is slow
+                raise TimeoutError(
+                    f"preparing the request (compiling its constraint, or its prompt logprobs) took more than "
+                    f"{RPC_S:.0f} s in the engine process"
+                ) from None
             raise TimeoutError(f"the engine process did not answer {kind} within {RPC_S:.0f} s") from None
 
     def _read(self) -> None:

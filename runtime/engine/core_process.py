@@ -107,9 +107,34 @@ class ClientLink:
         self.conn, self.owner = conn, owner
         self.publisher = PipeSender(conn)
         self.prepared: dict[int, list[Any]] = {}
+        # A client that gave up waiting (its round trip timed out) forgets a prepare still compiling:
+        # its states are dropped when the compile ends, not kept for an add that never comes.
+        self._compiling: set[int] = set()
+        self._forgotten: set[int] = set()
+        self._lock = threading.Lock()
 
     def put(self, message: tuple) -> None:
         self.publisher.put(message)
+
+    def compiling(self, token: int) -> None:
+        with self._lock:
+            self._compiling.add(token)
+
+    def keep(self, token: int, states: list[Any] | None) -> None:
+        """A prepare's end: hold its states for the request's add, unless its client forgot it."""
+        with self._lock:
+            self._compiling.discard(token)
+            if token in self._forgotten:
+                self._forgotten.discard(token)
+            elif states is not None:
+                self.prepared[token] = states
+
+    def forget(self, tokens: list[int]) -> None:
+        with self._lock:
+            for t in tokens:
+                self.prepared.pop(t, None)
+                if t in self._compiling:
+                    self._forgotten.add(t)
 
 
 class PublishingCore(EngineCore):
@@ -230,8 +255,8 @@ class LinkServer:
         handlers = {
             "add": self._add,
             "abort": lambda link, ids: self.core.abort_ids(ids),
-            "prepare": lambda link, *body: self._compiler.submit(self._prepare, link, *body),
-            "forget": lambda link, tokens: [link.prepared.pop(t, None) for t in tokens],
+            "prepare": self._submit_prepare,
+            "forget": lambda link, tokens: link.forget(tokens),
             "stats": lambda link, token: self._reply(link, token, True, self.core.stats()),
             "link": self._open,
         }
@@ -280,6 +305,10 @@ class LinkServer:
     def _reply(self, link: ClientLink, token: int, ok: bool, payload: Any) -> None:
         link.put(("reply", token, ok, payload))
 
+    def _submit_prepare(self, link: ClientLink, token: int, *body: Any) -> None:
+        link.compiling(token)  # on the reading thread, so a forget read after it finds it
+        self._compiler.submit(self._prepare, link, token, *body)
+
     def _prepare(self, link: ClientLink, token: int, prompt_ids: list[int], params: Any) -> None:
         """Compile a request's constraint and take its prompt logprobs; a bad one fails alone."""
         llm = self.llm
@@ -293,10 +322,10 @@ class LinkServer:
                     self.core, llm.executor, prompt_ids, params.prompt_logprobs, llm.tokenizer
                 )
         except Exception as exc:
+            link.keep(token, None)
             self._reply(link, token, False, portable_error(exc))
             return
-        if guided is not None:
-            link.prepared[token] = guided
+        link.keep(token, guided)
         self._reply(link, token, True, plp)
 
     def _add(self, link: ClientLink, items: list[tuple]) -> None:
