@@ -147,11 +147,8 @@ class EngineCoreClient:
         except FutureTimeout:
             with self._lock:
                 self._replies.pop(token, None)
-            if kind == "prepare":
+            if kind == "prepare":  # compiles run beside the loop: what is slow is the compile, not the engine
                 self.forget([token])
-            if (
-                kind == "prepare"
-            ):  # the engine is alive; the compile (or the room for prompt logprobs) is slow
                 raise TimeoutError(
                     f"preparing the request (compiling its constraint, or its prompt logprobs) took more than "
                     f"{RPC_S:.0f} s in the engine process"

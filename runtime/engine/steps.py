@@ -42,9 +42,8 @@ class StepRecord:
     num_tokens: int = 0  # tokens the step computed (a decode step: one per sequence)
     finished: list[Sequence] = field(default_factory=list)
     new_tokens: list[tuple[Sequence, int]] = field(default_factory=list)
-    device_wait_s: float = (
-        0.0  # how long the host waited for the step's tokens (the rest of it was host work)
-    )
+    # How long the host waited for the step's tokens; the rest of the step was host work.
+    device_wait_s: float = 0.0
 
 
 def _general_for_any_row(p: SamplingParams) -> bool:
