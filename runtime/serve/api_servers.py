@@ -73,6 +73,7 @@ def api_server_main(spec: ApiServerSpec) -> None:
             sock=spec.sock,
             log_level=spec.log_level,
             label=f"API server {spec.index}/{spec.count} (pid {os.getpid()}): ",
+            watch_engine=False,  # _drain_when_alone watches the engine and the supervisor
         )
     finally:
         llm.close()

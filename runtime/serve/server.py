@@ -86,9 +86,11 @@ def serve(
     sock: socket.socket | None = None,
     log_level: str = "info",
     label: str = "",
+    watch_engine: bool = True,
 ) -> bool:
     """Serve until SIGTERM or SIGINT, drain, return True; False when the engine closed first. The
-    caller closes `llm`. `label` names this process among several API servers."""
+    caller closes `llm`. `label` names this process among several API servers, whose own watch
+    (api_servers.py) also follows their supervisor: they pass `watch_engine=False`."""
     server = make_server(llm, config, model_name=model_name, log_level=log_level)
     engine_closed = threading.Event()
     watch = threading.Thread(
@@ -104,7 +106,8 @@ def serve(
         llm.executor_name,
         " in its own process" if llm.in_engine_process else "",
     )
-    watch.start()
+    if watch_engine:
+        watch.start()
     server.run(sockets=[sock] if sock is not None else None)
     return not engine_closed.is_set()
 
