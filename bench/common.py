@@ -68,6 +68,20 @@ def wall(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def counted_run(llm, fn: Callable[[], object]) -> tuple[float, float, float, int]:
+    """`fn()` (a generation on `llm`) timed: (wall seconds, the engine's counted decode seconds, of
+    them waiting for the device, decode steps)."""
+    before = llm.stats()
+    seconds = wall(fn)
+    after = llm.stats()
+    return (
+        seconds,
+        after.step_seconds["decode"] - before.step_seconds["decode"],
+        after.step_wait_seconds["decode"] - before.step_wait_seconds["decode"],
+        after.steps["decode"] - before.steps["decode"],
+    )
+
+
 def environment() -> dict[str, str]:
     env = {"python": platform.python_version(), "torch": torch.__version__}
     if torch.cuda.is_available():

@@ -43,6 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     copy_bandwidth,
+    counted_run,
     environment,
     markdown_table,
     matmul_peak,
@@ -91,12 +92,7 @@ def engine_step_time(
         """(wall seconds, counted decode seconds, of them waiting for the device, decode steps) of one
         generation of n tokens a row."""
         params = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i, **extra) for i in range(batch)]
-        before = llm.stats()
-        seconds = wall(lambda: llm.generate(prompts, params))
-        after = llm.stats()
-        steps = after.steps["decode"] - before.steps["decode"]
-        waited = after.step_wait_seconds["decode"] - before.step_wait_seconds["decode"]
-        return seconds, after.step_seconds["decode"] - before.step_seconds["decode"], waited, steps
+        return counted_run(llm, lambda: llm.generate(prompts, params))
 
     run(short)  # first use of this batch size: nothing lazy left in the timed runs
     counted, diffs, means, host = [], [], [], []

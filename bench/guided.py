@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import environment, markdown_table, wall, write_outputs
+from common import counted_run, environment, markdown_table, write_outputs
 
 MODEL = "random:llama-1b"
 ENDLESS_JSON = r'(\{"id": [0-9]{1,4}, "name": "[a-z]{1,8}", "ok": (true|false)\}\n)+'
@@ -50,10 +50,9 @@ def tokenizer_dir(path: Path | None, out: Path) -> Path:
 def step_time(
     llm, batch: int, guided: bool, short: int, long: int, repeats: int, temperature: float = 0.0
 ) -> float:
-    """Median over repeats of the engine's own count of a decode step over the long run.
-
-    The difference of two runs' wall times, used before, swung by more than the overhead measured
-    (once below zero) whenever one run caught a one-time cost."""
+    """Median over repeats of the engine's counted decode seconds of a long run less a short one's,
+    over the steps between them (bench/decode.py's step). The difference of two runs' wall times,
+    used before, swung by more than the overhead measured (once below zero)."""
     from fastpath.runtime import SamplingParams
 
     prompts = [[1000 + 7 * i + j for j in range(16)] for i in range(batch)]
@@ -63,17 +62,15 @@ def step_time(
         return SamplingParams(max_tokens=n, ignore_eos=True, temperature=temperature, seed=0, guided=spec)
 
     def run(n):
-        return wall(lambda: llm.generate(prompts, params(n)))
+        return counted_run(llm, lambda: llm.generate(prompts, params(n)))
 
     run(short)
-    counted = []
+    steps = []
     for _ in range(repeats):
-        before = llm.stats()
-        run(long)
-        after = llm.stats()
-        steps = after.steps["decode"] - before.steps["decode"]
-        counted.append((after.step_seconds["decode"] - before.step_seconds["decode"]) / max(steps, 1))
-    return statistics.median(counted)
+        _, counted_long, _, steps_long = run(long)
+        _, counted_short, _, steps_short = run(short)
+        steps.append((counted_long - counted_short) / max(steps_long - steps_short, 1))
+    return statistics.median(steps)
 
 
 @contextmanager

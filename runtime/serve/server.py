@@ -93,10 +93,6 @@ def serve(
     (api_servers.py) also follows their supervisor: they pass `watch_engine=False`."""
     server = make_server(llm, config, model_name=model_name, log_level=log_level)
     engine_closed = threading.Event()
-    watch = threading.Thread(
-        target=_drain_when_the_engine_closes, args=(server, llm, engine_closed), name="fastpath-engine-watch",
-        daemon=True,
-    )  # fmt: skip
     log.info(
         "%sserving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
         label,
@@ -107,7 +103,10 @@ def serve(
         " in its own process" if llm.in_engine_process else "",
     )
     if watch_engine:
-        watch.start()
+        threading.Thread(
+            target=_drain_when_the_engine_closes, args=(server, llm, engine_closed), name="fastpath-engine-watch",
+            daemon=True,
+        ).start()  # fmt: skip
     server.run(sockets=[sock] if sock is not None else None)
     return not engine_closed.is_set()
 
