@@ -10,6 +10,8 @@ import torch
 
 from .library import TritonFmhaLibrary
 
+PDL = True  # a module-level switch, so bench/ab_step.py can compare with and without in one process
+
 _kernels = None
 
 
@@ -26,10 +28,14 @@ def _load_kernels():
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
         PAGES_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
+        USE_PDL: tl.constexpr = False,
     ):  # fmt: skip
         seq = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
+        if USE_PDL:  # everything below may read what the kernel before wrote (q, this step's K and V)
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         ctx = tl.load(lens_ptr + seq)
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -79,9 +85,13 @@ def _load_kernels():
     def reduce_kernel(
         acc_ptr, ml_ptr, out_ptr, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        USE_PDL: tl.constexpr = False,
     ):  # fmt: skip
         seq = tl.program_id(0)
         head = tl.program_id(1)
+        if USE_PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         kvh = head // GROUP
         g = head % GROUP
         offs_d = tl.arange(0, HEAD_DIM)
@@ -122,15 +132,18 @@ class TritonDecodeAttention(TritonFmhaLibrary):
         acc = torch.empty(seqs * kv_heads * num_splits * group_pad, dim, device=q.device, dtype=torch.float32)
         ml = torch.empty(seqs * kv_heads * num_splits * group_pad, 2, device=q.device, dtype=torch.float32)
         out = torch.empty_like(q)
+        from ..kernels.triton_ops import pdl_args
+
+        pdl = pdl_args(q) if PDL else {}
         split_kernel[(seqs, kv_heads, num_splits)](
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, acc, ml, scale,
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             meta.block_tables.stride(0),
             GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim, BLOCK=block,
-            PAGES_PER_SPLIT=pages_per_split, NUM_SPLITS=num_splits, WINDOW=meta.sliding_window or 0,
+            PAGES_PER_SPLIT=pages_per_split, NUM_SPLITS=num_splits, WINDOW=meta.sliding_window or 0, **pdl,
         )  # fmt: skip
         reduce_kernel[(seqs, heads)](
             acc, ml, out, out.stride(0), out.stride(1),
-            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim, NUM_SPLITS=num_splits,
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim, NUM_SPLITS=num_splits, **pdl,
         )  # fmt: skip
         return out

@@ -22,6 +22,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class TorchOps:
     name = "torch"
 
+    def describe(self, device: torch.device) -> str:
+        """The per-token kernels in words, for the engine's log."""
+        return "plain torch ops"
+
     def add_rms_norm(self, x, residual, weight, eps):
         """(norm(x + residual), x + residual); residual None means x is the first layer's input."""
         summed = x if residual is None else x + residual

@@ -23,14 +23,32 @@ def untuned_args(configs) -> dict:
     return dict(configs[0].kwargs) if INTERPRET else {}
 
 
+# Programmatic dependent launch (Hopper): a kernel launched with it starts while the kernel before it
+# drains. Everything before `_wait` may read only what no earlier kernel writes (the weights); a
+# kernel calls `_release` as it starts, so the next one can launch and prefetch its own weights.
+@triton.jit
+def _wait(USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def _release(USE_PDL: tl.constexpr):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 @triton.jit
 def add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, n_cols, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    _release(USE_PDL)
+    _wait(USE_PDL)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0)
@@ -39,7 +57,6 @@ def add_rms_norm_kernel(
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, 0) / n_cols + eps)
     normed = (xf * rstd).to(x.dtype)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     tl.store(
         out_ptr + row * stride_o + cols, (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype), mask=mask
     )
@@ -79,9 +96,11 @@ def qkv_rope_cache_kernel(
     qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr, q_out_ptr,
     stride_qkv, stride_cos, eps,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_PAD: tl.constexpr,
-    DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+    DIM: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     t = tl.program_id(0)
+    _release(USE_PDL)
+    _wait(USE_PDL)
     pos = tl.load(pos_ptr + t)
     slot = tl.load(slot_ptr + t)
     row = qkv_ptr + t * stride_qkv
@@ -100,10 +119,14 @@ def qkv_rope_cache_kernel(
 
 
 @triton.jit
-def silu_mul_kernel(gu_ptr, out_ptr, n_cols, stride_gu, stride_out, BLOCK: tl.constexpr):
+def silu_mul_kernel(
+    gu_ptr, out_ptr, n_cols, stride_gu, stride_out, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False
+):  # fmt: skip
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
+    _release(USE_PDL)
+    _wait(USE_PDL)
     g = tl.load(gu_ptr + row * stride_gu + cols, mask=mask, other=0.0)
     u = tl.load(gu_ptr + row * stride_gu + n_cols + cols, mask=mask, other=0.0)
     gf = g.to(tl.float32)
@@ -132,17 +155,27 @@ def _gemv_configs():
 @_tuned(_gemv_configs(), ["N", "K"])
 @triton.jit
 def gemv_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+    x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """y[N] = w[N, K] @ x[K] for one decode row: streams w once, no split-K, no atomics (deterministic).
 
+    The first tile of w is loaded before waiting for the kernel that writes x, so under programmatic
+    dependent launch the weight stream starts while that kernel still runs.
     Folding the RMSNorm before it (or the SiLU-mul before down_proj) into this kernel measured slower
     on the H200 (docs/performance.md): every program redoing the norm costs more than the launch it saves.
     """
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    rk = tl.arange(0, BLOCK_K)
+    w = tl.load(
+        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0
+    )
+    _release(USE_PDL)
+    _wait(USE_PDL)
+    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
+    acc = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
         w = tl.load(
@@ -157,11 +190,14 @@ def gemv_kernel(
 
 @triton.jit
 def argmax_lse_partial_kernel(
-    logits_ptr, stride_row, V, max_ptr, idx_ptr, sum_ptr, BLOCK: tl.constexpr, PARTS: tl.constexpr
+    logits_ptr, stride_row, V, max_ptr, idx_ptr, sum_ptr, BLOCK: tl.constexpr, PARTS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Per chunk of a row: max, first index of the max, and sum of exp(x - max)."""
     row = tl.program_id(0)
     part = tl.program_id(1)
+    _release(USE_PDL)
+    _wait(USE_PDL)
     cols = part * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(logits_ptr + row * stride_row + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
     m = tl.max(x, 0)
@@ -175,9 +211,13 @@ def argmax_lse_partial_kernel(
 
 
 @triton.jit
-def argmax_lse_final_kernel(max_ptr, idx_ptr, sum_ptr, tokens_ptr, logprobs_ptr, V, PARTS: tl.constexpr):
+def argmax_lse_final_kernel(
+    max_ptr, idx_ptr, sum_ptr, tokens_ptr, logprobs_ptr, V, PARTS: tl.constexpr, USE_PDL: tl.constexpr = False
+):  # fmt: skip
     """Greedy token (first index of the row max, as torch.argmax) and its log-probability."""
     row = tl.program_id(0)
+    _release(USE_PDL)
+    _wait(USE_PDL)
     p = tl.arange(0, PARTS)
     m = tl.load(max_ptr + row * PARTS + p)
     top = tl.max(m, 0)
@@ -205,14 +245,26 @@ def _small_m_configs():
 @triton.jit
 def gemm_small_m_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """y[M, N] = x[M, K] @ w[N, K]^T for 2 <= M <= 16: one pass over w on the tensor cores, rows padded to 16."""
+    """y[M, N] = x[M, K] @ w[N, K]^T for 2 <= M <= 16: one pass over w on the tensor cores, rows padded to 16.
+
+    As in gemv_kernel, the first tile of w is loaded before the wait for x's writer.
+    """
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, 16)
     n_mask = rn < N
-    acc = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    rk = tl.arange(0, BLOCK_K)
+    w = tl.load(
+        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0
+    )
+    _release(USE_PDL)
+    _wait(USE_PDL)
+    x = tl.load(
+        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk < K)[None, :], other=0.0
+    )
+    acc = tl.dot(x, tl.trans(w), tl.zeros([16, BLOCK_N], dtype=tl.float32))
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
         w = tl.load(

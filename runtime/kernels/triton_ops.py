@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -15,8 +19,43 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+@functools.cache
+def pdl_available(device_index: int) -> tuple[bool, str]:
+    """Whether kernels here can launch with programmatic dependent launch, and why (for the engine's info)."""
+    if K.INTERPRET:
+        return False, "the Triton interpreter"
+    if os.environ.get("FASTPATH_PDL", "1") == "0":
+        return False, "FASTPATH_PDL=0"
+    if torch.cuda.get_device_capability(device_index)[0] < 9:
+        return False, "needs compute capability 9.0 (Hopper) or newer"
+    try:
+        import triton.language as tl
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False, "Triton has no CUDA backend"
+    fields = {f.name for f in dataclasses.fields(CUDAOptions)}
+    if "launch_pdl" not in fields or not hasattr(tl.extra.cuda, "gdc_wait"):
+        return False, "this Triton has no programmatic dependent launch"
+    return True, "on"
+
+
+def pdl_args(x: torch.Tensor) -> dict:
+    """Launch arguments for programmatic dependent launch on x's device, when it has it: for a kernel
+    with a USE_PDL parameter that waits (gdc_wait) before it reads anything an earlier kernel writes."""
+    if x.device.type != "cuda" or not pdl_available(x.device.index or 0)[0]:
+        return {}
+    return {"USE_PDL": True, "launch_pdl": True}
+
+
 class TritonOps(TorchOps):
     name = "triton"
+
+    def describe(self, device: torch.device) -> str:
+        on, why = pdl_available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
+        return f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}"
+
+    def _pdl(self, x: torch.Tensor) -> dict:
+        return pdl_args(x)
 
     def add_rms_norm(self, x, residual, weight, eps):
         x = x.contiguous()
@@ -26,7 +65,7 @@ class TritonOps(TorchOps):
         res = x if residual is None else residual
         K.add_rms_norm_kernel[(rows,)](
             x, res, weight, out, summed, x.stride(0), res.stride(0), out.stride(0), summed.stride(0), cols, eps,
-            HAS_RES=residual is not None, BLOCK=_pow2(cols), num_warps=8 if cols >= 4096 else 4,
+            HAS_RES=residual is not None, BLOCK=_pow2(cols), num_warps=8 if cols >= 4096 else 4, **self._pdl(x),
         )  # fmt: skip
         return out, summed
 
@@ -44,7 +83,7 @@ class TritonOps(TorchOps):
         K.gemm_small_m_kernel[_grid(n)](
             x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
             HAS_BIAS=bias is not None, **K.untuned_args(K._small_m_configs()),
-        )  # fmt: skip
+        )  # no PDL: it measured 28% slower at batch 8 (bench/results/round9/ab_step-call1.md)  # fmt: skip
         return y
 
     def greedy(self, logits):
@@ -56,11 +95,21 @@ class TritonOps(TorchOps):
         part_sum = torch.empty(rows, parts, device=logits.device, dtype=torch.float32)
         # Parts past the vocabulary read only -inf: their max is -inf and they never win.
         K.argmax_lse_partial_kernel[(rows, parts)](
-            logits, logits.stride(0), vocab, part_max, part_idx, part_sum, BLOCK=block, PARTS=parts
+            logits,
+            logits.stride(0),
+            vocab,
+            part_max,
+            part_idx,
+            part_sum,
+            BLOCK=block,
+            PARTS=parts,
+            **self._pdl(logits),
         )
         tokens = torch.empty(rows, device=logits.device, dtype=torch.int64)
         logprobs = torch.empty(rows, device=logits.device, dtype=torch.float32)
-        K.argmax_lse_final_kernel[(rows,)](part_max, part_idx, part_sum, tokens, logprobs, vocab, PARTS=parts)
+        K.argmax_lse_final_kernel[(rows,)](
+            part_max, part_idx, part_sum, tokens, logprobs, vocab, PARTS=parts, **self._pdl(logits)
+        )
         return tokens, logprobs
 
     def sample(self, logits, params, entries, bits, num_top):
@@ -80,7 +129,7 @@ class TritonOps(TorchOps):
         y = torch.empty(1, n, device=x.device, dtype=x.dtype)
         K.gemv_kernel[_grid(n)](
             x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
-            HAS_BIAS=bias is not None, **K.untuned_args(K._gemv_configs()),
+            HAS_BIAS=bias is not None, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
         )  # fmt: skip
         return y
 
@@ -90,7 +139,7 @@ class TritonOps(TorchOps):
         out = torch.empty(rows, cols, device=gate_up.device, dtype=gate_up.dtype)
         block = 1024
         K.silu_mul_kernel[(rows, triton_cdiv(cols, block))](
-            gate_up, out, cols, gate_up.stride(0), out.stride(0), BLOCK=block
+            gate_up, out, cols, gate_up.stride(0), out.stride(0), BLOCK=block, **self._pdl(gate_up)
         )
         return out
 
@@ -103,7 +152,7 @@ class TritonOps(TorchOps):
             qkv, positions, cos, sin, q_norm if q_norm is not None else cos, k_norm if k_norm is not None else cos,
             k_cache, v_cache, slots, q, qkv.stride(0), cos.stride(0), eps,
             HEADS=heads, KV_HEADS=kv_heads, HEADS_PAD=_pow2(heads), KV_PAD=_pow2(kv_heads), DIM=dim,
-            HAS_NORM=q_norm is not None,
+            HAS_NORM=q_norm is not None, **self._pdl(qkv),
         )  # fmt: skip
         return q
 

@@ -2,12 +2,14 @@
 
 The engine stages the buffer (engine/steps.py `stage`); a prologue places it.
 
-The packing is shared by both prologues: the native one copies and slices it (several launches);
-`FusedDecodePrologue` unpacks it, gathers the previous step's tokens and embeds them in one kernel.
+The packing is shared by both prologues. On CUDA the native one copies it and unpacks it in one
+launch (kernels/decode_unpack.py), gathering the previous step's tokens; elsewhere it slices it with
+a launch per field. `FusedDecodePrologue` adds the embedding lookup to the same launch.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -50,10 +52,38 @@ class DecodeInputs:
     prev_tokens: torch.Tensor | None  # [R] int64 on the device, rows named by SRC_ROW
 
 
+# A module-level switch, so bench/ab_step.py can compare the two in one process.
+UNPACK_IN_ONE_LAUNCH = importlib.util.find_spec("triton") is not None
+
+
 def native_prologue(inputs: DecodeInputs, embed) -> None:
-    """The reference prologue: one copy, then a launch per field."""
+    """The reference prologue: one copy, then one launch on CUDA, else a launch per field.
+
+    Every launch here runs between two graph replays, on the step's critical path."""
     b = inputs.buffers
     dev = inputs.packed.to(b.input_ids.device, non_blocking=True)
+    if b.input_ids.is_cuda and UNPACK_IN_ONE_LAUNCH:
+        unpack_in_one_launch(inputs, dev)
+    else:
+        _unpack_per_field(inputs, dev)
+    if b.embeds is not None:
+        b.embeds.copy_(embed(b.input_ids))
+
+
+def unpack_in_one_launch(inputs: DecodeInputs, packed: torch.Tensor, embed=None) -> None:
+    """`packed` (inputs.packed on the device) into the buffers in one Triton launch; with `embed` (a
+    VocabParallelEmbedding), the embeddings too."""
+    from ..kernels.decode_unpack import unpack
+
+    b = inputs.buffers
+    out = (b.input_ids, b.positions, b.slot_mapping, b.context_lens, b.block_tables, b.embeds)
+    unpack(
+        packed, inputs.prev_tokens, out, (TOKEN, SRC_ROW, POSITION, SLOT, CONTEXT_LEN, FIXED_COLUMNS), embed
+    )
+
+
+def _unpack_per_field(inputs: DecodeInputs, dev: torch.Tensor) -> None:
+    b = inputs.buffers
     ids = dev[:, TOKEN]
     if inputs.prev_tokens is not None:
         src = dev[:, SRC_ROW]
@@ -63,5 +93,3 @@ def native_prologue(inputs: DecodeInputs, embed) -> None:
     b.slot_mapping.copy_(dev[:, SLOT])
     b.context_lens.copy_(dev[:, CONTEXT_LEN])
     b.block_tables.copy_(dev[:, FIXED_COLUMNS:])
-    if b.embeds is not None:
-        b.embeds.copy_(embed(b.input_ids))

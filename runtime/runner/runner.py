@@ -69,6 +69,7 @@ class ModelRunner:
             config.fused_kernels,
             tp=parallel.tp if parallel is not None else SINGLE,
         )
+        log.info("per-token kernels: %s", self.model.ops.describe(config.device))
         if parallel is not None:  # collective, before the cache takes what memory is left
             path = parallel.tp.setup_allreduce(
                 config.tp_allreduce, config.device, config.dtype, self._allreduce_bytes()

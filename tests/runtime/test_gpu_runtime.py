@@ -277,3 +277,26 @@ def test_one_billion_parameter_llama_runs_with_graphs():
     assert llm.executor.graphs is not None
     logits = llm.prompt_logits([128000, 9906, 1917])
     assert torch.isfinite(logits).all() and logits.std() > 0
+
+
+def test_programmatic_dependent_launch_changes_no_logprob(monkeypatch):
+    """The per-token kernels overlap under PDL (each GEMV reads weights before the wait for its input):
+    the same tokens and the same log-probabilities, bit for bit, as launched one after the other."""
+    from fastpath.runtime.kernels import triton_ops
+
+    prompts = [list(range(100, 140)), [128000, 9906], list(range(7, 300, 3)), [5] * 9, [42]]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
+    runs = {}
+    for pdl in ("0", "1"):
+        monkeypatch.setenv("FASTPATH_PDL", pdl)
+        triton_ops.pdl_available.cache_clear()
+        llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
+        runs[pdl] = [
+            [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in llm.generate(p, params)]
+            for p in (prompts[:1], prompts)
+        ]
+        llm.close()
+    triton_ops.pdl_available.cache_clear()
+    if torch.cuda.get_device_capability()[0] >= 9:
+        assert triton_ops.pdl_available(torch.cuda.current_device())[0], "Hopper: PDL should be on"
+    assert runs["0"] == runs["1"]

@@ -21,8 +21,8 @@ DT = torch.float16
 g = torch.Generator().manual_seed(0)
 
 
-def rand(*shape, scale=1.0):
-    return (torch.randn(*shape, generator=g) * scale).to(DT)
+def rand(*shape, scale=1.0, gen=None):
+    return (torch.randn(*shape, generator=gen or g) * scale).to(DT)
 
 
 def check(name, ok):
@@ -33,11 +33,15 @@ def check(name, ok):
 def ops() -> bool:
     t, f = TorchOps(), TritonOps()
     good = True
-    for m in (1, 3, 16):
-        x, w, b = rand(m, 256), rand(96, 256, scale=0.05), rand(96)
+    # k=1100: the first tile (loaded before the wait for x's writer), whole tiles, then a partial one.
+    # Their own generator: the later checks keep the inputs they had before these cases were added.
+    gen = torch.Generator().manual_seed(1)
+    for m, k in ((1, 256), (3, 256), (16, 256), (1, 1100), (5, 1100)):
+        src = g if k == 256 else gen
+        x, w, b = rand(m, k, gen=src), rand(96, k, scale=0.05, gen=src), rand(96, gen=src)
         ref, got = t.linear(x, w, b).float(), f.linear(x, w, b).float()
         # Sums in another order than the CPU GEMM: equal to fp16 rounding, not bit for bit.
-        good &= check(f"linear m={m}", float((ref - got).norm() / ref.norm()) < 1e-3)
+        good &= check(f"linear m={m} k={k}", float((ref - got).norm() / ref.norm()) < 1e-3)
     x, r, w = rand(5, 300), rand(5, 300), rand(300, scale=0.1) + 1
     for res in (None, r):
         (a, sa), (c, sc) = t.add_rms_norm(x, res, w, 1e-5), f.add_rms_norm(x, res, w, 1e-5)
@@ -146,7 +150,11 @@ def padded_prefill(q, k, v, tables, qlens, ctxs, window):
 
 
 def fused_prologue() -> bool:
-    from fastpath.runtime.prologues import _load_kernel
+    """The one-launch unpack (native prologue on CUDA, and the FusedDecodePrologue hook) against the
+    per-field reference, with and without the embedding lookup."""
+    from types import SimpleNamespace
+
+    from fastpath.runtime.runner import decode_inputs
 
     rows, width, hidden, vocab = 3, 5, 40, 50
     packed = torch.tensor(
@@ -167,17 +175,22 @@ def fused_prologue() -> bool:
 
         native = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
         fused = DecodeBuffers.allocate(rows, width, hidden, DT, torch.device("cpu"))
-        native_prologue(DecodeInputs(rows, packed, native, prev), lookup)
-        _load_kernel()[(rows,)](
-            packed, prev, shard, fused.input_ids, fused.positions, fused.slot_mapping, fused.context_lens,
-            fused.block_tables, fused.embeds, packed.stride(0), fused.block_tables.stride(0), shard.stride(0),
-            fused.embeds.stride(0), width, hidden, start, size, HAS_PREV=True, BLOCK_W=4, BLOCK_H=16,
-            C_TOKEN=0, C_SRC=1, C_POS=2, C_SLOT=3, C_CTX=4, C_FIXED=FIXED_COLUMNS,
-        )  # fmt: skip
+        native_prologue(DecodeInputs(rows, packed, native, prev), lookup)  # per field on the CPU
+        shard_module = SimpleNamespace(weight=shard, start=start, size=size)
+        decode_inputs.unpack_in_one_launch(DecodeInputs(rows, packed, fused, prev), packed, shard_module)
         fields = ("input_ids", "positions", "slot_mapping", "context_lens", "block_tables", "embeds")
         same = all(torch.equal(getattr(native, f), getattr(fused, f)) for f in fields)
         some_zero = start > 0 and bool((fused.embeds == 0).all(dim=1).any())
         good &= check(f"fused prologue vocab=[{start}, {start + size})", same and (start == 0 or some_zero))
+    # The native prologue's launch on CUDA: every field but the embeddings, first step and later ones.
+    for prev_tokens in (None, prev):
+        native = DecodeBuffers.allocate(rows, width, None, DT, torch.device("cpu"))
+        fused = DecodeBuffers.allocate(rows, width, None, DT, torch.device("cpu"))
+        decode_inputs._unpack_per_field(DecodeInputs(rows, packed, native, prev_tokens), packed)
+        decode_inputs.unpack_in_one_launch(DecodeInputs(rows, packed, fused, prev_tokens), packed)
+        fields = ("input_ids", "positions", "slot_mapping", "context_lens", "block_tables")
+        same = all(torch.equal(getattr(native, f), getattr(fused, f)) for f in fields)
+        good &= check(f"native unpack in one launch, previous tokens {prev_tokens is not None}", same)
     return good
 
 

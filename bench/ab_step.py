@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""A/B of a decode step's launch path on the 1.24B Llama, in one process, on one GPU.
+
+Engines built one after the other, each timed at the same batch sizes (`--variants` picks):
+- "per-field prologue, no PDL": the native prologue slicing the staged inputs with a launch per
+  field, and the per-token kernels launched one after the other;
+- "one-launch prologue, no PDL": the prologue as one launch (kernels/decode_unpack.py);
+- "PDL, not attention": also programmatic dependent launch between the per-token kernels (norms,
+  RoPE, SiLU-mul, the batch-1 GEMVs, greedy sampling), so a GEMV's weight stream starts while the
+  kernel before it drains;
+- "PDL": the decode attention kernels launched that way too (the default).
+
+Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
+own work in a step.
+
+    python bench/ab_step.py --out DIR [--batch 1 8 64] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth, environment, markdown_table, write_outputs
+from decode import MODEL, engine_step_time, replay_time, weight_bytes
+
+VARIANTS = {  # (prologue in one launch, PDL, PDL for attention)
+    "per-field prologue, no PDL": (False, False, False),
+    "one-launch prologue, no PDL": (True, False, False),
+    "PDL, not attention": (True, True, False),
+    "PDL": (True, True, True),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--name", default="ab_step")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--rounds", type=int, default=1, help="times through the variants, in turn")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/ab_step.py needs a CUDA device")
+        return
+    from fastpath.runtime import LLM
+    from fastpath.runtime.attention import triton_decode
+    from fastpath.runtime.kernels import triton_ops
+    from fastpath.runtime.runner import decode_inputs
+
+    bw = copy_bandwidth()
+    payload = {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "rows": []}
+    rows = []
+    for rnd in range(args.rounds):
+        for name in args.variants:
+            one_launch, pdl, pdl_attention = VARIANTS[name]
+            decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
+            triton_decode.PDL = pdl_attention
+            os.environ["FASTPATH_PDL"] = "1" if pdl else "0"
+            triton_ops.pdl_available.cache_clear()
+            llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512)
+            floor = weight_bytes(llm) / bw
+            for b in args.batch:
+                step, diff, _, host = engine_step_time(llm, b, 8, 40, 3)
+                replay = replay_time(llm, b, "greedy")
+                row = {"variant": name, "round": rnd, "batch": b, "step_s": step, "diff_step_s": diff}
+                row |= {"replay_s": replay, "host_step_s": host, "floor_step_s": floor}
+                payload["rows"].append(row)
+                rows.append([
+                    name, rnd, b, f"{step * 1e6:.0f}", f"{replay * 1e6:.0f}" if replay else "—",
+                    f"{step / replay:.3f}" if replay else "—", f"{host * 1e6:.0f}", f"{floor / step:.0%}",
+                ])  # fmt: skip
+                print(rows[-1], flush=True)
+            llm.close()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+    os.environ.pop("FASTPATH_PDL", None)
+    headers = [
+        "variant",
+        "round",
+        "batch",
+        "µs/step",
+        "replay µs",
+        "wall / replay",
+        "host µs",
+        "share of floor",
+    ]
+    write_outputs(args.out, args.name, payload, markdown_table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()
