@@ -8,7 +8,7 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, not attention": also programmatic dependent launch between the per-token kernels (norms,
   RoPE, SiLU-mul, the batch-1 GEMVs, greedy sampling), so a GEMV's weight stream starts while the
   kernel before it drains;
-- "PDL": the decode attention kernels launched that way too (the default).
+- "PDL": the decode attention kernels launched that way too (all of FASTPATH_PDL=1).
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
