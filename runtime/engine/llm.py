@@ -485,9 +485,9 @@ class LLM:
             kwargs["tools"] = list(tools)
         messages = [flat_message(m) for m in messages]
         text = tok.apply_chat_template(messages, tokenize=False, **kwargs)
-        ids = tok.apply_chat_template(messages, tokenize=True, **kwargs)
-        if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
+        # What apply_chat_template(tokenize=True) does after rendering, without rendering again: the
+        # template already wrote the special tokens it wants.
+        ids = tok(text, add_special_tokens=False)["input_ids"]
         return {"prompt": text, "prompt_token_ids": list(ids)}
 
     def _chat_tokenizer(self, chat_template: str | None) -> Any:

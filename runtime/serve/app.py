@@ -56,7 +56,7 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
         config=config,
         model_name=name,
         gate=AdmissionGate(llm.config.max_batch_size, config.max_queued_requests, config.api_server_count),
-        metrics=ServerMetrics(llm.stats),
+        metrics=ServerMetrics(llm.stats, name),
         created=int(time.time()),
         routes=ROUTES,
     )

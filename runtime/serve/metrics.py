@@ -1,6 +1,9 @@
 """Prometheus metrics: the engine's state read at scrape time, request latencies observed as they happen.
 
 Each app has its own registry, so several servers (tests, a bench) share a process without clashing.
+Every metric vLLM also exports is shown a second time under vLLM's name (`vllm:num_requests_running`,
+...) with its `model_name` label, renamed at scrape time, so dashboards, alerts and autoscalers
+written for vLLM read this server unchanged.
 Behind several API server processes (`--api-server-count`), prometheus_client's multiprocess mode
 (PROMETHEUS_MULTIPROC_DIR, set before the processes start) sums every process's request metrics, so a
 scrape answered by any one of them shows the whole server; in that mode the values live in files per
@@ -14,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ..engine.core import EngineStats
 
@@ -73,15 +77,62 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
+# fastpath family -> vLLM's names for it (V1 engine; the older aliases vLLM dashboards still read), and
+# label renames. Same types and units: vLLM's "perc" is a fraction from 0 to 1, as ours.
+VLLM_NAMES: dict[str, tuple[str, ...]] = {
+    "fastpath_requests_running": ("vllm:num_requests_running",),
+    "fastpath_requests_waiting": ("vllm:num_requests_waiting",),
+    "fastpath_kv_cache_usage_ratio": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "fastpath_prompt_tokens": ("vllm:prompt_tokens",),
+    "fastpath_generation_tokens": ("vllm:generation_tokens",),
+    "fastpath_preemptions": ("vllm:num_preemptions",),
+    "fastpath_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
+    "fastpath_inter_token_latency_seconds": (
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+    ),
+    "fastpath_e2e_request_latency_seconds": ("vllm:e2e_request_latency_seconds",),
+    "fastpath_request_queue_time_seconds": ("vllm:request_queue_time_seconds",),
+    "fastpath_request_finished": ("vllm:request_success",),
+}
+VLLM_LABELS = {"finish_reason": "finished_reason"}
+
+
+class VllmNamed:
+    """A registry's metrics as they are, then those vLLM also exports once more under vLLM's names."""
+
+    def __init__(self, source: Collector, model_name: str) -> None:
+        self._source = source
+        self._model = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        renamed = []
+        for metric in self._source.collect():
+            yield metric
+            renamed += [_renamed(metric, name, self._model) for name in VLLM_NAMES.get(metric.name, ())]
+        yield from renamed
+
+
+def _renamed(metric: Metric, name: str, model: str) -> Metric:
+    out = Metric(name, metric.documentation, metric.type, metric.unit)
+    for sample in metric.samples:
+        labels = {VLLM_LABELS.get(k, k): v for k, v in sample.labels.items()} | {"model_name": model}
+        out.add_sample(
+            name + sample.name[len(metric.name) :], labels, sample.value, sample.timestamp, sample.exemplar
+        )
+    return out
+
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+    def __init__(self, stats: Callable[[], EngineStats], model_name: str = "") -> None:
         r = CollectorRegistry(auto_describe=True)  # where this process's metrics are made
-        self.registry = r  # what /metrics exposes
+        source = r
         if os.environ.get(MULTIPROC_ENV):
-            self.registry = CollectorRegistry()
-            multiprocess.MultiProcessCollector(self.registry)
-        self.registry.register(EngineCollector(stats))
+            source = CollectorRegistry()
+            multiprocess.MultiProcessCollector(source)
+        source.register(EngineCollector(stats))
+        self.registry = CollectorRegistry(auto_describe=False)  # what /metrics exposes
+        self.registry.register(VllmNamed(source, model_name))
         self.ttft = Histogram(
             "fastpath_time_to_first_token_seconds",
             "From a request's arrival to its first token, streamed requests.",
