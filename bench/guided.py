@@ -110,6 +110,36 @@ def fill_alone(guided, batch: int, calls=None, steps: int = 200) -> float:
     return total / steps * 1e6
 
 
+def fill_alone_native(g, batch: int, threads: int, steps: int = 200) -> float | None:
+    """As fill_alone, through the C++ fill (guided_fill.hpp) with its rows over `threads` threads;
+    None where the fill is not native."""
+    if g.fill != "native":
+        return None
+    import random
+
+    import numpy as np
+    import torch
+
+    from fastpath.runtime.guided.spec import parse_spec
+
+    rng = random.Random(0)
+    states = [g.state_for(parse_spec({"regex": ENDLESS_JSON})) for _ in range(batch)]
+    tokens = torch.zeros(batch, dtype=torch.int64)
+    mask = torch.full((batch, g.words), -1, dtype=torch.int32)
+    flags = torch.zeros(batch, dtype=torch.int32)
+    filler = g._extension.GuidedFill(tokens, mask, flags, batch, g.words, threads=threads)
+    rows, total = [s.row for s in states], 0.0
+    for _ in range(steps):
+        start = time.perf_counter()
+        filler.fill(rows)
+        total += time.perf_counter() - start
+        bits = np.unpackbits(mask.numpy().view(np.uint8), axis=1, bitorder="little")[:, : g.vocab_size]
+        for r, s in enumerate(states):
+            allowed = np.flatnonzero(bits[r]).tolist()
+            g.calls.accept(s.matcher, rng.choice([t for t in allowed if t > 2] or allowed))
+    return total / steps * 1e6
+
+
 def host_line(g, batches: list[int]) -> dict:
     """The fill alone on this host, for the engine's guided decoder `g`."""
     from fastpath.runtime.guided.matcher_calls import MatcherCalls, usable_cpus
@@ -119,6 +149,10 @@ def host_line(g, batches: list[int]) -> dict:
             "fill_alone_us": {b: fill_alone(g, b) for b in batches}}  # fmt: skip
     if g.backend.name == "xgrammar":
         host["fill_alone_pool_us"] = {b: fill_alone(g, b, MatcherCalls("auto")) for b in batches}
+        # The C++ fill over 1, 2 and 4 threads (FASTPATH_GUIDED_FILL_THREADS).
+        host["fill_alone_native_us"] = {
+            b: {t: fill_alone_native(g, b, t) for t in (1, 2, 4)} for b in batches
+        }
     return host
 
 

@@ -9,12 +9,14 @@ step's row plan from a queue the host fills, in launch order, before each launch
 The callback is C++ (guided_fill.hpp) where the dispatch extension and xgrammar allow it: it never
 takes the GIL, so it runs beside the engine's Python thread. Otherwise it is Python: with xgrammar,
 its calls hold the GIL (matcher_calls.py says why); with llguidance, one parallel call per step
-fills every row off the GIL (llguidance_backend.py).
+fills every row off the GIL (llguidance_backend.py). The C++ fill can spread a step's rows over
+several threads (FASTPATH_GUIDED_FILL_THREADS, default 1: not yet measured faster on a GPU host).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,20 @@ from .python_fill import PythonFill, PythonRow
 from .spec import GuidedSpec, parse_spec
 
 log = logging.getLogger("fastpath.guided")
+
+FILL_THREADS_ENV = "FASTPATH_GUIDED_FILL_THREADS"
+
+
+def fill_threads() -> int:
+    """The C++ fill's thread count from the environment: 1 (this thread only) unless set to 2 to 64."""
+    raw = os.environ.get(FILL_THREADS_ENV, "1")
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if not 1 <= threads <= 64:
+        raise ValueError(f"{FILL_THREADS_ENV}={raw!r}: give a thread count from 1 to 64")
+    return threads
 
 
 @dataclass(slots=True)
@@ -93,8 +109,11 @@ class GuidedDecoder:
         native = extension is not None and backend.name == "xgrammar"
         self._api = matcher_api(extension) if native else None
         if self._api is not None:
-            self.filler = extension.GuidedFill(
-                self.host_tokens, self.host_mask, self.host_rows, max_rows, self.words
+            args = (self.host_tokens, self.host_mask, self.host_rows, max_rows, self.words)
+            threads = fill_threads()
+            # An extension built before the pool existed takes no thread count: it fills on one thread.
+            self.filler = (
+                extension.GuidedFill(*args, threads=threads) if threads > 1 else extension.GuidedFill(*args)
             )
         else:
             self.filler = PythonFill(self.host_tokens, self.host_mask, self.host_rows, self.calls)
@@ -103,6 +122,11 @@ class GuidedDecoder:
     def fill(self) -> str:
         """Where each step's fill runs: "native" (C++, no GIL) or "python"."""
         return "native" if self._api is not None else "python"
+
+    @property
+    def fill_threads(self) -> int:
+        """Threads a native fill spreads a step's rows over (FASTPATH_GUIDED_FILL_THREADS)."""
+        return getattr(self.filler, "threads", 1) if self._api is not None else 1
 
     @property
     def fills(self) -> int:

@@ -115,3 +115,40 @@ def test_a_native_fill_reports_a_step_without_a_plan_and_refuses_bad_buffers_and
         ext.GuidedFill(tokens, torch.zeros(3, 4, dtype=torch.int32).t(), flags, 4, 3)
     with pytest.raises(ValueError, match="GuidedFill: tokens is not a contiguous CPU tensor"):
         ext.GuidedFill(tokens.int(), torch.zeros(4, 3, dtype=torch.int32), flags, 4, 3)
+
+
+def test_a_fill_spread_over_threads_gives_the_one_thread_tokens(tiny_text_checkpoint, llm, monkeypatch):
+    """FASTPATH_GUIDED_FILL_THREADS: the C++ fill shares each step's rows with a pool; every row's
+    matcher and mask row are its own, so tokens, errors and finish reasons do not change."""
+    from fastpath.runtime.guided.decoder import FILL_THREADS_ENV
+
+    monkeypatch.setenv(FILL_THREADS_ENV, "3")
+    pooled = LLM(
+        str(tiny_text_checkpoint), device="cpu", max_seq_len=320, max_batch_size=8, guided_backend="xgrammar"
+    )
+    assert (pooled.executor.guided.fill, pooled.executor.guided.fill_threads) == ("native", 3)
+    assert llm.executor.guided.fill_threads == 1
+    specs = [{"json_schema": schema} for schema in SCHEMAS.values()] + [{"regex": "[a-z]{2,6}!"}, None]
+    params = [_guided(spec, seed) if spec else SamplingParams(max_tokens=30, seed=seed, temperature=1.0)
+              for seed, spec in enumerate(specs * 2)]  # fmt: skip
+    prompts = (PROMPTS * 8)[: len(params)]
+    one, many = llm.generate(prompts, params), pooled.generate(prompts, params)
+    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in one] == [
+        (o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in many
+    ]
+    pooled.close()
+
+
+@pytest.mark.parametrize("value", ["0", "65", "many"])
+def test_a_bad_fill_thread_count_is_refused_by_name(tiny_text_checkpoint, monkeypatch, value):
+    from fastpath.runtime.guided.decoder import FILL_THREADS_ENV
+
+    monkeypatch.setenv(FILL_THREADS_ENV, value)
+    with pytest.raises(Exception, match=FILL_THREADS_ENV):
+        LLM(
+            str(tiny_text_checkpoint),
+            device="cpu",
+            max_seq_len=320,
+            max_batch_size=8,
+            guided_backend="xgrammar",
+        )

@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -130,23 +133,107 @@ class GuidedRow {
 
 using RowPlan = std::vector<std::shared_ptr<GuidedRow>>;  // null: a free row
 
+// Worker threads that share one step's rows with the calling thread. The caller never waits for a
+// worker to wake: it takes rows itself, and waits only for rows a worker has already taken, so a
+// pool whose threads are slow to wake (or gone, after a fork) costs what one thread does.
+class RowPool {
+ public:
+  explicit RowPool(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  ~RowPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) {
+      if (process_exiting().load()) t.detach();  // at exit, a join can wait on a thread already gone
+      else t.join();
+    }
+  }
+  RowPool(const RowPool&) = delete;
+  RowPool& operator=(const RowPool&) = delete;
+
+  std::size_t workers() const { return threads_.size(); }
+
+  // job(i) for every i in [0, n), each exactly once; returns when all have run.
+  void run(std::size_t n, const std::function<void(std::size_t)>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      n_ = n;
+      next_.store(0);
+      done_.store(0);
+      ++epoch_;
+    }
+    wake_.notify_all();
+    work(job, n);
+    std::unique_lock<std::mutex> lock(mu_);
+    idle_.wait(lock, [&] { return done_.load() == n && active_ == 0; });
+    job_ = nullptr;  // a worker that wakes now finds nothing to do
+  }
+
+ private:
+  void work(const std::function<void(std::size_t)>& job, std::size_t n) {
+    for (std::size_t i = next_.fetch_add(1); i < n; i = next_.fetch_add(1)) {
+      job(i);
+      done_.fetch_add(1);
+    }
+  }
+
+  void loop() {
+    std::uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      wake_.wait(lock, [&] { return stop_ || epoch_ != seen; });
+      if (stop_) return;
+      seen = epoch_;
+      if (job_ == nullptr) continue;
+      const auto* job = job_;
+      const std::size_t n = n_;
+      ++active_;
+      lock.unlock();
+      work(*job, n);
+      lock.lock();
+      --active_;
+      idle_.notify_all();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  const std::function<void(std::size_t)>* job_ = nullptr;
+  std::size_t n_ = 0;
+  std::uint64_t epoch_ = 0;
+  int active_ = 0;  // workers inside work(): run() may not return (and end job) while any is
+  bool stop_ = false;
+  std::atomic<std::size_t> next_{0};
+  std::atomic<std::size_t> done_{0};
+};
+
 // The shared state a captured fill callback reads: pinned buffers and a queue of row plans, one
 // per launched step, in launch order (a graph replay takes no per-step arguments). Plans hold at
 // most max_rows rows; rows past a plan's end keep their flags (callers pad plans to the step).
 class GuidedFill {
  public:
   // `owner` keeps the buffers alive for as long as any callback can still touch them.
+  // `threads` > 1: a step's rows are spread over that many threads (the callback's own and a pool).
   GuidedFill(std::uintptr_t tokens, std::uintptr_t mask, std::uintptr_t flags, std::int64_t max_rows,
-             std::int64_t words, std::shared_ptr<void> owner)
+             std::int64_t words, std::shared_ptr<void> owner, int threads = 1)
       : owner_(std::move(owner)),
         tokens_(reinterpret_cast<const std::int64_t*>(tokens)),
         flags_(reinterpret_cast<std::int32_t*>(flags)),
         max_rows_(max_rows),
         shape_{max_rows, words} {
     tensor_ = {reinterpret_cast<void*>(mask), 1, 0, 2, 0, 32, 1, shape_, nullptr, 0};
+    if (threads > 1) pool_ = std::make_unique<RowPool>(threads - 1);
   }
 
   std::int64_t max_rows() const { return max_rows_; }
+  int threads() const { return pool_ ? static_cast<int>(pool_->workers()) + 1 : 1; }
 
   // The caller's thread (Python's): plans the callback is done with are dropped here, so the last
   // reference to a matcher is never let go on a callback thread.
@@ -185,24 +272,35 @@ class GuidedFill {
       for (std::int64_t r = 0; r < max_rows_; ++r) flags_[r] = 0;
       return;
     }
-    for (std::size_t r = 0; r < plan.size(); ++r) {
-      if (plan[r] && plan[r]->live()) plan[r]->accept(tokens_[r]);
-    }
-    fill(plan);
+    fill(plan, /*accept_first=*/true);
     busy_ns_.fetch_add(now_ns() - start);
     std::lock_guard<std::mutex> lock(mu_);
     spent_.push_back(std::move(plan));
   }
 
-  // Row r constrained <=> flags[r] == 1; a free row's mask words are stale and ignored.
-  void fill(const RowPlan& plan) {
+  // Row r constrained <=> flags[r] == 1; a free row's mask words are stale and ignored. With
+  // `accept_first`, each row first takes the step's fed token. Rows are independent (a matcher and a
+  // mask row each), so they may run on any thread.
+  void fill(const RowPlan& plan, bool accept_first = false) {
     const std::size_t n = std::min<std::size_t>(plan.size(), static_cast<std::size_t>(max_rows_));
     std::vector<std::string> failed;
-    for (std::size_t r = 0; r < n; ++r) {
-      const bool constrained = plan[r] && plan[r]->live() && plan[r]->fill(&tensor_, static_cast<std::int64_t>(r));
+    std::mutex failed_mu;
+    const std::function<void(std::size_t)> row = [&](std::size_t r) {
+      const auto& g = plan[r];
+      if (g && accept_first && g->live()) g->accept(tokens_[r]);
+      const bool constrained = g && g->live() && g->fill(&tensor_, static_cast<std::int64_t>(r));
       flags_[r] = constrained ? 1 : 0;
       std::string why;
-      if (plan[r] && plan[r]->take_internal_error(&why)) failed.push_back("row " + std::to_string(r) + ": " + why);
+      if (g && g->take_internal_error(&why)) {
+        std::lock_guard<std::mutex> lock(failed_mu);
+        failed.push_back("row " + std::to_string(r) + ": " + why);
+      }
+    };
+    if (pool_ && n > 1) {
+      pool_->run(n, row);
+      std::sort(failed.begin(), failed.end());  // the order rows finished in is not the rows' order
+    } else {
+      for (std::size_t r = 0; r < n; ++r) row(r);
     }
     fills_.fetch_add(1);
     if (!failed.empty()) {
@@ -236,6 +334,7 @@ class GuidedFill {
   std::int64_t missing_plans_ = 0;
   std::atomic<std::int64_t> fills_{0};
   std::atomic<std::int64_t> busy_ns_{0};
+  std::unique_ptr<RowPool> pool_;  // last: its threads stop before the buffers they write go
 };
 
 class GuidedFillStep final : public Callback {

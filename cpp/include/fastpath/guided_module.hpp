@@ -62,7 +62,9 @@ inline void define_matcher(py::module_& m) {
 // Contiguous CPU tensors (pinned where a GPU reads them): int64 [max_rows], int32
 // [max_rows, words], int32 [max_rows]. The fill keeps them alive.
 inline std::shared_ptr<GuidedFill> make_guided_fill(const py::object& tokens, const py::object& mask,
-                                                    const py::object& flags, std::int64_t max_rows, std::int64_t words) {
+                                                    const py::object& flags, std::int64_t max_rows, std::int64_t words,
+                                                    int threads) {
+  if (threads < 1 || threads > 64) throw py::value_error("GuidedFill: threads must be 1 to 64, not " + std::to_string(threads));
   auto check = [](const py::object& t, std::int64_t numel, std::int64_t itemsize, const char* what) {
     const bool ok = t.attr("device").attr("type").cast<std::string>() == "cpu" && t.attr("is_contiguous")().cast<bool>() &&
                     t.attr("numel")().cast<std::int64_t>() == numel &&
@@ -75,7 +77,7 @@ inline std::shared_ptr<GuidedFill> make_guided_fill(const py::object& tokens, co
   const std::uintptr_t f = check(flags, max_rows, 4, "flags");
   PyObject* keep = py::make_tuple(tokens, mask, flags).release().ptr();
   std::shared_ptr<void> owner(keep, [](void* p) { PyGraveyard::instance().bury(static_cast<PyObject*>(p)); });
-  return std::make_shared<GuidedFill>(t, m, f, max_rows, words, std::move(owner));
+  return std::make_shared<GuidedFill>(t, m, f, max_rows, words, std::move(owner), threads);
 }
 
 // A Python row plan as C++: None is a free row.
@@ -94,7 +96,7 @@ inline void define_fill(py::module_& m) {
   py::class_<GuidedFill, std::shared_ptr<GuidedFill>>(
       m, "GuidedFill", py::module_local(), "Each decode step's bitmask, filled by a C++ host callback from a queue of row plans.")
       .def(py::init(&make_guided_fill), py::arg("tokens"), py::arg("mask"), py::arg("flags"), py::arg("max_rows"),
-           py::arg("words"))
+           py::arg("words"), py::arg("threads") = 1)
       .def(
           "enqueue",
           [](GuidedFill& f, const py::list& rows) {
@@ -112,6 +114,7 @@ inline void define_fill(py::module_& m) {
           },
           py::arg("rows"), "Fill these rows now, on this thread (a prefill's rows).")
       .def_property_readonly("fills", &GuidedFill::fills)
+      .def_property_readonly("threads", &GuidedFill::threads)
       .def_property_readonly("step_seconds", &GuidedFill::step_seconds)
       .def_property_readonly("missing_plans", &GuidedFill::missing_plans)
       .def_property_readonly("queued", &GuidedFill::queued);
