@@ -82,10 +82,11 @@ class TritonOps(TorchOps):
         x = x.contiguous()
         m, (n, k) = x.shape[0], weight.shape
         y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        # No PDL here: it made batch 8 28% slower (bench/results/round9/ab_step-call1.md).
         K.gemm_small_m_kernel[_grid(n)](
             x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
             HAS_BIAS=bias is not None, **K.untuned_args(K._small_m_configs()),
-        )  # no PDL: it measured 28% slower at batch 8 (bench/results/round9/ab_step-call1.md)  # fmt: skip
+        )  # fmt: skip
         return y
 
     def greedy(self, logits):
