@@ -148,6 +148,10 @@ def _gemv_configs():
             (32, 256, 8, 3),
             (2, 1024, 4, 4),
             (4, 1024, 8, 3),
+            # DESIGN.md: in a graph-replayed chain of this model's GEMVs under PDL, 2 rows x 2048
+            # columns x 4 warps streamed at 82% of copy bandwidth, the best shape tried there.
+            (2, 2048, 4, 2),
+            (2, 2048, 4, 3),
         ]
     ]
 
