@@ -123,12 +123,19 @@ def scores(row, cols, V, logits_ptr, stride_l, p_ptr, ent_ptr, stride_e, bits_pt
     ban = int_field(p_ptr, 8) < int_field(p_ptr, 10)
     word = tl.load(bits_ptr + slot * stride_b + (cols >> 5), mask=inb, other=0)
     hit = ((word >> (cols & 31)) & 1) != 0
-    e = tl.load(ent_ptr + slot * stride_e + cols, mask=inb & hit, other=0)
-    count = e & _COUNT
-    seen = (e & (_COUNT | _PROMPT)) != 0
-    pen = tl.where(seen, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
-    pen = pen - freq * count.to(tl.float32)
-    pen = pen - pres * (count > 0).to(tl.float32)
-    pen = tl.where(ban, tl.where((e & _STOP) != 0, float("-inf"), pen), pen)
-    s = pen * tl.math.div_rn(1.0, tl.where(temp > 0, temp, 1.0))
+    inv_t = tl.math.div_rn(1.0, tl.where(temp > 0, temp, 1.0))
+    # A row's penalties touch the few tokens its table holds: most blocks skip their arithmetic (the
+    # exact division above all). Unpenalized, x - f * 0 - p * 0 is x but for the sign of a zero,
+    # which no key, mass or draw sees.
+    if tl.max(hit.to(tl.int32), 0) > 0:
+        e = tl.load(ent_ptr + slot * stride_e + cols, mask=inb & hit, other=0)
+        count = e & _COUNT
+        seen = (e & (_COUNT | _PROMPT)) != 0
+        pen = tl.where(seen, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
+        pen = pen - freq * count.to(tl.float32)
+        pen = pen - pres * (count > 0).to(tl.float32)
+        pen = tl.where(ban, tl.where((e & _STOP) != 0, float("-inf"), pen), pen)
+        s = pen * inv_t
+    else:
+        s = x * inv_t
     return inb, x, tl.where(inb, s, float("-inf"))

@@ -23,9 +23,12 @@ from .sampling_jit import (
 
 @triton.jit
 def stats_kernel(
-    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr, P,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr, floor_ptr, P,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
+    """Per chunk: the raw logits' max and exp-sum, the scores' max and first argmax, and the least
+    of the maxima of GROUPS disjoint sets of the chunk's scores (and raw logits): at least GROUPS of
+    the chunk's tokens lie at or above it (`hist_kernel` uses it)."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
@@ -51,6 +54,10 @@ def stats_kernel(
     tl.store(out + 1, raw_sum)
     tl.store(out + 2, top)
     tl.store(sidx_ptr + row * P + part, first)
+    # A lane's running max covers its own columns, so lanes in groups are disjoint sets of tokens.
+    floors = floor_ptr + (row * P + part) * 2
+    tl.store(floors + 0, tl.min(tl.max(tl.reshape(smax, [GROUPS, BLOCK // GROUPS]), 1), 0))
+    tl.store(floors + 1, tl.min(tl.max(tl.reshape(rmax, [GROUPS, BLOCK // GROUPS]), 1), 0))
 
 
 @triton.jit
@@ -64,16 +71,27 @@ def _row_tops(stat_ptr, row, P, PMAX: tl.constexpr):
 
 @triton.jit
 def hist_kernel(
-    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, hist_ptr,
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, hist_ptr,
     rhist_ptr, zpart_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
+    CAP: tl.constexpr, RCAP: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
+    """Per chunk: the total mass, and the histograms select_kernel cuts. Only buckets up to the cut's
+    next one must be exact. At least P * GROUPS tokens lie at or above the least of stats_kernel's
+    group maxima, so when that is more than the cap, no cut reaches past its bucket: tokens below
+    it are left out. Each counted token is a shared-memory atomic, so this leaves out most of them."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     key_top = signed_key(top)
     key_raw = signed_key(top_raw)
+    p = tl.arange(0, PMAX)
+    floors = floor_ptr + (row * P + p) * 2
+    low = tl.min(tl.load(floors + 0, mask=p < P, other=float("inf")), 0)
+    rlow = tl.min(tl.load(floors + 1, mask=p < P, other=float("inf")), 0)
+    last = tl.where(P * GROUPS > CAP, bucket(distance(key_top, signed_key(low))), NB)
+    rlast = tl.where(P * GROUPS > RCAP, bucket(distance(key_raw, signed_key(rlow))), NB)
     hist = tl.zeros([NB], tl.int32)
     rhist = tl.zeros([NB], tl.int32)
     z = tl.zeros([BLOCK], tl.int64)
@@ -81,9 +99,11 @@ def hist_kernel(
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
         inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
         z += fixed_mass(s, top)
-        hist += tl.histogram(bucket(distance(key_top, signed_key(s))), NB, mask=inb)
+        b = bucket(distance(key_top, signed_key(s)))
+        hist += tl.histogram(b, NB, mask=inb & (b <= last))
         if TOPK:
-            rhist += tl.histogram(bucket(distance(key_raw, signed_key(x))), NB, mask=inb)
+            rb = bucket(distance(key_raw, signed_key(x)))
+            rhist += tl.histogram(rb, NB, mask=inb & (rb <= rlast))
     b = tl.arange(0, NB)
     tl.store(hist_ptr + (row * P + part) * NB + b, hist)
     if TOPK:
@@ -203,10 +223,13 @@ def draw_kernel(
 
 @triton.jit
 def _place(ptr, iptr, fill_ptr, v, cols, keep):
-    """Appends `v` and `cols` where `keep`, each at the slot an atomic add on the list's fill gives."""
-    at = tl.atomic_add(fill_ptr + tl.zeros_like(cols), 1, mask=keep)
-    tl.store(ptr + at, v, mask=keep)
-    tl.store(iptr + at, cols, mask=keep)
+    """Appends `v` and `cols` where `keep`, each at the slot an atomic add on the list's fill gives.
+    Most blocks keep nothing: they skip the atomic, whose returned slot would stall the loop. Relaxed:
+    a slot only has to be unique (the default acq_rel fences every add)."""
+    if tl.max(keep.to(tl.int32), 0) > 0:
+        at = tl.atomic_add(fill_ptr + tl.zeros_like(cols), 1, mask=keep, sem="relaxed")
+        tl.store(ptr + at, v, mask=keep)
+        tl.store(iptr + at, cols, mask=keep)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ The passes over the vocabulary run CHUNK logits per program, so a row spreads ov
 1. stats: per chunk, the raw logits' max and exp-sum, the penalized scores' max and first argmax.
 2. hist: per chunk, the total mass (fixed point) and a histogram of each token's distance below the
    row's top score (and below the top raw logit, for the top-k logprobs), in buckets 1/8 apart on a
-   log scale of the float order.
+   log scale of the float order. Tokens that provably lie past any cut are not counted.
 3. select (a program per row): the deepest bucket that keeps the candidates within their cap.
 4. gather: the candidates, and per chunk the best score left out. A candidate takes the list's next
    slot by an atomic add: the set is fixed by the cut, and decide sorts it, so slot order is free.
@@ -62,6 +62,7 @@ class _Scratch:
             new(rows, parts),
             new(rows, parts, dtype=i64),
         )
+        self.floors = new(rows, parts, 2, dtype=f32)
         self.hist = new(rows, parts, BUCKETS)
         self.rhist = new(rows, parts, BUCKETS) if num_top else self.hist
         # fill: how many of each list gather_kernel has placed (zeroed by select_kernel).
@@ -110,10 +111,15 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     # No FMA: penalties round as the torch definition does.
     passes = dict(enable_fp_fusion=False, num_warps=PASS_WARPS)
     per_row = dict(enable_fp_fusion=False, num_warps=FINAL_WARPS)
-    stats_kernel[grid](*row_args, w.stats, w.sidx, parts, CHUNK=chunk, BLOCK=block, **passes)
-    hist_kernel[grid](
-        *row_args, w.stats, parts, w.hist, w.rhist, w.zpart, **sizes, NB=BUCKETS, TOPK=num_top, **passes
+    # Enough groups per chunk that the row's group maxima outnumber the candidates (hist_kernel).
+    groups = min(block, _pow2(-(-(CANDIDATES + 1) // parts)))
+    stats_kernel[grid](
+        *row_args, w.stats, w.sidx, w.floors, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups, **passes
     )
+    hist_kernel[grid](
+        *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.zpart, **sizes, NB=BUCKETS, **caps,
+        GROUPS=groups, **passes,
+    )  # fmt: skip
     select_kernel[(rows,)](
         w.hist, w.rhist, parts, w.sel, w.fill, w.rnext, PMAX=pmax, NB=BUCKETS, **caps, **passes
     )
