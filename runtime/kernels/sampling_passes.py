@@ -102,15 +102,24 @@ def hist_kernel(
         tl.store(rmine + b, tl.zeros([NB], tl.int32))
     tl.debug_barrier()  # the zeros land before any thread of the program counts
     z = tl.zeros([BLOCK], tl.int64)
+    # The last counted bucket is the crowded one (all of a grammar-masked row's -inf tokens): its
+    # count is summed in registers and added once, not by an atomic per token on one address.
+    at_last = tl.zeros([BLOCK], tl.int32)
+    rat_last = tl.zeros([BLOCK], tl.int32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
         inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
         z += fixed_mass(s, top)
         at = bucket(distance(key_top, signed_key(s)))
-        tl.atomic_add(mine + at, 1, mask=inb & (at <= last), sem="relaxed")
+        tl.atomic_add(mine + at, 1, mask=inb & (at < last), sem="relaxed")
+        at_last += (inb & (at == last)).to(tl.int32)
         if TOPK:
             rat = bucket(distance(key_raw, signed_key(x)))
-            tl.atomic_add(rmine + rat, 1, mask=inb & (rat <= rlast), sem="relaxed")
+            tl.atomic_add(rmine + rat, 1, mask=inb & (rat < rlast), sem="relaxed")
+            rat_last += (inb & (rat == rlast)).to(tl.int32)
+    tl.atomic_add(mine + last, tl.sum(at_last, 0), mask=last < NB, sem="relaxed")
+    if TOPK:
+        tl.atomic_add(rmine + rlast, tl.sum(rat_last, 0), mask=rlast < NB, sem="relaxed")
     tl.store(zpart_ptr + row * P + part, tl.sum(z, 0))
 
 
