@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|pdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -30,6 +30,8 @@ for step in "$@"; do
   case "$step" in
     # A test hung in C++ ends the run after 120 s with every thread's stack (pytest-timeout, thread method).
     tests) timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|Timeout" | tail -80 ;;
+    # The whole GPU suite with programmatic dependent launch on (round 9's capture failure).
+    pdl-tests) FASTPATH_PDL=1 timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests_pdl.log" | grep -E "FAILED|ERROR|passed|failed|Fatal|Timeout" | tail -30 ;;
     tp-tests) timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
     attention-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k "triton or graph or mixed" 2>&1 | tee "$OUT/gpu_attention_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     sampling-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_sampling.py 2>&1 | tee "$OUT/gpu_sampling_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,9 +47,26 @@ def capture_graph(
             run()
     torch.cuda.current_stream(core.device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with core.dispatcher.graph(graph, pool=pool):
+    # thread_local: a CUDA call from another thread (a guided fill, a closed engine's teardown) must
+    # not invalidate this capture; an unsafe call from this thread still fails it.
+    with no_collection(), core.dispatcher.graph(graph, pool=pool, capture_error_mode="thread_local"):
         out = run()
     return CapturedGraph(graph, out)
+
+
+@contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's cyclic collector paused while a graph is captured. A collection runs finalizers, and
+    one that frees a CUDA resource (pinned memory, an event, a dead graph) invalidates the capture,
+    which then fails at some later launch. Garbage is collected first, so none piles up."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class DecodeGraphs:
