@@ -58,8 +58,8 @@ def capture_graph(
 def no_collection() -> Iterator[None]:
     """Python's cyclic collector paused while a graph is captured. A collection runs finalizers, and
     one that frees a CUDA resource (pinned memory, an event, a dead graph) invalidates the capture,
-    which then fails at some later launch. Garbage is collected first, so none piles up."""
-    gc.collect()
+    which then fails at some later launch. (No collection first: a full one per graph is what made
+    torch stop collecting before captures.)"""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
