@@ -47,9 +47,7 @@ def capture_graph(
             run()
     torch.cuda.current_stream(core.device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    # thread_local: a CUDA call from another thread (a guided fill, a closed engine's teardown) must
-    # not invalidate this capture; an unsafe call from this thread still fails it.
-    with no_collection(), core.dispatcher.graph(graph, pool=pool, capture_error_mode="thread_local"):
+    with no_collection(), core.dispatcher.graph(graph, pool=pool):
         out = run()
     return CapturedGraph(graph, out)
 
