@@ -80,8 +80,8 @@ def hist_kernel(
     next one must be exact. At least P * GROUPS tokens lie at or above the least of stats_kernel's
     group maxima, so when that is more than the cap, no cut reaches past its bucket: tokens below
     it are not counted. Counting is a relaxed atomic add into the chunk's own global histogram, so
-    a block pays only for the few tokens it counts (tl.histogram pays per call: it zeroes, syncs and
-    reads back all its bins, which cost a row 1.5 us a block)."""
+    a block pays only for the few tokens it counts. (tl.histogram pays per call: it zeroes, syncs and
+    reads back all its bins; this pass took 99 us with it at batch 64 on an H200, 60 us without.)"""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
