@@ -29,9 +29,9 @@ export FASTPATH_PROGRESS=0 PYTHONUNBUFFERED=1
 for step in "$@"; do
   case "$step" in
     # A test hung in C++ ends the run after 120 s with every thread's stack (pytest-timeout, thread method).
-    tests) timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|Timeout" | tail -80 ;;
-    # The whole GPU suite with programmatic dependent launch on (round 9's capture failure).
-    pdl-tests) FASTPATH_PDL=1 timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests_pdl.log" | grep -E "FAILED|ERROR|passed|failed|Fatal|Timeout" | tail -30 ;;
+    # pdl-tests: the same suite with programmatic dependent launch on (round 9's capture failure).
+    tests|pdl-tests) pdl=$([ "$step" = pdl-tests ] && echo 1 || echo 0); suffix=$([ "$pdl" = 1 ] && echo _pdl)
+      FASTPATH_PDL=$pdl timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests$suffix.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|Timeout" | tail -80 ;;
     tp-tests) timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
     attention-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k "triton or graph or mixed" 2>&1 | tee "$OUT/gpu_attention_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     sampling-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_sampling.py 2>&1 | tee "$OUT/gpu_sampling_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;

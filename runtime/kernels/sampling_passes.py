@@ -70,6 +70,14 @@ def _row_tops(stat_ptr, row, P, PMAX: tl.constexpr):
 
 
 @triton.jit
+def _count(hist, at, last, inb):
+    """Counts the block's tokens of buckets before `last` into `hist`; returns, per lane, whether its
+    token falls in `last` (summed in registers by the caller)."""
+    tl.atomic_add(hist + at, 1, mask=inb & (at < last), sem="relaxed")
+    return (inb & (at == last)).to(tl.int32)
+
+
+@triton.jit
 def hist_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, hist_ptr,
     rhist_ptr, zpart_ptr,
@@ -110,13 +118,9 @@ def hist_kernel(
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
         inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
         z += fixed_mass(s, top)
-        at = bucket(distance(key_top, signed_key(s)))
-        tl.atomic_add(mine + at, 1, mask=inb & (at < last), sem="relaxed")
-        at_last += (inb & (at == last)).to(tl.int32)
+        at_last += _count(mine, bucket(distance(key_top, signed_key(s))), last, inb)
         if TOPK:
-            rat = bucket(distance(key_raw, signed_key(x)))
-            tl.atomic_add(rmine + rat, 1, mask=inb & (rat < rlast), sem="relaxed")
-            rat_last += (inb & (rat == rlast)).to(tl.int32)
+            rat_last += _count(rmine, bucket(distance(key_raw, signed_key(x))), rlast, inb)
     tl.atomic_add(mine + last, tl.sum(at_last, 0), mask=last < NB, sem="relaxed")
     if TOPK:
         tl.atomic_add(rmine + rlast, tl.sum(rat_last, 0), mask=rlast < NB, sem="relaxed")

@@ -47,6 +47,12 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def bound_groups(parts: int, block: int) -> int:
+    """Groups per chunk in stats_kernel: enough that a row's group maxima outnumber its candidates,
+    which is what lets hist_kernel skip the tokens below their least."""
+    return min(block, _pow2(-(-(CANDIDATES + 1) // parts)))
+
+
 class _Scratch:
     """The kernels' working buffers for `rows` rows of `parts` chunks (allocated per call: in a
     captured graph they come from its pool once)."""
@@ -111,8 +117,7 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     # No FMA: penalties round as the torch definition does.
     passes = dict(enable_fp_fusion=False, num_warps=PASS_WARPS)
     per_row = dict(enable_fp_fusion=False, num_warps=FINAL_WARPS)
-    # Enough groups per chunk that the row's group maxima outnumber the candidates (hist_kernel).
-    groups = min(block, _pow2(-(-(CANDIDATES + 1) // parts)))
+    groups = bound_groups(parts, block)
     stats_kernel[grid](
         *row_args, w.stats, w.sidx, w.floors, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups, **passes
     )

@@ -47,8 +47,8 @@ def test_fused_sampler_compiles_for_the_h200_and_its_passes_do_not_spill(top, tm
     shapes = dict(
         CHUNK=S.CHUNK, BLOCK=S.BLOCK, PMAX=pmax, NB=S.BUCKETS, CAP=S.CANDIDATES, RCAP=S.RAW_CANDIDATES
     )
-    # 8 groups a chunk: 256 group maxima a row, more than the 128 candidates (sampling_triton.sample).
-    consts = {**shapes, "TOPK": top, "NPIV": S.PIVOTS, "CHECK": bool(top), "GROUPS": 8}
+    groups = S.bound_groups(pmax, S.BLOCK)
+    consts = {**shapes, "TOPK": top, "NPIV": S.PIVOTS, "CHECK": bool(top), "GROUPS": groups}
     kernels = (
         S.stats_kernel,
         S.hist_kernel,
