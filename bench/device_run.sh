@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|pdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|pdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-1024|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -73,6 +73,8 @@ for step in "$@"; do
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host-profile) timeout 150 python3 bench/host_profile.py --out "$OUT" 2>&1 | grep -v "^$" | head -60 ;;
     serve-64) timeout 300 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 2>&1 | tail -9 ;;
+    serve-1024)  # #17 at steady state: 1024 requests, so the clients' ramp and tail weigh a quarter of 256's
+      timeout 400 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 1 4 --name serve-1024 2>&1 | tail -8 ;;
     serve-api-servers) timeout 540 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --api-server-count 1 2 4 2>&1 | tail -10 ;;
     serve-interval) timeout 420 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --stream-interval 1 4 2>&1 | tail -10 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;

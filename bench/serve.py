@@ -181,11 +181,14 @@ async def drive(url: str, prompts: list[list[int]], output_len: int, concurrency
         return list(timings), time.perf_counter() - start
 
 
-def start_server(args, port: int, log: Path, interval: int = 1, servers: int = 1) -> subprocess.Popen:
+def start_server(
+    args, port: int, log: Path, interval: int = 1, servers: int = 1, gil_us: float | None = None
+) -> subprocess.Popen:
+    env = None if gil_us is None else {**os.environ, "FASTPATH_GIL_SWITCH_US": f"{gil_us:g}"}
     cmd = [sys.executable, "-m", "fastpath.serve", args.model, "--port", str(port), "--no-access-log",
            "--log-level", "warning", "--stream-interval", str(interval), "--api-server-count", str(servers),
            *engine_flags(args)]  # fmt: skip
-    return launch_server(cmd, port, log, args.start_timeout)
+    return launch_server(cmd, port, log, args.start_timeout, env)
 
 
 def launch_server(
@@ -403,13 +406,16 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def run_server(args, prompts: list[list[int]], interval: int = 1, servers: int = 1) -> tuple[list[dict], int]:
+def run_server(
+    args, prompts: list[list[int]], interval: int = 1, servers: int = 1, gil_us: float | None = None
+) -> tuple[list[dict], int]:
     port = free_port()
     args.out.mkdir(parents=True, exist_ok=True)
-    proc = start_server(args, port, args.out / "serve-server.log", interval, servers)
+    proc = start_server(args, port, args.out / "serve-server.log", interval, servers, gil_us)
     flags = [f"--stream-interval {interval}"] * (interval != 1) + [f"--api-server-count {servers}"] * (
         servers != 1
     )
+    flags += [f"GIL switch {gil_us:g} µs" if gil_us else "GIL switch CPython's 5 ms"] * (gil_us is not None)
     mode = f"server (HTTP, streamed{''.join(', ' + f for f in flags)})"
     url = f"http://127.0.0.1:{port}"
     rows = []
@@ -458,6 +464,7 @@ def table(rows: list[dict], generate_tok_s: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--name", default="serve", help="the result files' stem")
     ap.add_argument("--model", default="random:llama-1b")
     ap.add_argument("--tokenizer", type=Path, help="a tokenizer folder (the random 1.2B Llama has none)")
     ap.add_argument("--device", default="auto")
@@ -480,6 +487,10 @@ def main() -> None:
         help="the server's --api-server-count; several run one server each, side by side",
     )  # fmt: skip
     ap.add_argument(
+        "--gil-switch-us", type=float, nargs="+", default=[None],
+        help="FASTPATH_GIL_SWITCH_US for the server's processes (0: CPython's 5 ms); several run one server each",
+    )  # fmt: skip
+    ap.add_argument(
         "--quick", action="store_true", help="a tiny random model on the CPU: the bench's smoke test"
     )
     args = ap.parse_args()
@@ -494,9 +505,10 @@ def main() -> None:
     server_rows, codes = [], []
     for interval in args.stream_interval:
         for servers in args.api_server_count:
-            rows_k, code = run_server(args, prompts, interval, servers)
-            server_rows += rows_k
-            codes.append(code)
+            for gil_us in args.gil_switch_us:
+                rows_k, code = run_server(args, prompts, interval, servers, gil_us)
+                server_rows += rows_k
+                codes.append(code)
     exit_code = max(codes, key=abs)
     generate_tok_s = offline_rows[-1]["output_tok_s"]
     by_c = {r["concurrency"]: r for r in offline_rows}
@@ -518,7 +530,7 @@ def main() -> None:
                "server_vs_generate": ratio, "server_exit_code": exit_code}  # fmt: skip
     payload["setup"]["tokenizer"] = str(args.tokenizer) if args.tokenizer else None
     text = f"{table(rows, generate_tok_s)}\n\n{setup}.\n\n{verdict}"
-    write_outputs(args.out, "serve-quick" if args.quick else "serve", payload, text)
+    write_outputs(args.out, f"{args.name}-quick" if args.quick else args.name, payload, text)
 
 
 if __name__ == "__main__":

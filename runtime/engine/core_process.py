@@ -31,6 +31,7 @@ from multiprocessing import connection
 from typing import Any
 
 from .core import EngineCore
+from .gil import prompt_handoffs
 from .llm import peer_errors
 from .prompt_logprobs import prompt_logprobs_when_room
 from .sequence import Sequence
@@ -357,6 +358,7 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _parents_to_act_on)
     logging.basicConfig(level=recipe.log_level, format="%(levelname)s %(name)s: %(message)s")
+    prompt_handoffs()  # the loop, the pipe reader and the senders hand every step across threads
     parent = ClientLink(conn, owner=True)
     try:
         llm = recipe.llm_cls(recipe.model, **recipe.kwargs)

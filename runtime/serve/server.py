@@ -23,6 +23,7 @@ from typing import Any
 
 import uvicorn
 
+from ..engine.gil import prompt_handoffs
 from .app import build_app
 from .config import ServeConfig
 from .state import ServerState
@@ -92,6 +93,7 @@ def serve(
     caller closes `llm`. `label` names this process among several API servers, whose own watch
     (api_servers.py) also follows their supervisor: they pass `watch_engine=False`."""
     server = make_server(llm, config, model_name=model_name, log_level=log_level)
+    prompt_handoffs()  # the event loop and the engine client's pipe threads pass every token along
     engine_closed = threading.Event()
     log.info(
         "%sserving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
