@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import time
 from collections.abc import Iterator
 
@@ -33,6 +34,10 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
 from .steps import InflightStep, StepRecord, decode_step, prefill_step, stage
+
+ADMIT_BESIDE_ENV = (
+    "FASTPATH_ADMIT_BESIDE"  # 0: new requests wait for the host to read back the step in flight
+)
 
 log = logging.getLogger("fastpath.executor")
 
@@ -75,6 +80,9 @@ class ExecutorCore:
             if mixed is not None
             else "prefill attention in one launch: " + ("yes" if self.scheduler.mixed_batches else "no"),
         )
+        # Admission without a wait for the host (Scheduler.admit_beside): one rank only, since the
+        # workers of a tensor-parallel engine keep no step in flight to take tokens from.
+        self.admits_beside = parallel is None and os.environ.get(ADMIT_BESIDE_ENV, "1") != "0"
         self.readback = Readback(self.dispatcher, config.device, parallel)
         self.in_warmup_guard = False
         self._staging_flip = 0
@@ -194,7 +202,7 @@ class ExecutorCore:
         if batch.phase == "decode":
             out, sampled = self.launch_decode(batch, prev)
         else:
-            out, sampled = self.launch_prefill(batch)
+            out, sampled = self.launch_prefill(batch, prev)
         for seq in sampled:
             seq.num_pending += 1
         return self._read_back(batch, sampled, out)
@@ -219,12 +227,15 @@ class ExecutorCore:
             self.parallel.send(Op.DECODE, step)
         return runner.run_decode(step, prev.tokens if prev is not None else None), seqs
 
-    def launch_prefill(self, batch: ScheduledBatch):
-        step, sampled = prefill_step(batch, self.runner.block_size, self.runner.penalty_slots)
+    def launch_prefill(self, batch: ScheduledBatch, prev: InflightStep | None = None):
+        """`prev`: the step in flight, when the batch's decoding sequences take its tokens (admit_beside)."""
+        src = prev.rows if prev is not None else None
+        step, sampled = prefill_step(batch, self.runner.block_size, self.runner.penalty_slots, src)
         if self.parallel is not None:
             self.parallel.send(Op.PREFILL, step)
         guided = self.runner.guided is not None and any(s.guided is not None for s in sampled)
-        return self.runner.run_prefill(step, sampled if guided else None), sampled
+        prev_tokens = prev.tokens if prev is not None and step.pending is not None else None
+        return self.runner.run_prefill(step, sampled if guided else None, prev_tokens), sampled
 
     def _read_back(self, batch: ScheduledBatch, sampled: list[Sequence], out: Sampled) -> InflightStep:
         host = Sampled(
@@ -324,6 +335,8 @@ class ExecutorCore:
         try:
             while True:
                 nxt = self.scheduler.continue_decode(inflight.batch) if inflight is not None else None
+                if nxt is None and inflight is not None and self.admits_beside:
+                    nxt = self.scheduler.admit_beside(inflight.batch)
                 if nxt is not None:
                     launched = self.launch(nxt, inflight)
                     done, inflight = inflight, launched

@@ -5,7 +5,8 @@ asks the thread that holds it to let go. Every request and every step's tokens c
 way through a server: the API process's event loop, its pipe reader and sender, the engine process's
 pipe reader, loop and senders. While the event loop is busy, each crossing waited for the interval. On
 two cores, with a 1.5 ms stub step, the mean time from a request's arrival to its first batch slot
-went from 8.8–10.7 ms to 5.0–5.5 ms at 0.5 ms (bench/serve.py --gil-switch-us measures it on a GPU).
+went from 8.8–10.7 ms to 5.0–5.5 ms at 0.5 ms. `bench/serve.py --server-env FASTPATH_GIL_SWITCH_US=0`
+measures CPython's interval beside this one on a GPU.
 
 `FASTPATH_GIL_SWITCH_US` overrides the interval; 0 leaves CPython's own.
 """

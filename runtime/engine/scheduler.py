@@ -118,8 +118,19 @@ class Scheduler:
             if budget <= 0:
                 break
             budget -= self._add_chunk(batch, seq, budget)
+        self._admit(batch, budget)
+        if len(batch.seqs) == decoding:
+            return None  # nothing to prefill after all: a plain decode step (graphs) does the rest
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, budget: int, unguided: bool = False) -> int:
+        """Waiting sequences into `batch` in arrival order, within `budget` tokens; how many. With
+        `unguided`, admission stops at the first guided one."""
+        admitted = 0
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
+            if unguided and seq.guided is not None:
+                break
             taken = self._add_chunk(batch, seq, budget)
             if not taken:
                 break
@@ -129,8 +140,47 @@ class Scheduler:
                 seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             budget -= taken
-        if len(batch.seqs) == decoding:
-            return None  # nothing to prefill after all: a plain decode step (graphs) does the rest
+            admitted += 1
+        return admitted
+
+    def admit_beside(self, prev: ScheduledBatch) -> ScheduledBatch | None:
+        """A prefill step of waiting requests, to launch while the decode step `prev` is in flight;
+        None when the host must read `prev` back first.
+
+        Every decoding sequence rides along with the token `prev` is sampling for it, which the step
+        takes from the device (steps.py, `pending`): admitting costs the GPU no wait for the host.
+        Only a steady batch with no grammar qualifies: a guided row's mask needs its last token on
+        the host, and a batch that must preempt needs the full scheduler.
+        """
+        if not self.mixed_batches or prev.phase != "decode":
+            return None
+        if not self.waiting or len(self.running) >= self.max_batch_size:
+            return None
+        if not set(map(id, prev.seqs)).issuperset(map(id, self.running)):
+            return None
+        riders = []
+        for s in prev.seqs:
+            if s.status is Status.FINISHED:
+                continue
+            if s.guided is not None:
+                return None
+            generated = len(s.output_ids) + s.num_pending
+            n = len(s.prompt_ids) + generated
+            if n >= s.max_seq_len or generated >= s.max_new_tokens:
+                continue  # its last token is in flight: it samples nothing more
+            riders.append((s, n))
+        budget = self.max_num_batched_tokens - len(riders)
+        if budget <= 0 or sum(self._blocks_for(s, n) for s, n in riders) > self.allocator.num_free:
+            return None
+        batch = ScheduledBatch("prefill", [])
+        for s, n in riders:
+            self._grow(s, n)
+            batch.seqs.append(s)
+            batch.starts.append(n - 1)  # the token in flight: it enters the cache in this step
+            batch.lens.append(1)
+            batch.samples.append(True)
+        if not self._admit(batch, budget, unguided=True):
+            return None  # the grown blocks stay: the next step of these sequences needs them anyway
         return batch
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:

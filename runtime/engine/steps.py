@@ -154,12 +154,16 @@ def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | No
 
 
 def prefill_step(
-    batch: ScheduledBatch, block_size: int, slots: PenaltySlots | None = None
+    batch: ScheduledBatch,
+    block_size: int,
+    slots: PenaltySlots | None = None,
+    src_rows: dict[int, int] | None = None,
 ) -> tuple[PrefillStep, list[Sequence]]:
     """A prefill batch's inputs, and the sequences that sample a token (in row order).
 
     Per sequence, list slices; per token, numpy: a step of a thousand tokens stays a few host µs
-    per sequence, not per token.
+    per sequence, not per token. A decoding sequence whose last token is still being sampled
+    (Scheduler.admit_beside) takes it from the step in flight: `src_rows` names its row there.
     """
     bs = block_size
     starts = np.asarray(batch.starts, dtype=np.int64)
@@ -171,10 +175,19 @@ def prefill_step(
     logits_rows, sampled = [], []
     offset = 0
     fill = penalty_fill(batch, slots) if slots is not None else None
+    pending: list[tuple[int, int]] = []  # (token index in the step, row of the step in flight)
     for r, (seq, start, n, samples) in enumerate(
         zip(batch.seqs, batch.starts, batch.lens, batch.samples, strict=True)
     ):
-        ids += seq.token_slice(start, start + n)
+        known = len(seq.prompt_ids) + len(seq.output_ids)
+        if start + n > known:  # only a rider's one token, the one its step in flight samples
+            if src_rows is None or seq.seq_id not in src_rows or start + n != known + 1:
+                raise RuntimeError(f"sequence {seq.seq_id}: tokens {start}..{start + n} are not all known")
+            ids += seq.token_slice(start, known)
+            pending.append((offset + n - 1, src_rows[seq.seq_id]))
+            ids.append(0)
+        else:
+            ids += seq.token_slice(start, start + n)
         table = seq.block_table[:width]
         tables[r, : len(table)] = table
         offset += n
@@ -193,6 +206,7 @@ def prefill_step(
         sampling=sampling_tensors(sampled, len(sampled), slots) if general else None,
         top_logprobs=wants_top_logprobs(sampled),
         penalty=fill,
+        pending=torch.tensor(pending, dtype=torch.int64).view(-1, 2) if pending else None,
     )
     return step, sampled
 

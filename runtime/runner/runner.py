@@ -312,12 +312,17 @@ class ModelRunner:
 
     # --- prefill ----------------------------------------------------------------------------------
 
-    def run_prefill(self, step: PrefillStep, guided: list | None = None) -> Sampled:
+    def run_prefill(
+        self, step: PrefillStep, guided: list | None = None, prev_tokens: torch.Tensor | None = None
+    ) -> Sampled:
         """One prefill step from its payload -> the tokens of the sequences that sample.
 
         `guided`: the sampling sequences, when some are guided; their bitmask is filled on the host
-        (every token they have is known there) and applied before sampling.
+        (every token they have is known there) and applied before sampling. `prev_tokens`: the
+        device tokens of the step still in flight, where `step.pending` takes tokens from.
         """
+        if step.pending is not None and prev_tokens is None:
+            raise RuntimeError("a prefill step with pending tokens needs the previous step's device tokens")
         sampling = self._pinned(step.sampling)
         bucket = (
             self.prefill_graphs.bucket(step) if self.prefill_graphs is not None and guided is None else None
@@ -326,13 +331,15 @@ class ModelRunner:
             with self.forward_order():
                 if step.penalty is not None:
                     self.penalties.fill(step.penalty)
-                out = self.prefill_graphs.run(bucket, dataclasses.replace(step, sampling=sampling))
+                out = self.prefill_graphs.run(
+                    bucket, dataclasses.replace(step, sampling=sampling), self.take_pending, prev_tokens
+                )
             return out.head(step.logits_rows.shape[0], top=step.top_logprobs)
         sampling = sampling.to(self.device) if sampling is not None else None
         with self.forward_order():
             if step.penalty is not None:
                 self.penalties.fill(step.penalty)
-            logits = self.prefill_forward(step)
+            logits = self.prefill_forward(step, prev_tokens)
             if not step.logits_rows.numel():
                 empty = torch.empty(0, dtype=torch.int64, device=self.device)
                 return Sampled(empty, empty.float())
@@ -346,7 +353,17 @@ class ModelRunner:
                     sampling = grammar_before_min_tokens(logits, sampling, self.penalties.entries)
             return sample(logits, sampling, self.model.ops, self.penalties, step.top_logprobs)
 
-    def prefill_forward(self, step: PrefillStep) -> torch.Tensor:
+    def take_pending(
+        self, ids: torch.Tensor, pending: torch.Tensor | None, prev: torch.Tensor | None
+    ) -> None:
+        """Into a step's device ids, the tokens its previous step is still sampling (in stream order
+        after it): `pending` [K, 2] holds (index in ids, row of `prev`)."""
+        if pending is None:
+            return
+        where = pending.to(self.device, non_blocking=True)
+        ids.index_copy_(0, where[:, 0], prev.index_select(0, where[:, 1]))
+
+    def prefill_forward(self, step: PrefillStep, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """The model over a prefill step's tokens; logits of its `logits_rows`."""
         dev, nb = self.device, True
         meta = AttentionMetadata(
@@ -359,7 +376,11 @@ class ModelRunner:
             block_size=self.block_size,
             sliding_window=self.model.cfg.sliding_window,
         )
-        hidden = self.model.embed(step.ids.to(dev, non_blocking=nb))
+        ids = step.ids.to(dev, non_blocking=nb)
+        if step.pending is not None:
+            ids = ids.clone() if ids is step.ids else ids  # never write the caller's host tensor
+            self.take_pending(ids, step.pending, prev_tokens)
+        hidden = self.model.embed(ids)
         return self.model(
             hidden,
             step.positions.to(dev, non_blocking=nb),

@@ -38,3 +38,5 @@ class PrefillStep:
     sampling: SamplingTensors | None  # [R]; None: greedy
     top_logprobs: bool = False
     penalty: PenaltyFill | None = None  # the sequences' penalty-table work, before sampling
+    # [K, 2]: (index in ids, row of the previous step's tokens) for tokens still on the device
+    pending: torch.Tensor | None = None
