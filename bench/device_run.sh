@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|pdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-1024|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-1024|serve-ab|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 set -uo pipefail
@@ -29,8 +29,8 @@ export FASTPATH_PROGRESS=0 PYTHONUNBUFFERED=1
 for step in "$@"; do
   case "$step" in
     # A test hung in C++ ends the run after 120 s with every thread's stack (pytest-timeout, thread method).
-    # pdl-tests: the same suite with programmatic dependent launch on (round 9's capture failure).
-    tests|pdl-tests) pdl=$([ "$step" = pdl-tests ] && echo 1 || echo 0); suffix=$([ "$pdl" = 1 ] && echo _pdl)
+    # nopdl-tests: the same suite with programmatic dependent launch off (on by default since round 11).
+    tests|nopdl-tests) pdl=$([ "$step" = nopdl-tests ] && echo 0 || echo 1); suffix=$([ "$pdl" = 0 ] && echo _nopdl)
       FASTPATH_PDL=$pdl timeout 480 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests 2>&1 | tee "$OUT/gpu_tests$suffix.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|Timeout" | tail -80 ;;
     tp-tests) timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
     attention-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k "triton or graph or mixed" 2>&1 | tee "$OUT/gpu_attention_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
@@ -75,6 +75,9 @@ for step in "$@"; do
     serve-64) timeout 300 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 2>&1 | tail -9 ;;
     serve-1024)  # #17 at steady state: 1024 requests, so the clients' ramp and tail weigh a quarter of 256's
       timeout 400 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 1 4 --name serve-1024 2>&1 | tail -8 ;;
+    serve-ab)  # #17: round 10's server (CPython's 5 ms GIL switch, admission after read-back) beside each change
+      timeout 500 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-ab \
+        --server-env "FASTPATH_GIL_SWITCH_US=0,FASTPATH_ADMIT_BESIDE=0" "FASTPATH_ADMIT_BESIDE=0" "" 2>&1 | tail -8 ;;
     serve-api-servers) timeout 540 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --api-server-count 1 2 4 2>&1 | tail -10 ;;
     serve-interval) timeout 420 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --stream-interval 1 4 2>&1 | tail -10 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;

@@ -181,10 +181,22 @@ async def drive(url: str, prompts: list[list[int]], output_len: int, concurrency
         return list(timings), time.perf_counter() - start
 
 
+def server_env(spec: str) -> dict[str, str]:
+    """`NAME=VALUE,NAME=VALUE` (a --server-env variant) as a dict; "" is none."""
+    out = {}
+    for item in filter(None, spec.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--server-env: {item!r} is not NAME=VALUE")
+        out[name] = value
+    return out
+
+
 def start_server(
-    args, port: int, log: Path, interval: int = 1, servers: int = 1, gil_us: float | None = None
+    args, port: int, log: Path, interval: int = 1, servers: int = 1, env: str = ""
 ) -> subprocess.Popen:
-    env = None if gil_us is None else {**os.environ, "FASTPATH_GIL_SWITCH_US": f"{gil_us:g}"}
+    extra = server_env(env)
+    env = {**os.environ, **extra} if extra else None
     cmd = [sys.executable, "-m", "fastpath.serve", args.model, "--port", str(port), "--no-access-log",
            "--log-level", "warning", "--stream-interval", str(interval), "--api-server-count", str(servers),
            *engine_flags(args)]  # fmt: skip
@@ -407,15 +419,15 @@ def _cmdline(pid: int) -> bytes:
 
 
 def run_server(
-    args, prompts: list[list[int]], interval: int = 1, servers: int = 1, gil_us: float | None = None
+    args, prompts: list[list[int]], interval: int = 1, servers: int = 1, env: str = ""
 ) -> tuple[list[dict], int]:
     port = free_port()
     args.out.mkdir(parents=True, exist_ok=True)
-    proc = start_server(args, port, args.out / "serve-server.log", interval, servers, gil_us)
+    proc = start_server(args, port, args.out / "serve-server.log", interval, servers, env)
     flags = [f"--stream-interval {interval}"] * (interval != 1) + [f"--api-server-count {servers}"] * (
         servers != 1
     )
-    flags += [f"GIL switch {gil_us:g} µs" if gil_us else "GIL switch CPython's 5 ms"] * (gil_us is not None)
+    flags += [env] * bool(env)
     mode = f"server (HTTP, streamed{''.join(', ' + f for f in flags)})"
     url = f"http://127.0.0.1:{port}"
     rows = []
@@ -487,8 +499,9 @@ def main() -> None:
         help="the server's --api-server-count; several run one server each, side by side",
     )  # fmt: skip
     ap.add_argument(
-        "--gil-switch-us", type=float, nargs="+", default=[None],
-        help="FASTPATH_GIL_SWITCH_US for the server's processes (0: CPython's 5 ms); several run one server each",
+        "--server-env", nargs="+", default=[""], metavar="NAME=VALUE[,NAME=VALUE]",
+        help="environment for the server's processes (FASTPATH_GIL_SWITCH_US=0, FASTPATH_ADMIT_BESIDE=0, ...); "
+        "several run one server each, side by side",
     )  # fmt: skip
     ap.add_argument(
         "--quick", action="store_true", help="a tiny random model on the CPU: the bench's smoke test"
@@ -505,8 +518,8 @@ def main() -> None:
     server_rows, codes = [], []
     for interval in args.stream_interval:
         for servers in args.api_server_count:
-            for gil_us in args.gil_switch_us:
-                rows_k, code = run_server(args, prompts, interval, servers, gil_us)
+            for env in args.server_env:
+                rows_k, code = run_server(args, prompts, interval, servers, env)
                 server_rows += rows_k
                 codes.append(code)
     exit_code = max(codes, key=abs)

@@ -24,10 +24,10 @@ def pdl_available(device_index: int) -> tuple[bool, str]:
     """Whether kernels here can launch with programmatic dependent launch, and why (for the engine's info)."""
     if K.INTERPRET:
         return False, "the Triton interpreter"
-    # Opt-in: with it on, a decode-graph capture in the GPU tests failed once
-    # (cudaErrorStreamCaptureInvalidated, docs/performance.md, round 9), not yet explained.
-    if os.environ.get("FASTPATH_PDL", "0") != "1":
-        return False, "off unless FASTPATH_PDL=1"
+    # On by default since round 11: the one capture failure with it on (round 9) did not come back
+    # once captures ran with the cyclic collector paused (graphs.no_collection); see performance.md.
+    if os.environ.get("FASTPATH_PDL", "1") == "0":
+        return False, "off: FASTPATH_PDL=0"
     if torch.cuda.get_device_capability(device_index)[0] < 9:
         return False, "needs compute capability 9.0 (Hopper) or newer"
     try:
