@@ -175,6 +175,45 @@ def test_mixed_batches_give_the_unmixed_tokens_with_graphs_and_the_overlap_loop(
     assert outs[0] == outs[1]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_admission_beside_a_step_in_flight_changes_no_token_with_graphs(monkeypatch, dtype):
+    """Requests admitted while a decode graph runs: the riders' tokens go from that graph's output
+    into the prefill step (a prefill graph in bf16) on the device. The host-synchronous admission
+    runs the same batches, so the tokens and logprobs agree."""
+    from test_admit_beside import PARAMS, PROMPTS
+
+    from fastpath.runtime.engine.executor import ADMIT_BESIDE_ENV
+
+    outs, pending_replays = [], []
+    for beside in ("1", "0"):
+        monkeypatch.setenv(ADMIT_BESIDE_ENV, beside)
+        llm = LLM(
+            "random:tiny-llama", device="cuda", dtype=dtype, max_seq_len=128, max_batch_size=4,
+            max_num_batched_tokens=48, mixed_batches=True,
+        )  # fmt: skip
+        try:
+            runner, seen = llm.executor.runner, []
+            take = runner.take_pending
+            runner.take_pending = lambda ids, pending, prev, seen=seen, take=take: (
+                seen.append(pending is not None),
+                take(ids, pending, prev),
+            )
+            outs.append(
+                [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in llm.generate(PROMPTS, PARAMS)]
+            )
+            pending_replays.append(sum(seen))
+            graphs = runner.prefill_graphs
+            if dtype == "bfloat16":
+                assert graphs is not None and graphs.replays > 0
+        finally:
+            llm.close()
+    assert pending_replays[1] == 0 and pending_replays[0] > 0
+    assert outs[0] == outs[1]
+    assert [len(ids) for ids, reason in outs[0] if reason == "length"] == [
+        p.max_tokens for p, (_, reason) in zip(PARAMS, outs[0], strict=True) if reason == "length"
+    ]
+
+
 def test_prefill_graphs_give_the_eager_prefills_logprobs():
     """bf16 (triton_prefill): prefill steps replayed from graphs, padded to their token bucket, give
     the eager steps' top-5 logprobs to bf16 rounding, for greedy and for penalized sampled rows."""
