@@ -70,6 +70,14 @@ def summarize(label: str, concurrency: int | str, timings: list[Timing], seconds
     tokens = sum(t.tokens for t in timings)
     ttft = sorted(t.ttft() for t in timings if t.chunks)
     itl = sorted(g for t in timings if t.chunks for g in t.gaps())
+    busy = sum(t.chunks[-1][0] - t.sent for t in timings if t.chunks)
+    # A client slot between its request's last tokens and its next request's sending: the [DONE],
+    # the client's own turnaround, and the ramp and tail of the run, spread over the requests.
+    idle = (
+        (concurrency * seconds - busy) / len(timings)
+        if isinstance(concurrency, int) and timings
+        else float("nan")
+    )
     return {
         "mode": label,
         "concurrency": concurrency,
@@ -81,6 +89,8 @@ def summarize(label: str, concurrency: int | str, timings: list[Timing], seconds
         "ttft_p99_ms": _pct(ttft, 99) * 1e3,
         "itl_p50_ms": _pct(itl, 50) * 1e3,
         "itl_p99_ms": _pct(itl, 99) * 1e3,
+        "request_mean_ms": busy / max(len(ttft), 1) * 1e3,
+        "slot_idle_mean_ms": idle * 1e3,
     }
 
 
@@ -457,13 +467,15 @@ def _steps(row: dict, phase: str) -> str:
 
 def table(rows: list[dict], generate_tok_s: float) -> str:
     headers = ["mode", "concurrency", "requests", "output tok/s", "vs offline generate",
-               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "server: TTFT mean ms",
+               "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "request mean ms", "slot idle mean ms",
+               "server: TTFT mean ms",
                "server: queue mean ms", "prefill steps (ms, tokens each)", "decode steps (ms, rows each)",
                "API / engine process CPU (cores)"]  # fmt: skip
     body = [
         [r["mode"], r["concurrency"], r["requests"], f"{r['output_tok_s']:.0f}",
          f"{r['output_tok_s'] / generate_tok_s:.1%}", f"{r['ttft_p50_ms']:.1f}", f"{r['ttft_p99_ms']:.1f}",
          f"{r['itl_p50_ms']:.2f}", f"{r['itl_p99_ms']:.2f}",
+         f"{r.get('request_mean_ms', float('nan')):.1f}", f"{r.get('slot_idle_mean_ms', float('nan')):.1f}",
          f"{r['server_ttft_mean_ms']:.1f}" if "server_ttft_mean_ms" in r else "-",
          f"{r['queue_mean_ms']:.1f}" if "queue_mean_ms" in r else "-",
          _steps(r, "prefill"), _steps(r, "decode"),

@@ -1,4 +1,4 @@
-"""The GIL's switch interval in the processes fastpath owns: the engine process and the server's.
+"""The GIL's switch interval wherever an engine loop runs: the engine process, the server's, an LLM's.
 
 A thread that wants the GIL waits up to the switch interval (CPython's default is 5 ms) before it
 asks the thread that holds it to let go. Every request and every step's tokens cross threads on the
@@ -7,6 +7,11 @@ pipe reader, loop and senders. While the event loop is busy, each crossing waite
 two cores, with a 1.5 ms stub step, the mean time from a request's arrival to its first batch slot
 went from 8.8–10.7 ms to 5.0–5.5 ms at 0.5 ms. `bench/serve.py --server-env FASTPATH_GIL_SWITCH_US=0`
 measures CPython's interval beside this one on a GPU.
+
+An engine in the caller's process (`LLM`, not `engine_process=True`) shortens it too: its loop
+thread takes the GIL back after every step, and behind 64 caller threads each waiting on its own
+request it waited the full interval. Round 11 measured decode steps of 4.22 ms there against 1.45 ms
+for the same batch with no caller threads (bench/serve.py's "offline (engine API)" row).
 
 `FASTPATH_GIL_SWITCH_US` overrides the interval; 0 leaves CPython's own.
 """
