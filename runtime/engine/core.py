@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .executor import ExecutorCore, StepRecord
-from .gil import prompt_handoffs
 from .request import RequestHandle, closed_error
 from .sequence import Sequence
 
@@ -74,7 +73,6 @@ class EngineCore:
             "decode": (0, 0, 0.0, 0.0),
         }
         self._last_delivery = 0.0
-        prompt_handoffs()  # the loop thread takes the GIL back after every step (gil.py)
         self._thread = threading.Thread(target=self._run, name="fastpath-engine", daemon=True)
         self._thread.start()
 

@@ -1,4 +1,4 @@
-"""The GIL's switch interval wherever an engine loop runs: the engine process, the server's, an LLM's.
+"""The GIL's switch interval in the processes fastpath owns: the engine process and the server's.
 
 A thread that wants the GIL waits up to the switch interval (CPython's default is 5 ms) before it
 asks the thread that holds it to let go. Every request and every step's tokens cross threads on the
@@ -8,10 +8,11 @@ two cores, with a 1.5 ms stub step, the mean time from a request's arrival to it
 went from 8.8–10.7 ms to 5.0–5.5 ms at 0.5 ms. `bench/serve.py --server-env FASTPATH_GIL_SWITCH_US=0`
 measures CPython's interval beside this one on a GPU.
 
-An engine in the caller's process (`LLM`, not `engine_process=True`) shortens it too: its loop
-thread takes the GIL back after every step, and behind 64 caller threads each waiting on its own
-request it waited the full interval. Round 11 measured decode steps of 4.22 ms there against 1.45 ms
-for the same batch with no caller threads (bench/serve.py's "offline (engine API)" row).
+An engine in the caller's process (`LLM`) leaves the caller's interval alone. Shortening it there
+was tried in round 11: with 64 caller threads streaming their own requests, decode steps still took
+4.17 ms against 4.22 ms before (bench/serve.py's "offline (engine API)" row), and the batch-256
+sampled step, whose host work outlasts the GPU's, went from 2.5 to 3.2 ms: one consumer thread
+preempting the loop every 0.5 ms costs more than it saves.
 
 `FASTPATH_GIL_SWITCH_US` overrides the interval; 0 leaves CPython's own.
 """

@@ -43,10 +43,3 @@ def test_a_bad_value_is_named_and_the_default_used(monkeypatch, caplog, raw):
     with caplog.at_level(logging.WARNING, logger="fastpath.engine"):
         assert prompt_handoffs() == pytest.approx(SWITCH_INTERVAL_S, rel=0.01)
     assert ENV in caplog.text and repr(raw) in caplog.text
-
-
-def test_an_engine_in_this_process_shortens_it_for_its_loop_thread():
-    from fastpath.runtime import LLM
-
-    with LLM("random:tiny-llama", device="cpu", max_seq_len=64):
-        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S, rel=0.01)
