@@ -22,7 +22,9 @@ from common import environment, markdown_table, write_outputs
 from stub_device import stub_runner
 
 
-def host_step_us(batch: int, repeats: int) -> float:
+def host_step_us(batch: int, repeats: int, sampled: bool = False) -> float:
+    from decode import SAMPLED
+
     from fastpath.runtime import LLM, SamplingParams
 
     llm = LLM(
@@ -37,7 +39,9 @@ def host_step_us(batch: int, repeats: int) -> float:
 
     def run(n: int) -> float:
         start = time.perf_counter()
-        llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+        fields = SAMPLED if sampled else {"temperature": 0.0}
+        params = SamplingParams(**fields, max_tokens=n, ignore_eos=True)
+        llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - start
 
     run(4)
@@ -51,14 +55,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--sampling", nargs="+", choices=["greedy", "penalties"], default=["greedy"],
+        help="greedy, and/or decode.py's sampled-with-penalties parameters (top-5 logprobs included)",
+    )  # fmt: skip
     args = parser.parse_args()
     rows, payload = [], {"environment": environment(), "rows": []}
-    for batch in args.batch:
-        us = host_step_us(batch, args.repeats)
-        rows.append([batch, f"{us:.0f}", f"{us / batch:.2f}"])
-        payload["rows"].append({"batch": batch, "host_us_per_step": us})
-        print(f"batch {batch}: {us:.0f} us of host work per decode step", flush=True)
-    table = markdown_table(["batch", "host µs/step", "host µs/sequence"], rows)
+    for sampling in args.sampling:
+        for batch in args.batch:
+            us = host_step_us(batch, args.repeats, sampled=sampling == "penalties")
+            rows.append([sampling, batch, f"{us:.0f}", f"{us / batch:.2f}"])
+            payload["rows"].append({"sampling": sampling, "batch": batch, "host_us_per_step": us})
+            print(f"{sampling}, batch {batch}: {us:.0f} us of host work per decode step", flush=True)
+    table = markdown_table(["sampling", "batch", "host µs/step", "host µs/sequence"], rows)
     print(table)
     write_outputs(args.out, "host_step", payload, table)
 

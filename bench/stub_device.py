@@ -15,17 +15,22 @@ import torch
 
 from fastpath.runtime.engine.native_executor import NativeExecutor
 
+TOP_K = 20  # top-k logprobs a stub step returns for rows that ask (the sampler's width)
+
 
 def stub_runner(runner, step_s: float = 0.0, prefill_s: float = 0.0) -> None:
     from fastpath.runtime.runner.sampler import Sampled
 
-    def run(n: int, seconds: float) -> Sampled:
+    def run(n: int, seconds: float, top: bool) -> Sampled:
         if seconds:
             time.sleep(seconds)  # releases the GIL, as waiting for the device does
-        return Sampled(torch.full((n,), 7, dtype=torch.int64), torch.zeros(n))
+        tops = (torch.full((n, TOP_K), 7, dtype=torch.int64), torch.zeros(n, TOP_K)) if top else ()
+        return Sampled(torch.full((n,), 7, dtype=torch.int64), torch.zeros(n), *tops)
 
-    runner.run_decode = lambda step, prev: run(step.num_seqs, step_s)
-    runner.run_prefill = lambda step, guided=None: run(step.logits_rows.numel(), prefill_s)
+    runner.run_decode = lambda step, prev: run(step.num_seqs, step_s, step.top_logprobs)
+    runner.run_prefill = lambda step, guided=None, prev_tokens=None: run(
+        step.logits_rows.numel(), prefill_s, step.top_logprobs
+    )
 
 
 class SleepingExecutor(NativeExecutor):

@@ -262,7 +262,11 @@ class ExecutorCore:
         host = step.host
         tops = None
         if host.top_ids is not None:  # some row asked for top-k logprobs
-            tops = list(zip(host.top_ids.tolist(), host.top_logprobs.tolist(), strict=True))
+            # Tuples: a sequence keeps one pair per token, and the cyclic collector stops tracking a
+            # tuple of numbers, where every list would be traversed by each full collection.
+            tops = list(
+                zip(map(tuple, host.top_ids.tolist()), map(tuple, host.top_logprobs.tolist()), strict=True)
+            )
         for i, (seq, token, logprob) in enumerate(
             zip(step.sampled, host.tokens.tolist(), host.logprobs.tolist(), strict=True)
         ):
