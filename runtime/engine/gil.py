@@ -8,11 +8,10 @@ two cores, with a 1.5 ms stub step, the mean time from a request's arrival to it
 went from 8.8–10.7 ms to 5.0–5.5 ms at 0.5 ms. `bench/serve.py --server-env FASTPATH_GIL_SWITCH_US=0`
 measures CPython's interval beside this one on a GPU.
 
-An engine in the caller's process (`LLM`) leaves the caller's interval alone. Shortening it there
-was tried in round 11: with 64 caller threads streaming their own requests, decode steps still took
-4.17 ms against 4.22 ms before (bench/serve.py's "offline (engine API)" row), and the batch-256
-sampled step, whose host work outlasts the GPU's, went from 2.5 to 3.2 ms: one consumer thread
-preempting the loop every 0.5 ms costs more than it saves.
+An engine in the caller's process (`LLM`) leaves the caller's interval alone: it is the caller's
+setting. Round 11 tried shortening it there too. With 64 caller threads each streaming its own
+request, the one run with it took 4.17 ms per decode step; two runs without it took 4.22 and 4.85 ms.
+One run cannot tell that apart from the spread, so it was not adopted.
 
 `FASTPATH_GIL_SWITCH_US` overrides the interval; 0 leaves CPython's own.
 """
