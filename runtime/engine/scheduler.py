@@ -117,7 +117,8 @@ class Scheduler:
         for seq in candidates:
             if budget <= 0:
                 break
-            budget -= self._add_chunk(batch, seq, budget)
+            # A prompt already under way takes what the free blocks hold, not all or nothing.
+            budget -= self._add_chunk(batch, seq, min(budget, self._room(seq)))
         self._admit(batch, budget)
         if len(batch.seqs) == decoding:
             return None  # nothing to prefill after all: a plain decode step (graphs) does the rest
@@ -183,6 +184,10 @@ class Scheduler:
             return None  # the grown blocks stay: the next step of these sequences needs them anyway
         return batch
 
+    def _room(self, seq: Sequence) -> int:
+        """How many more tokens of `seq` its blocks and the free ones can hold."""
+        return (len(seq.block_table) + self.allocator.num_free) * self.block_size - seq.num_computed
+
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
         remaining = seq.num_tokens - seq.num_computed
         n = min(remaining, budget)
@@ -197,21 +202,46 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduledBatch | None:
         if not self.running:
             return None
-        seqs = list(self.running)
-        # Each sequence needs a cache slot for the token it feeds; preempt the newest until they fit.
+        # A sequence part-way through its prompt never decodes: the rest of its prompt is not in the
+        # cache. It found no free block for its next chunk; the decoders free some as they finish.
+        seqs = [s for s in self.running if s.num_tokens - s.num_computed <= 1]
+        if not seqs:
+            return self._make_room_for_prefill()
+        # Each sequence needs a cache slot for the token it feeds; preempt the newest running one
+        # (a prompt under way included) until they fit.
         while True:
             need = sum(self._blocks_for(s, s.num_tokens) for s in seqs)
             if need <= self.allocator.num_free:
                 break
-            if len(seqs) == 1:
+            if len(self.running) == 1:
                 raise RuntimeError(
                     f"KV cache too small: sequence {seqs[0].seq_id} needs {need} more blocks, "
                     f"{self.allocator.num_free} free of {self.allocator.num_blocks}"
                 )
-            self._preempt(seqs.pop())
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim in seqs:
+                seqs.remove(victim)
+            if not seqs:
+                return self._make_room_for_prefill()
         for s in seqs:
             self._grow(s, s.num_tokens)
         return ScheduledBatch("decode", seqs, samples=[True] * len(seqs))
+
+    def _make_room_for_prefill(self) -> ScheduledBatch:
+        """Every running sequence is part-way through its prompt and none found a free block: preempt
+        the newest until the oldest's next chunk fits."""
+        head = self.running[0]
+        while len(self.running) > 1:
+            self._preempt(self.running[-1])
+            batch = self._schedule_prefill()
+            if batch is not None:
+                return batch
+        raise RuntimeError(
+            f"KV cache too small: sequence {head.seq_id} has {head.num_tokens} tokens, "
+            f"{self.allocator.num_blocks - 1} blocks of {self.block_size} hold "
+            f"{(self.allocator.num_blocks - 1) * self.block_size}"
+        )
 
     def continue_decode(self, prev: ScheduledBatch) -> ScheduledBatch | None:
         """The next decode step while `prev` is still in flight, or None when the host must catch up first.

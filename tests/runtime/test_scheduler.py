@@ -3,6 +3,9 @@
 import pytest
 
 from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime.engine.scheduler import Scheduler
+from fastpath.runtime.engine.sequence import Sequence, Status
+from fastpath.runtime.runner.kv_cache import BlockAllocator
 
 PROMPTS = [list(range(3, 3 + n)) for n in (70, 5, 33, 1, 48, 12)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
@@ -131,3 +134,61 @@ def test_mixed_batches_refuse_a_token_budget_smaller_than_the_batch():
         "mixed_batches needs max_num_batched_tokens (4) >= max_batch_size (8), "
         "so a prefill step has room beside every decoding sequence"
     )
+
+
+# --- a prompt part-way through when blocks run short -------------------------------------------------
+
+LONG = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
+
+
+def _running(sched: Scheduler, seq_id: int, prompt: int, computed: int, generated: int = 0) -> Sequence:
+    seq = Sequence(seq_id, list(range(3, 3 + prompt)), LONG, 0, frozenset(), 256)
+    seq.output_ids = [9] * generated
+    seq.status = Status.RUNNING
+    assert sched._grow(seq, computed + (generated > 0))
+    seq.num_computed = computed
+    sched.running.append(seq)
+    return seq
+
+
+def _short_cache(free: int) -> tuple[Scheduler, Sequence, Sequence]:
+    """Y is 8 tokens into a 20-token prompt; Z decodes; `free` blocks of 4 tokens are left."""
+    sched = Scheduler(BlockAllocator(16), 4, 8, 8, mixed_batches=True)
+    y = _running(sched, 1, prompt=20, computed=8)
+    z = _running(sched, 2, prompt=3, computed=10, generated=8)  # its next step feeds token 10
+    sched.allocator.allocate(sched.allocator.num_free - free)  # other work holds the rest
+    return sched, y, z
+
+
+def test_a_prompt_under_way_takes_the_chunk_the_free_blocks_hold():
+    sched, *_ = _short_cache(free=1)
+    batch = sched.schedule()
+    assert batch.phase == "prefill" and sched.num_preemptions == 0
+    chunks = {s.seq_id: (a, n) for s, a, n in zip(batch.seqs, batch.starts, batch.lens, strict=True)}
+    assert chunks == {2: (10, 1), 1: (8, 4)}, "Z rides along; Y fills its new block, no more"
+    assert batch.samples == [True, False]
+
+
+def test_a_prompt_under_way_never_decodes_and_waits_for_blocks():
+    sched, y, z = _short_cache(free=0)
+    batch = sched.schedule()
+    assert batch.phase == "decode" and batch.seqs == [z] and y.num_computed == 8
+    assert sched.num_preemptions == 0
+
+
+def test_prompts_under_way_with_no_block_preempt_the_newest_for_the_oldest():
+    sched = Scheduler(BlockAllocator(7), 4, 8, 8, mixed_batches=True)
+    old = _running(sched, 1, prompt=20, computed=12)  # 3 blocks
+    new = _running(sched, 2, prompt=20, computed=12)  # 3 blocks; none free
+    batch = sched.schedule()
+    assert sched.num_preemptions == 1 and new.status is Status.WAITING and new.num_computed == 0
+    assert batch.phase == "prefill" and batch.seqs == [old] and batch.starts == [12]
+
+
+def test_a_prompt_larger_than_the_whole_cache_is_named():
+    sched = Scheduler(BlockAllocator(4), 4, 8, 8, mixed_batches=True)
+    _running(sched, 7, prompt=20, computed=12)  # all 3 blocks
+    with pytest.raises(
+        RuntimeError, match=r"KV cache too small: sequence 7 has 20 tokens, 3 blocks of 4 hold 12"
+    ):
+        sched.schedule()
