@@ -35,9 +35,8 @@ from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
 from .steps import InflightStep, StepRecord, decode_step, prefill_step, stage
 
-ADMIT_BESIDE_ENV = (
-    "FASTPATH_ADMIT_BESIDE"  # 0: new requests wait for the host to read back the step in flight
-)
+# 0: new requests wait for the host to read back the step in flight (Scheduler.admit_beside)
+ADMIT_BESIDE_ENV = "FASTPATH_ADMIT_BESIDE"
 
 log = logging.getLogger("fastpath.executor")
 

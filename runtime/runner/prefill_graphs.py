@@ -182,18 +182,15 @@ class PrefillGraphs:
         self._pool = captured.graph.pool()
         self.graphs[(tokens, kind)] = captured
 
-    def run(
-        self, tokens: int, step: PrefillStep, take_pending=None, prev: torch.Tensor | None = None
-    ) -> Sampled:
+    def run(self, tokens: int, step: PrefillStep, prev: torch.Tensor | None = None) -> Sampled:
         """Load `step` into its bucket's buffers and replay; the sampled rows, padding included.
-        `take_pending(ids, step.pending, prev)` writes the tokens still on the device into the ids.
+        `prev`: the device tokens of the step in flight, which `step.pending` takes ids from.
 
         The host staging buffers are rewritten with no wait: the engine completes (reads back) a
         prefill step before it schedules the next one, so their last copy has run."""
         bufs = self.buffers[tokens]
         bufs.load(step)
-        if step.pending is not None:
-            take_pending(bufs.layout.views64(bufs.flat64)[0], step.pending, prev)
+        self.core.take_pending(bufs.layout.views64(bufs.flat64)[0], step.pending, prev)
         g = self.graphs[(tokens, "greedy" if step.sampling is None else "general")]
         self.core.dispatcher.replay(g.graph)
         self.replays += 1

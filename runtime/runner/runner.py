@@ -332,7 +332,7 @@ class ModelRunner:
                 if step.penalty is not None:
                     self.penalties.fill(step.penalty)
                 out = self.prefill_graphs.run(
-                    bucket, dataclasses.replace(step, sampling=sampling), self.take_pending, prev_tokens
+                    bucket, dataclasses.replace(step, sampling=sampling), prev_tokens
                 )
             return out.head(step.logits_rows.shape[0], top=step.top_logprobs)
         sampling = sampling.to(self.device) if sampling is not None else None
