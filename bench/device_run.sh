@@ -73,13 +73,11 @@ for step in "$@"; do
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host-profile) timeout 150 python3 bench/host_profile.py --out "$OUT" 2>&1 | grep -v "^$" | head -60 ;;
     serve-64) timeout 300 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 2>&1 | tail -9 ;;
-    serve-1024)  # #17 at steady state: 1024 requests, so the clients' ramp and tail weigh a quarter of 256's
-      timeout 400 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 1 4 --name serve-1024 2>&1 | tail -8 ;;
+    serve-1024|serve-final)  # #17: 1024 requests (the clients' ramp and tail weigh a quarter of 256's), one and four API processes
+      timeout 420 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 1 4 --name "$step" 2>&1 | tail -8 ;;
     serve-ab)  # #17: round 10's server (CPython's 5 ms GIL switch, admission after read-back) beside each change
       timeout 500 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-ab \
         --server-env "FASTPATH_GIL_SWITCH_US=0,FASTPATH_ADMIT_BESIDE=0" "FASTPATH_ADMIT_BESIDE=0" "" 2>&1 | tail -8 ;;
-    serve-final)  # #17's table on the final code: one and four API processes, 1024 requests at concurrency 64
-      timeout 420 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 1 4 --name serve-final 2>&1 | tail -8 ;;
     serve-api-servers) timeout 540 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --api-server-count 1 2 4 2>&1 | tail -10 ;;
     serve-interval) timeout 420 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --stream-interval 1 4 2>&1 | tail -10 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;
