@@ -69,7 +69,7 @@ for step in "$@"; do
     allreduce) timeout 200 python3 bench/allreduce.py --out "$OUT" 2>&1 | tail -20 ;;
     prefill) timeout 200 python3 bench/prefill.py --out "$OUT" 2>&1 | tail -8 ;;
     tp-two-shot) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py -k two_shot 2>&1 | tee "$OUT/gpu_tp_two_shot.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
-    sampler) timeout 240 python3 bench/sampler.py --out "$OUT" --variants 4096x512x4 2048x512x4 2>&1 | tail -12 ;;
+    sampler) timeout 420 python3 bench/sampler.py --out "$OUT" --variants ${SAMPLER_VARIANTS:-4096x512x4 2048x512x4} ${SAMPLER_ARGS:-} 2>&1 | tail -30 ;;
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host-profile) timeout 150 python3 bench/host_profile.py --out "$OUT" 2>&1 | grep -v "^$" | head -60 ;;
     serve-64) timeout 300 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 2>&1 | tail -9 ;;

@@ -86,6 +86,25 @@ def timed(fn, replays: int) -> tuple[float, dict[str, float]]:
     return seconds, dict(kernels)
 
 
+def registers() -> dict[str, str]:
+    """Registers and spills per thread of each sampling kernel's latest compile (best effort: the
+    cache's layout differs between Triton versions). Occupancy follows from them."""
+    from fastpath.runtime.kernels import sampling_final, sampling_passes
+
+    out = {}
+    for module in (sampling_passes, sampling_final):
+        for name in dir(module):
+            fn = getattr(module, name)
+            caches = getattr(fn, "device_caches", None)
+            if not name.endswith("_kernel") or not caches:
+                continue
+            for cache in caches.values():
+                kernels = cache[0] if isinstance(cache, tuple) else cache
+                for compiled in list(kernels.values())[-1:]:
+                    out[name] = f"{getattr(compiled, 'n_regs', '?')}r/{getattr(compiled, 'n_spills', '?')}s"
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -102,6 +121,7 @@ def main() -> None:
         print("bench/sampler.py needs a CUDA device")
         return
     from fastpath.runtime.kernels import sampling_triton as S
+    from fastpath.runtime.kernels.triton_ops import TritonOps
 
     rows, payload = [], {"vocab": VOCAB, "scale": args.scale, "rows": []}
     for b in args.batch:
@@ -110,6 +130,9 @@ def main() -> None:
         base, _ = timed(functools.partial(greedy, logits), args.replays)
         rows.append([b, "greedy (argmax, log-softmax)", f"{base * 1e6:.1f}", "", ""])
         payload["rows"].append({"batch": b, "variant": "greedy", "us": base * 1e6})
+        engine, _ = timed(functools.partial(TritonOps().greedy, logits), args.replays)
+        rows.append([b, "greedy (the engine's fused argmax)", f"{engine * 1e6:.1f}", "", ""])
+        payload["rows"].append({"batch": b, "variant": "engine greedy", "us": engine * 1e6})
         for variant in args.variants:
             chunk, block, warps = (int(v) for v in variant.split("x"))
             S.PASS_WARPS = warps
@@ -117,10 +140,20 @@ def main() -> None:
 
             general = functools.partial(S.sample, logits, p, entries, bits, top, chunk=chunk, block=block)
             seconds, kernels = timed(general, args.replays)
-            split = ", ".join(f"{k} {v:.0f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:6])
+            regs = registers()
+            split = ", ".join(
+                f"{k} {v:.0f}" + (f" ({regs[k]})" if k in regs else "")
+                for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:6]
+            )
             rows.append([b, f"general {variant}", f"{seconds * 1e6:.1f}", f"{seconds / base:.2f}×", split])
             payload["rows"].append(
-                {"batch": b, "variant": variant, "us": seconds * 1e6, "kernels_us": kernels}
+                {
+                    "batch": b,
+                    "variant": variant,
+                    "us": seconds * 1e6,
+                    "kernels_us": kernels,
+                    "registers": regs,
+                }
             )
             print(rows[-1], flush=True)
     table_md = markdown_table(["batch", "sampler", "µs/replay", "vs greedy", "µs per kernel"], rows)

@@ -108,22 +108,44 @@ def int_field(prow, field):
 
 
 @triton.jit
+def row_terms(p_ptr):
+    """A row's scoring terms (SamplingTensors' layout): 1 / temperature, the three penalties, its
+    penalty-table slot, and whether stop tokens are banned (min_tokens). The row-parallel passes
+    load them once: inside a loop that also stores, the compiler reloads them (they may alias)."""
+    temp = float_field(p_ptr, 0)
+    inv_t = tl.math.div_rn(1.0, tl.where(temp > 0, temp, 1.0))
+    ban = int_field(p_ptr, 8) < int_field(p_ptr, 10)
+    return (
+        inv_t,
+        float_field(p_ptr, 3),
+        float_field(p_ptr, 4),
+        float_field(p_ptr, 5),
+        int_field(p_ptr, 9),
+        ban,
+    )
+
+
+@triton.jit
 def scores(row, cols, V, logits_ptr, stride_l, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b):
     """(in bounds, raw fp32 logits, penalized scores over the temperature) of one row's `cols`.
 
     `p_ptr` points at the row's parameters (SamplingTensors' layout: `float_field`, `int_field`).
     """
+    inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr)
+    return scores_of(
+        row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+    )  # fmt: skip
+
+
+@triton.jit
+def scores_of(
+    row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+):  # fmt: skip
+    """`scores` with the row's terms already loaded (`row_terms`)."""
     inb = cols < V
     x = tl.load(logits_ptr + row.to(tl.int64) * stride_l + cols, mask=inb, other=float("-inf")).to(tl.float32)
-    temp = float_field(p_ptr, 0)
-    rep = float_field(p_ptr, 3)
-    pres = float_field(p_ptr, 4)
-    freq = float_field(p_ptr, 5)
-    slot = int_field(p_ptr, 9)
-    ban = int_field(p_ptr, 8) < int_field(p_ptr, 10)
     word = tl.load(bits_ptr + slot * stride_b + (cols >> 5), mask=inb, other=0)
     hit = ((word >> (cols & 31)) & 1) != 0
-    inv_t = tl.math.div_rn(1.0, tl.where(temp > 0, temp, 1.0))
     # A row's penalties touch the few tokens its table holds: most blocks skip their arithmetic (the
     # exact division above all). Unpenalized, x - f * 0 - p * 0 is x but for the sign of a zero,
     # which no key, mass or draw sees.

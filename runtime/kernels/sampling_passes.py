@@ -16,7 +16,8 @@ from .sampling_jit import (
     gumbel,
     int_field,
     order_key,
-    scores,
+    row_terms,
+    scores_of,
     signed_key,
 )
 
@@ -32,13 +33,16 @@ def stats_kernel(
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
+    inv_t, rep, pres, freq, slot, ban = row_terms(prow)
     rmax = tl.full([BLOCK], float("-inf"), tl.float32)
     rsum = tl.zeros([BLOCK], tl.float32)
     smax = tl.full([BLOCK], float("-inf"), tl.float32)
     sidx = tl.full([BLOCK], 2147483647, tl.int32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
-        _inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        _inb, x, s = scores_of(
+            row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+        )  # fmt: skip
         m = tl.maximum(rmax, x)
         rsum = tl.where(m == float("-inf"), 0.0, rsum * tl.exp(rmax - m) + tl.exp(x - m))
         rmax = m
@@ -93,6 +97,7 @@ def hist_kernel(
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
+    inv_t, rep, pres, freq, slot, ban = row_terms(prow)
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     key_top = signed_key(top)
     key_raw = signed_key(top_raw)
@@ -116,7 +121,9 @@ def hist_kernel(
     rat_last = tl.zeros([BLOCK], tl.int32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
-        inb, x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        inb, x, s = scores_of(
+            row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+        )  # fmt: skip
         z += fixed_mass(s, top)
         at_last += _count(mine, bucket(distance(key_top, signed_key(s))), last, inb)
         if TOPK:
@@ -180,6 +187,7 @@ def _draw_above(
 ):  # fmt: skip
     """Over one chunk, the tokens after `after` in the order (uint64; 0: all): how many, their
     mass, and the Gumbel argmax (score, index) of those min_p keeps."""
+    inv_t, rep, pres, freq, slot, ban = row_terms(prow)
     seed = int_field(prow, 7)
     counter = int_field(prow, 8)
     min_q = float_field(prow, 2).to(tl.float64) * 4294967296.0
@@ -189,7 +197,9 @@ def _draw_above(
     ib = tl.full([BLOCK], 2147483647, tl.int32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
-        inb, _x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
+        inb, _x, s = scores_of(
+            row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+        )  # fmt: skip
         q = fixed_mass(s, top)
         mine = inb & (order_key(float_key(s), cols) > after)
         f += mine.to(tl.int32)
@@ -261,6 +271,7 @@ def gather_kernel(
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
+    inv_t, rep, pres, freq, slot, ban = row_terms(prow)
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     cut = tl.load(sel_ptr + row * 6 + 0)
     floor = bucket_floor(signed_key(top), cut)
@@ -287,9 +298,9 @@ def gather_kernel(
         hi = tl.full([BLOCK], -2147483648, tl.int32)
         for i in range(0, CHUNK, BLOCK):
             cols = part * CHUNK + i + tl.arange(0, BLOCK)
-            inb, x, s = scores(
-                row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b
-            )
+            inb, x, s = scores_of(
+                row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+            )  # fmt: skip
             mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
             below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
             _place(cand_ptr + row * CAP, cidx_ptr + row * CAP, fill_ptr + row * 2, s, cols, mine)
