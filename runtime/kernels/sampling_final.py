@@ -9,6 +9,7 @@ import triton.language as tl
 
 from .sampling_jit import (
     NF,
+    SEL,
     fixed_mass,
     float_field,
     float_key,
@@ -172,7 +173,7 @@ def _from_candidates(
 ):  # fmt: skip
     """(decided, token, the top-k mass's lower bound, candidates): the draw when the candidates
     provably hold every kept token (sorted, they give each one's rank and the mass before it)."""
-    n = tl.load(sel_ptr + row * 6 + 1)
+    n = tl.load(sel_ptr + row * SEL + 1)
     j = tl.arange(0, CAP)
     valid = j < n
     v = tl.load(cand_ptr + row * CAP + j, mask=valid, other=float("-inf"))
@@ -275,7 +276,8 @@ def final_kernel(
 ):  # fmt: skip
     """The token of each row: decide_kernel's, or its checked argmax, or the slow path's from there;
     then its logprob, the top-k logprobs, and its count in the penalty table. Paths (sel[:, 5]): 0
-    greedy, 1 candidates, 2 one parallel draw, 3 the slow path; +4 the top-k logprobs' slow path."""
+    greedy, 1 candidates, 2 one parallel draw, 3 the slow path; +4 the top-k logprobs' slow path;
+    +8 the candidates took gather_kernel's pass over the row."""
     row = tl.program_id(0)
     prow = p_ptr + row * NF
     top_raw, lse, top, first, _total = _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX)
@@ -308,7 +310,7 @@ def final_kernel(
             rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr, BLOCK, PMAX, RCAP, TOPK, NPIV,
         )  # fmt: skip
         state = state + tl.where(slow, 4, 0)
-    tl.store(sel_ptr + row * 6 + 5, state)
+    tl.store(sel_ptr + row * SEL + 5, state + 8 * tl.load(sel_ptr + row * SEL + 6))
     slot = int_field(prow, 9)
     if slot != 0:
         entry = ent_ptr + slot * stride_e + token
@@ -326,8 +328,8 @@ def _top_logprobs(
     """The TOPK largest raw logits (ties: lowest index first) as logprobs; whether it took the slow path."""
     p = tl.arange(0, PMAX)
     pm = p < P
-    n = tl.load(sel_ptr + row * 6 + 3)
-    count = tl.load(sel_ptr + row * 6 + 4)
+    n = tl.load(sel_ptr + row * SEL + 3)
+    count = tl.load(sel_ptr + row * SEL + 4)
     lo = tl.min(tl.load(span_ptr + (row * P + p) * 2 + 0, mask=pm, other=0xFFFFFFFF), 0)
     hi = tl.max(tl.load(span_ptr + (row * P + p) * 2 + 1, mask=pm, other=0), 0)
     # Ties in the next bucket are ordered by index, and its first members are in the list.

@@ -7,6 +7,7 @@ import triton.language as tl
 
 from .sampling_jit import (
     NF,
+    SEL,
     bucket,
     bucket_floor,
     distance,
@@ -24,12 +25,11 @@ from .sampling_jit import (
 
 @triton.jit
 def stats_kernel(
-    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr, floor_ptr, P,
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr, gmax_ptr, P,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk: the raw logits' max and exp-sum, the scores' max and first argmax, and the least
-    of the maxima of GROUPS disjoint sets of the chunk's scores (and raw logits): at least GROUPS of
-    the chunk's tokens lie at or above it (`hist_kernel` uses it)."""
+    """Per chunk: the raw logits' max and exp-sum, the scores' max and first argmax, and the maxima
+    of GROUPS disjoint sets of the chunk's scores (and raw logits), for `floor_kernel`."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
@@ -59,9 +59,40 @@ def stats_kernel(
     tl.store(out + 2, top)
     tl.store(sidx_ptr + row * P + part, first)
     # A lane's running max covers its own columns, so lanes in groups are disjoint sets of tokens.
-    floors = floor_ptr + (row * P + part) * 2
-    tl.store(floors + 0, tl.min(tl.max(tl.reshape(smax, [GROUPS, BLOCK // GROUPS]), 1), 0))
-    tl.store(floors + 1, tl.min(tl.max(tl.reshape(rmax, [GROUPS, BLOCK // GROUPS]), 1), 0))
+    g = tl.arange(0, GROUPS)
+    at = gmax_ptr + (row * P + part) * 2 * GROUPS + g
+    tl.store(at, tl.max(tl.reshape(smax, [GROUPS, BLOCK // GROUPS]), 1))
+    tl.store(at + GROUPS, tl.max(tl.reshape(rmax, [GROUPS, BLOCK // GROUPS]), 1))
+
+
+@triton.jit
+def _kth_largest(ptr, P, k, PMAX: tl.constexpr, GROUPS: tl.constexpr):
+    """The k-th largest (from 0) of a row's P * GROUPS group maxima (-inf when there are fewer)."""
+    f = tl.arange(0, PMAX * GROUPS)
+    part = f // GROUPS
+    v = tl.load(ptr + part * 2 * GROUPS + f % GROUPS, mask=part < P, other=float("-inf"))
+    v = tl.sort(v, descending=True)
+    return tl.max(tl.where(f == k, v, float("-inf")), 0)
+
+
+@triton.jit
+def floor_kernel(
+    gmax_ptr, floor_ptr, lfill_ptr, P,
+    PMAX: tl.constexpr, GROUPS: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr,
+):  # fmt: skip
+    """Per row: the (CAP + 1)-th largest of the chunks' group maxima of the scores, and the
+    (RCAP + 1)-th of the raw logits'. Each of those groups holds a token at or above it, so more
+    than the cap do, and no cut reaches past its bucket; and few tokens lie above it (about 170 of
+    a random 128k row, against 2500 above the least group maximum). Zeroes the row's lists."""
+    row = tl.program_id(0)
+    base = gmax_ptr + row * P * 2 * GROUPS
+    tl.store(floor_ptr + row * 2 + 0, _kth_largest(base, P, CAP, PMAX, GROUPS))
+    rlow = tl.full([], float("-inf"), tl.float32)
+    if TOPK:
+        rlow = _kth_largest(base + GROUPS, P, RCAP, PMAX, GROUPS)
+    tl.store(floor_ptr + row * 2 + 1, rlow)
+    tl.store(lfill_ptr + row * 2 + 0, 0)
+    tl.store(lfill_ptr + row * 2 + 1, 0)
 
 
 @triton.jit
@@ -84,14 +115,17 @@ def _count(hist, at, last, inb):
 @triton.jit
 def hist_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, hist_ptr,
-    rhist_ptr, zpart_ptr,
+    rhist_ptr, zpart_ptr, list_ptr, lidx_ptr, rlist_ptr, rlidx_ptr, lfill_ptr, below_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
-    CAP: tl.constexpr, RCAP: tl.constexpr, GROUPS: tl.constexpr,
+    CAP: tl.constexpr, RCAP: tl.constexpr, GROUPS: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
 ):  # fmt: skip
     """Per chunk: the total mass, and the histograms select_kernel cuts. Only buckets up to the cut's
-    next one must be exact. At least P * GROUPS tokens lie at or above the least of stats_kernel's
-    group maxima, so when that is more than the cap, no cut reaches past its bucket: tokens below
-    it are not counted. Counting is a relaxed atomic add into the chunk's own global histogram, so
+    next one must be exact. More than the cap of tokens lie at or above the row's floor
+    (`floor_kernel`), so no cut reaches past its bucket: tokens below it are not counted.
+
+    The tokens above the floor's bucket, a superset of the candidates, also go to the row's lists
+    (up to LCAP and RLCAP), and each chunk's best score left off them to `below`: gather_kernel
+    then picks the candidates from the lists instead of reading the row again. Counting is a relaxed atomic add into the chunk's own global histogram, so
     a block pays only for the few tokens it counts. (tl.histogram pays per call: it zeroes, syncs and
     reads back all its bins; this pass took 99 us with it at batch 64 on an H200, 60 us without.)"""
     row = tl.program_id(0)
@@ -101,12 +135,7 @@ def hist_kernel(
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     key_top = signed_key(top)
     key_raw = signed_key(top_raw)
-    p = tl.arange(0, PMAX)
-    floors = floor_ptr + (row * P + p) * 2
-    low = tl.min(tl.load(floors + 0, mask=p < P, other=float("inf")), 0)
-    rlow = tl.min(tl.load(floors + 1, mask=p < P, other=float("inf")), 0)
-    last = tl.where(P * GROUPS > CAP, bucket(distance(key_top, signed_key(low))), NB)
-    rlast = tl.where(P * GROUPS > RCAP, bucket(distance(key_raw, signed_key(rlow))), NB)
+    last, rlast = _lasts(floor_ptr, row, P, key_top, key_raw, NB, CAP, RCAP, GROUPS)
     b = tl.arange(0, NB)
     mine = hist_ptr + (row * P + part) * NB
     rmine = rhist_ptr + (row * P + part) * NB
@@ -119,19 +148,56 @@ def hist_kernel(
     # count is summed in registers and added once, not by an atomic per token on one address.
     at_last = tl.zeros([BLOCK], tl.int32)
     rat_last = tl.zeros([BLOCK], tl.int32)
+    below = tl.full([BLOCK], float("-inf"), tl.float32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
         inb, x, s = scores_of(
             row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
         )  # fmt: skip
         z += fixed_mass(s, top)
-        at_last += _count(mine, bucket(distance(key_top, signed_key(s))), last, inb)
+        at = bucket(distance(key_top, signed_key(s)))
+        at_last += _count(mine, at, last, inb)
+        above = inb & (at < last)
+        _place(list_ptr + row * LCAP, lidx_ptr + row * LCAP, lfill_ptr + row * 2, s, cols, above, LCAP)
+        below = tl.maximum(below, tl.where(inb & ~above, s, float("-inf")))
         if TOPK:
-            rat_last += _count(rmine, bucket(distance(key_raw, signed_key(x))), rlast, inb)
+            rat = bucket(distance(key_raw, signed_key(x)))
+            rat_last += _count(rmine, rat, rlast, inb)
+            rabove = inb & (rat < rlast)
+            _place(
+                rlist_ptr + row * RLCAP,
+                rlidx_ptr + row * RLCAP,
+                lfill_ptr + row * 2 + 1,
+                x,
+                cols,
+                rabove,
+                RLCAP,
+            )
     tl.atomic_add(mine + last, tl.sum(at_last, 0), mask=last < NB, sem="relaxed")
     if TOPK:
         tl.atomic_add(rmine + rlast, tl.sum(rat_last, 0), mask=rlast < NB, sem="relaxed")
     tl.store(zpart_ptr + row * P + part, tl.sum(z, 0))
+    tl.store(below_ptr + row * P + part, tl.max(below, 0))
+
+
+@triton.jit
+def _lasts(
+    floor_ptr,
+    row,
+    P,
+    key_top,
+    key_raw,
+    NB: tl.constexpr,
+    CAP: tl.constexpr,
+    RCAP: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
+    """The buckets of the row's floors (`floor_kernel`): the last ones hist_kernel counts (NB: all)."""
+    low = tl.load(floor_ptr + row * 2 + 0)
+    rlow = tl.load(floor_ptr + row * 2 + 1)
+    last = tl.where(P * GROUPS > CAP, bucket(distance(key_top, signed_key(low))), NB)
+    rlast = tl.where(P * GROUPS > RCAP, bucket(distance(key_raw, signed_key(rlow))), NB)
+    return last, rlast
 
 
 @triton.jit
@@ -158,19 +224,19 @@ def select_kernel(
     row = tl.program_id(0)
     p = tl.arange(0, PMAX)
     cut, kept, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
-    tl.store(sel_ptr + row * 6 + 0, cut)
-    tl.store(sel_ptr + row * 6 + 1, kept)
-    tl.store(sel_ptr + row * 6 + 2, 0)
-    tl.store(sel_ptr + row * 6 + 3, 0)
-    tl.store(sel_ptr + row * 6 + 4, 0)
+    tl.store(sel_ptr + row * SEL + 0, cut)
+    tl.store(sel_ptr + row * SEL + 1, kept)
+    tl.store(sel_ptr + row * SEL + 2, 0)
+    tl.store(sel_ptr + row * SEL + 3, 0)
+    tl.store(sel_ptr + row * SEL + 4, 0)
     tl.store(fill_ptr + row * 2 + 0, 0)
     tl.store(fill_ptr + row * 2 + 1, 0)
     if TOPK:
         rcut, rkept, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
         tl.store(rnext_ptr + row * P + p, rnext, mask=p < P)
-        tl.store(sel_ptr + row * 6 + 2, rcut)
-        tl.store(sel_ptr + row * 6 + 3, rkept)
-        tl.store(sel_ptr + row * 6 + 4, rcount)
+        tl.store(sel_ptr + row * SEL + 2, rcut)
+        tl.store(sel_ptr + row * SEL + 3, rkept)
+        tl.store(sel_ptr + row * SEL + 4, rcount)
 
 
 @triton.jit
@@ -228,7 +294,7 @@ def draw_kernel(
         active = tl.load(dec_ptr + row * 2 + 1) == 3
         after = tl.load(after_ptr + row).to(tl.uint64)
     else:
-        active = _draws_beyond_candidates(prow, V, tl.load(sel_ptr + row * 6 + 1))
+        active = _draws_beyond_candidates(prow, V, tl.load(sel_ptr + row * SEL + 1))
         after = tl.zeros([], tl.uint64)
     f = tl.zeros([], tl.int32)
     g = tl.zeros([], tl.int64)
@@ -248,79 +314,130 @@ def draw_kernel(
 
 
 @triton.jit
-def _place(ptr, iptr, fill_ptr, v, cols, keep):
-    """Appends `v` and `cols` where `keep`, each at the slot an atomic add on the list's fill gives.
-    Most blocks keep nothing: they skip the atomic, whose returned slot would stall the loop. Relaxed:
-    a slot only has to be unique (the default acq_rel fences every add)."""
+def _place(ptr, iptr, fill_ptr, v, cols, keep, cap):
+    """Appends `v` and `cols` where `keep`, each at the slot an atomic add on the list's fill gives
+    (past `cap` only counted). Most blocks keep nothing: they skip the atomic, whose returned slot
+    would stall the loop. Relaxed: a slot only has to be unique (the default acq_rel fences every add)."""
     if tl.max(keep.to(tl.int32), 0) > 0:
         at = tl.atomic_add(fill_ptr + tl.zeros_like(cols), 1, mask=keep, sem="relaxed")
-        tl.store(ptr + at, v, mask=keep)
-        tl.store(iptr + at, cols, mask=keep)
+        tl.store(ptr + at, v, mask=keep & (at < cap))
+        tl.store(iptr + at, cols, mask=keep & (at < cap))
+
+
+@triton.jit
+def _pick(list_ptr, lidx_ptr, n, floor, cut, out_ptr, oidx_ptr, N: tl.constexpr, OUT: tl.constexpr):
+    """The first n entries of a row's list (hist_kernel's) at or above `floor` (none when cut < 0)
+    into the candidate list; returns the best value left out."""
+    j = tl.arange(0, N)
+    listed = j < tl.minimum(n, N)
+    v = tl.load(list_ptr + j, mask=listed, other=float("-inf"))
+    ix = tl.load(lidx_ptr + j, mask=listed, other=0)
+    keep = tl.where(cut >= 0, listed & (signed_key(v) >= floor), False)
+    where = tl.cumsum(keep.to(tl.int32), 0) - 1
+    tl.store(out_ptr + where, v, mask=keep & (where < OUT))
+    tl.store(oidx_ptr + where, ix, mask=keep & (where < OUT))
+    return tl.max(tl.where(listed & ~keep, v, float("-inf")), 0)
 
 
 @triton.jit
 def gather_kernel(
-    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, fill_ptr,
-    rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, sel_ptr,
+    fill_ptr, rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr, list_ptr, lidx_ptr,
+    rlist_ptr, rlidx_ptr, lfill_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr,
-    TOPK: tl.constexpr,
+    TOPK: tl.constexpr, NB: tl.constexpr, GROUPS: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
 ):  # fmt: skip
-    """Each chunk's candidates (bucket <= cut) into the row's list. Buckets are a monotone function of
-    a logit's key, so membership is one compare with the cut's lowest key; a chunk whose top (from
-    stats_kernel) is below every list's lowest key reads nothing."""
+    """Each row's candidates (bucket <= cut) into its candidate list, and its best score left out.
+
+    From hist_kernel's lists when they hold every candidate: they did not overflow, and the cut
+    lies above the floor's bucket (it does unless the floor fell to -inf; the top-k logprobs also
+    need no members of the bucket after their cut). Then one program per row reads them.
+    Otherwise a pass over the row, a program per chunk: buckets are a monotone function of a
+    logit's key, so membership is one compare with the cut's lowest key, and a chunk whose top
+    (from stats_kernel) is below every list's lowest key reads nothing. sel[:, 6]: 1 after a pass."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
     inv_t, rep, pres, freq, slot, ban = row_terms(prow)
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
-    cut = tl.load(sel_ptr + row * 6 + 0)
+    cut = tl.load(sel_ptr + row * SEL + 0)
     floor = bucket_floor(signed_key(top), cut)
-    rcut = tl.load(sel_ptr + row * 6 + 2)
-    rkept = tl.load(sel_ptr + row * 6 + 3)
+    rcut = tl.load(sel_ptr + row * SEL + 2)
+    rkept = tl.load(sel_ptr + row * SEL + 3)
     key_raw = signed_key(top_raw)
     rfloor = bucket_floor(key_raw, rcut)
     # The next bucket's members complete the top-k logprobs only when the list holds fewer than k.
     short = rkept < TOPK
     nfloor = tl.where(short, bucket_floor(key_raw, rcut + 1), 2147483647)
-    chunk_top = tl.load(stat_ptr + (row * P + part) * 3 + 2)
-    busy = (cut >= 0) & (signed_key(chunk_top) >= floor)
+    last, rlast = _lasts(floor_ptr, row, P, signed_key(top), key_raw, NB, CAP, RCAP, GROUPS)
+    listed = tl.load(lfill_ptr + row * 2 + 0)
+    fast = (listed <= LCAP) & (cut < last)
     if TOPK:
-        lowest = tl.where(rcut >= 0, tl.minimum(rfloor, nfloor), nfloor)
-        busy = busy | (signed_key(tl.load(stat_ptr + (row * P + part) * 3 + 0)) >= lowest)
-    # A chunk with no members: the best score it leaves out is its top, and no next-bucket span.
-    below_top = chunk_top
+        rlisted = tl.load(lfill_ptr + row * 2 + 1)
+        fast = fast & (rlisted <= RLCAP) & (rcut < rlast) & ~short
+    if part == 0:
+        tl.store(sel_ptr + row * SEL + 6, tl.where(fast, 0, 1))
     lo_key = tl.full([], 2147483647, tl.int32)
     hi_key = tl.full([], -2147483648, tl.int32)
-    if busy:
-        npos = rkept + tl.load(rnext_ptr + row * P + part)
-        below = tl.full([BLOCK], float("-inf"), tl.float32)
-        lo = tl.full([BLOCK], 2147483647, tl.int32)
-        hi = tl.full([BLOCK], -2147483648, tl.int32)
-        for i in range(0, CHUNK, BLOCK):
-            cols = part * CHUNK + i + tl.arange(0, BLOCK)
-            inb, x, s = scores_of(
-                row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+    if fast:
+        if part == 0:
+            left = _pick(
+                list_ptr + row * LCAP, lidx_ptr + row * LCAP, listed, floor, cut, cand_ptr + row * CAP,
+                cidx_ptr + row * CAP, LCAP, CAP,
             )  # fmt: skip
-            mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
-            below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
-            _place(cand_ptr + row * CAP, cidx_ptr + row * CAP, fill_ptr + row * 2, s, cols, mine)
+            best = below_ptr + row * P
+            tl.store(best, tl.maximum(tl.load(best), left))
             if TOPK:
-                kx = signed_key(x)
-                rmine = tl.where(rcut >= 0, inb & (kx >= rfloor), False)
-                _place(rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, fill_ptr + row * 2 + 1, x, cols, rmine)
-                if short:
-                    # The next bucket's first members, in token order, fill the rest of the list.
-                    nxt = inb & (kx >= nfloor) & ~rmine
-                    where = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
-                    tl.store(rcand_ptr + row * RCAP + where, x, mask=nxt & (where < RCAP))
-                    tl.store(ridx_ptr + row * RCAP + where, cols, mask=nxt & (where < RCAP))
-                    npos += tl.sum(nxt.to(tl.int32), 0)
-                    lo = tl.minimum(lo, tl.where(nxt, kx, 2147483647))
-                    hi = tl.maximum(hi, tl.where(nxt, kx, -2147483648))
-        below_top = tl.max(below, 0)
-        lo_key = tl.min(lo, 0)
-        hi_key = tl.max(hi, 0)
-    tl.store(below_ptr + row * P + part, below_top)
+                _pick(
+                    rlist_ptr + row * RLCAP, rlidx_ptr + row * RLCAP, rlisted, rfloor, rcut,
+                    rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, RLCAP, RCAP,
+                )  # fmt: skip
+    else:
+        chunk_top = tl.load(stat_ptr + (row * P + part) * 3 + 2)
+        busy = (cut >= 0) & (signed_key(chunk_top) >= floor)
+        if TOPK:
+            lowest = tl.where(rcut >= 0, tl.minimum(rfloor, nfloor), nfloor)
+            busy = busy | (signed_key(tl.load(stat_ptr + (row * P + part) * 3 + 0)) >= lowest)
+        # A chunk with no members: the best score it leaves out is its top, and no next-bucket span.
+        below_top = chunk_top
+        if busy:
+            npos = rkept + tl.load(rnext_ptr + row * P + part)
+            below = tl.full([BLOCK], float("-inf"), tl.float32)
+            lo = tl.full([BLOCK], 2147483647, tl.int32)
+            hi = tl.full([BLOCK], -2147483648, tl.int32)
+            for i in range(0, CHUNK, BLOCK):
+                cols = part * CHUNK + i + tl.arange(0, BLOCK)
+                inb, x, s = scores_of(
+                    row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+                )  # fmt: skip
+                mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
+                below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
+                _place(cand_ptr + row * CAP, cidx_ptr + row * CAP, fill_ptr + row * 2, s, cols, mine, CAP)
+                if TOPK:
+                    kx = signed_key(x)
+                    rmine = tl.where(rcut >= 0, inb & (kx >= rfloor), False)
+                    _place(
+                        rcand_ptr + row * RCAP,
+                        ridx_ptr + row * RCAP,
+                        fill_ptr + row * 2 + 1,
+                        x,
+                        cols,
+                        rmine,
+                        RCAP,
+                    )
+                    if short:
+                        # The next bucket's first members, in token order, fill the rest of the list.
+                        nxt = inb & (kx >= nfloor) & ~rmine
+                        where = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
+                        tl.store(rcand_ptr + row * RCAP + where, x, mask=nxt & (where < RCAP))
+                        tl.store(ridx_ptr + row * RCAP + where, cols, mask=nxt & (where < RCAP))
+                        npos += tl.sum(nxt.to(tl.int32), 0)
+                        lo = tl.minimum(lo, tl.where(nxt, kx, 2147483647))
+                        hi = tl.maximum(hi, tl.where(nxt, kx, -2147483648))
+            below_top = tl.max(below, 0)
+            lo_key = tl.min(lo, 0)
+            hi_key = tl.max(hi, 0)
+        tl.store(below_ptr + row * P + part, below_top)
     if TOPK:
         # As unsigned keys (float_key), and (0xFFFFFFFF, 0) for a chunk with none of the next bucket.
         lo_u = lo_key.to(tl.int64) + 2147483648

@@ -7,19 +7,23 @@ them (no top-k, a flat distribution) draw the Gumbel argmax over the whole row: 
 top-p that is the token; else it is kept with probability about top_p, which one more pass checks.
 The passes over the vocabulary run CHUNK logits per program, so a row spreads over many SMs:
 
-1. stats: per chunk, the raw logits' max and exp-sum, the penalized scores' max and first argmax.
-2. hist: per chunk, the total mass (fixed point) and a histogram of each token's distance below the
+1. stats: per chunk, the raw logits' max and exp-sum, the penalized scores' max and first argmax,
+   and the maxima of a few disjoint groups of its tokens.
+2. floor (a program per row): a floor that more than CANDIDATES tokens provably reach, and few pass.
+3. hist: per chunk, the total mass (fixed point) and a histogram of each token's distance below the
    row's top score (and below the top raw logit, for the top-k logprobs), in buckets 1/8 apart on a
-   log scale of the float order. Tokens that provably lie past any cut are not counted.
-3. select (a program per row): the deepest bucket that keeps the candidates within their cap.
-4. gather: the candidates, and per chunk the best score left out. A candidate takes the list's next
-   slot by an atomic add: the set is fixed by the cut, and decide sorts it, so slot order is free.
-5. draw: for rows that may keep more than their candidates, each chunk's Gumbel argmax.
-6. decide (a program per row): the candidates sorted by (score desc, index asc) under the exact
+   log scale of the float order; tokens past the floor's bucket are not counted. The tokens above
+   it, a superset of any cut's, go to a list per row.
+4. select (a program per row): the deepest bucket that keeps the candidates within their cap.
+5. gather: the candidates, from the row's list, or where it overflowed from a pass over the row;
+   and the best score left out. A candidate's slot in the list comes from an atomic add: the set is
+   fixed by the cut, and decide sorts it, so slot order is free.
+6. draw: for rows that may keep more than their candidates, each chunk's Gumbel argmax.
+7. decide (a program per row): the candidates sorted by (score desc, index asc) under the exact
    top-k/top-p/min_p rules and the Gumbel draw, when they provably hold every kept token; else the
    whole row's argmax, final when only min_p limits the draw, or to be checked.
-7. draw again, for rows to check: the tokens and mass before their argmax, and the argmax after it.
-8. final (a program per row): the checked argmax, or if it is out, the exact slow path from there:
+8. draw again, for rows to check: the tokens and mass before their argmax, and the argmax after it.
+9. final (a program per row): the checked argmax, or if it is out, the exact slow path from there:
    a rejection loop over the whole row whose candidate only moves up the order, bisecting the
    undecided range at each pass. Then the top-k logprobs (their own slow path when ties overflow
    the candidates) and the token's count in its row's penalty-table slot.
@@ -30,14 +34,23 @@ from __future__ import annotations
 import torch
 
 from .sampling_final import decide_kernel, final_kernel
-from .sampling_jit import NFIELDS
-from .sampling_passes import draw_kernel, gather_kernel, hist_kernel, select_kernel, stats_kernel
+from .sampling_jit import NFIELDS, SEL_FIELDS
+from .sampling_passes import (
+    draw_kernel,
+    floor_kernel,
+    gather_kernel,
+    hist_kernel,
+    select_kernel,
+    stats_kernel,
+)
 
 CHUNK = 4096  # logits per program in the row-parallel passes
 BLOCK = 512  # logits per loop iteration
 BUCKETS = 256
 CANDIDATES = 128  # sampling candidates per row
 RAW_CANDIDATES = 64  # top-k logprob candidates per row (k <= 20)
+LISTED = 512  # tokens above a row's floor that hist_kernel lists (about 170 in a random 128k row)
+RAW_LISTED = 256  # the same for the raw logits' floor (the top-k logprobs')
 PIVOTS = 8  # pivots per pass of the slow path's searches
 PASS_WARPS = 4  # warps per program of the row-parallel passes: 4 x 512 logits keep 4 programs on an SM
 FINAL_WARPS = 16  # per row program: the slow path's passes hide their latency across 16 warps
@@ -57,7 +70,7 @@ class _Scratch:
     """The kernels' working buffers for `rows` rows of `parts` chunks (allocated per call: in a
     captured graph they come from its pool once)."""
 
-    def __init__(self, rows: int, parts: int, num_top: int, device: torch.device) -> None:
+    def __init__(self, rows: int, parts: int, groups: int, num_top: int, device: torch.device) -> None:
         f32, i32, i64 = torch.float32, torch.int32, torch.int64
 
         def new(*shape, dtype=i32):
@@ -68,11 +81,15 @@ class _Scratch:
             new(rows, parts),
             new(rows, parts, dtype=i64),
         )
-        self.floors = new(rows, parts, 2, dtype=f32)
+        self.gmax, self.floors = new(rows, parts, 2, groups, dtype=f32), new(rows, 2, dtype=f32)
+        # hist_kernel's lists of the tokens above the floors, and how many each had (past the cap: counted).
+        self.list, self.lidx = new(rows, LISTED, dtype=f32), new(rows, LISTED)
+        self.rlist, self.rlidx = new(rows, RAW_LISTED, dtype=f32), new(rows, RAW_LISTED)
+        self.lfill = new(rows, 2)
         self.hist = new(rows, parts, BUCKETS)
         self.rhist = new(rows, parts, BUCKETS) if num_top else self.hist
         # fill: how many of each list gather_kernel has placed (zeroed by select_kernel).
-        self.sel, self.fill, self.rnext = new(rows, 6), new(rows, 2), new(rows, parts)
+        self.sel, self.fill, self.rnext = new(rows, SEL_FIELDS), new(rows, 2), new(rows, parts)
         self.cand, self.cidx = new(rows, CANDIDATES, dtype=f32), new(rows, CANDIDATES)
         self.rcand, self.ridx = new(rows, RAW_CANDIDATES, dtype=f32), new(rows, RAW_CANDIDATES)
         self.below = new(rows, parts, dtype=f32)
@@ -98,7 +115,7 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
 
     `paths` [B] int32, if given, says how each row was decided (for tests and profiling): 0 greedy,
     1 from its candidates, 2 by one parallel draw, 3 by the slow path; plus 4 when its top-k
-    logprobs took the slow path.
+    logprobs took the slow path, and 8 when its candidates took a pass over the row.
     """
     rows, vocab = logits.shape
     if num_top > vocab:
@@ -109,28 +126,30 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
         raise ValueError(f"sampling parameters have {params.shape[1]} fields; the kernels read {NFIELDS}")
     parts = -(-vocab // chunk)
     pmax = _pow2(parts)
-    w = _Scratch(rows, parts, num_top, logits.device)
+    groups = bound_groups(parts, block)
+    w = _Scratch(rows, parts, groups, num_top, logits.device)
     row_args = (logits, logits.stride(0), vocab, params, entries, entries.stride(0), bits, bits.stride(0))
     grid = (rows, parts)
     sizes = dict(CHUNK=chunk, BLOCK=block, PMAX=pmax)
     caps = dict(CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top)
+    lists = dict(NB=BUCKETS, GROUPS=groups, LCAP=LISTED, RLCAP=RAW_LISTED)
     # No FMA: penalties round as the torch definition does.
     passes = dict(enable_fp_fusion=False, num_warps=PASS_WARPS)
     per_row = dict(enable_fp_fusion=False, num_warps=FINAL_WARPS)
-    groups = bound_groups(parts, block)
     stats_kernel[grid](
-        *row_args, w.stats, w.sidx, w.floors, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups, **passes
+        *row_args, w.stats, w.sidx, w.gmax, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups, **passes
     )
+    floor_kernel[(rows,)](w.gmax, w.floors, w.lfill, parts, PMAX=pmax, GROUPS=groups, **caps, **passes)
     hist_kernel[grid](
-        *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.zpart, **sizes, NB=BUCKETS, **caps,
-        GROUPS=groups, **passes,
+        *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.zpart, w.list, w.lidx, w.rlist, w.rlidx, w.lfill,
+        w.below, **sizes, **caps, **lists, **passes,
     )  # fmt: skip
     select_kernel[(rows,)](
         w.hist, w.rhist, parts, w.sel, w.fill, w.rnext, PMAX=pmax, NB=BUCKETS, **caps, **passes
     )
     gather_kernel[grid](
-        *row_args, w.stats, parts, w.sel, w.fill, w.rnext, w.cand, w.cidx, w.rcand, w.ridx, w.below,
-        w.span, **sizes, **caps, **passes,
+        *row_args, w.stats, w.floors, parts, w.sel, w.fill, w.rnext, w.cand, w.cidx, w.rcand, w.ridx, w.below,
+        w.span, w.list, w.lidx, w.rlist, w.rlidx, w.lfill, **sizes, **caps, **lists, **passes,
     )  # fmt: skip
     draw = (*row_args, w.stats, parts, w.sel, w.dec, w.after, *w.draw)
     draw_kernel[grid](*draw, CHECK=False, **sizes, **passes)

@@ -44,11 +44,13 @@ def params(rows: int, **cols) -> SamplingTensors:
 
 
 SEEN_PATHS: set[int] = set()
+SEEN_GATHERS: set[int] = set()  # 0: candidates from hist_kernel's lists, 1: from a pass over the row
 ANY = {2, 3}  # a draw over the whole row: accepted at once, or by the slow path
 
 
-def compare(name, logits, p, num_top=0, paths=None) -> bool:
-    """The kernels equal the definition; `paths` gives each row's allowed paths (see sample())."""
+def compare(name, logits, p, num_top=0, paths=None, gather=None) -> bool:
+    """The kernels equal the definition; `paths` gives each row's allowed paths (see sample()), and
+    `gather` whether each row's candidates took a pass over the row (1) or came from the lists (0)."""
     rows = logits.shape[0]
     ta = table(rows)
     tb = PenaltyTable(rows + 1, VOCAB, torch.device("cpu"))
@@ -60,7 +62,12 @@ def compare(name, logits, p, num_top=0, paths=None) -> bool:
         logits, p, tb.entries, tb.bits, num_top, chunk=CHUNK, block=BLOCK, paths=took
     )
     good = True
+    gathers = (took >> 3).tolist()
+    took = took & 7
     SEEN_PATHS.update(took.tolist())
+    SEEN_GATHERS.update(gathers)
+    if gather is not None:
+        good &= check(f"{name}: gathers", gathers == gather, f"{gathers} != {gather}")
     if paths is not None:
         allowed = [{a} if isinstance(a, int) else a for a in paths]
         ok = all(t in a for t, a in zip(took.tolist(), allowed, strict=True))
@@ -135,7 +142,16 @@ def main() -> bool:
     # Greedy rows take neither path. Top-k 200 is past the 128 candidates (so the top-k mass top-p
     # needs is unknown), and the last row keeps 99.9% of the mass: they draw over the whole row.
     paths = [0, 1, 1, 1, 1, 0, ANY, 1, 1, 1, 1, ANY]
-    good &= compare("mixed rows, top-20 logprobs", peaked, rows_mixed(), num_top=20, paths=paths)
+    good &= compare(
+        "mixed rows, top-20 logprobs", peaked, rows_mixed(), num_top=20, paths=paths, gather=[0] * 12
+    )
+    # Lists too short for the tokens above the floors: every row's candidates take the pass.
+    listed = sampling_triton.LISTED, sampling_triton.RAW_LISTED
+    sampling_triton.LISTED = sampling_triton.RAW_LISTED = 16
+    try:
+        good &= compare("lists overflow", peaked, rows_mixed(), num_top=20, paths=paths, gather=[1] * 12)
+    finally:
+        sampling_triton.LISTED, sampling_triton.RAW_LISTED = listed
     # Equal values: a grid of 0.25 (many ties per bucket); few allowed tokens, the rest -inf (the
     # top-20 logprobs reach into the -inf ties); 15 ties at the top, then 200 near-equal values
     # sharing a bucket (the top-20 logprobs need the slow path).
@@ -147,20 +163,24 @@ def main() -> bool:
     odd[4:, 100:300] = 4.0 + 0.01 * torch.rand(2, 200, generator=g)
     p = params(6, temperature=[1.0, 0.8, 1.0, 0.0, 1.0, 0.7], top_k=[0, 30, 0, 0, 10, 0], top_p=[0.9] * 6)
     # +4: the top-20 logprobs took the slow path; the last row's nucleus also reaches into the 200.
-    good &= compare("ties and -inf", odd, p, num_top=20, paths=[1, 1, 1, 0, 5, {6, 7}])
+    # Where the top-20 logprobs need the bucket after their cut, the lists cannot serve them.
+    good &= compare(
+        "ties and -inf", odd, p, num_top=20, paths=[1, 1, 1, 0, 5, {6, 7}], gather=[0, 0, 1, 1, 1, 1]
+    )
     # Flat rows: top-p alone keeps thousands of tokens, top-k 600 with top-p needs the top-k mass
     # first; min_p 0.5 keeps hundreds, 0.95 a few, and plain temperature all: its draw is the whole
     # row's argmax. Top-k 250 of 1200 flat tokens: a whole-row draw is out 4 times in 5.
     flat = torch.randn(9, VOCAB, generator=g) * 0.1
     p = params(9, temperature=[1.0] * 9, top_p=[0.95, 0.3, 0.9, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0],
                top_k=[0, 0, 600, 0, 0, 0, 250, 250, 250], min_p=[0.0, 0.0, 0.0, 0.5, 0.95, 0.0, 0.0, 0.0, 0.0])  # fmt: skip
-    good &= compare("flat rows", flat, p, paths=[ANY, ANY, ANY, 2, 1, 2, ANY, ANY, ANY])
+    good &= compare("flat rows", flat, p, paths=[ANY, ANY, ANY, 2, 1, 2, ANY, ANY, ANY], gather=[0] * 9)
     # Peaked rows whose few high tokens sit in one chunk: the other chunks' gather reads nothing.
     peak = torch.randn(3, VOCAB, generator=g) - 20
     peak[:, 300:303] = torch.tensor([10.0, 9.5, 9.0])
     p = params(3, temperature=[1.0, 0.7, 0.0], top_p=[0.9, 1.0, 1.0], slots=[0, 0, 0])
-    good &= compare("peaked rows, one busy chunk", peak, p, paths=[1, ANY, 0])
+    good &= compare("peaked rows, one busy chunk", peak, p, paths=[1, ANY, 0], gather=[0] * 3)
     good &= check("both whole-row paths ran", {2, 3} <= SEEN_PATHS, f"paths seen: {sorted(SEEN_PATHS)}")
+    good &= check("both ways to gather ran", sorted(SEEN_GATHERS) == [0, 1], f"seen: {sorted(SEEN_GATHERS)}")
     return good
 
 
