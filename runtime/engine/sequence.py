@@ -86,7 +86,8 @@ class Sequence:
         if p.logprobs is not None:
             self.logprobs.append(logprob)
             if p.logprobs and top is not None:
-                self.top_logprobs.append((top[0][: p.logprobs], top[1][: p.logprobs]))
+                k = p.logprobs
+                self.top_logprobs.append(top if len(top[0]) == k else (top[0][:k], top[1][:k]))
         # Under min_tokens the sampler bans stop tokens, except where a grammar allowed nothing else
         # (runner/sampler.py, grammar_before_min_tokens): a guided row's stop token then ends it.
         if len(self.output_ids) > p.min_tokens or p.min_tokens == 0 or self.guided is not None:

@@ -272,7 +272,8 @@ def final_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
     zpart_ptr, P, sel_ptr, dec_ptr, big_p_ptr, after_ptr, count_ptr, mass_ptr, best_ptr, idx_ptr,
     rcand_ptr, ridx_ptr, span_ptr, tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr,
-    BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr, NPIV: tl.constexpr,
+    BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, RLCAP: tl.constexpr, TOPK: tl.constexpr,
+    NPIV: tl.constexpr,
 ):  # fmt: skip
     """The token of each row: decide_kernel's, or its checked argmax, or the slow path's from there;
     then its logprob, the top-k logprobs, and its count in the penalty table. Paths (sel[:, 5]): 0
@@ -307,7 +308,7 @@ def final_kernel(
     if TOPK > 0:
         slow = _top_logprobs(
             row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, lse, P, sel_ptr,
-            rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr, BLOCK, PMAX, RCAP, TOPK, NPIV,
+            rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr, BLOCK, PMAX, RCAP, RLCAP, TOPK, NPIV,
         )  # fmt: skip
         state = state + tl.where(slow, 4, 0)
     tl.store(sel_ptr + row * SEL + 5, state + 8 * tl.load(sel_ptr + row * SEL + 6))
@@ -323,9 +324,12 @@ def final_kernel(
 def _top_logprobs(
     row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, lse, P, sel_ptr,
     rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr,
-    BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr, NPIV: tl.constexpr,
+    BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, RLCAP: tl.constexpr, TOPK: tl.constexpr,
+    NPIV: tl.constexpr,
 ):  # fmt: skip
-    """The TOPK largest raw logits (ties: lowest index first) as logprobs; whether it took the slow path."""
+    """The TOPK largest raw logits (ties: lowest index first) as logprobs; whether it took the slow path.
+    The row's list (rows RLCAP apart) holds its n top raw logits, then up to RCAP - n of the next
+    bucket's (gather_kernel)."""
     p = tl.arange(0, PMAX)
     pm = p < P
     n = tl.load(sel_ptr + row * SEL + 3)
@@ -348,15 +352,15 @@ def _top_logprobs(
             )
             mine = inb & (order_key(float_key(x), cols) >= at)
             where = pos + tl.cumsum(mine.to(tl.int32), 0) - 1
-            tl.store(rcand_ptr + row * RCAP + where, x, mask=mine)
-            tl.store(ridx_ptr + row * RCAP + where, cols, mask=mine)
+            tl.store(rcand_ptr + row * RLCAP + where, x, mask=mine)
+            tl.store(ridx_ptr + row * RLCAP + where, cols, mask=mine)
             pos += tl.sum(mine.to(tl.int32), 0)
         use = n * 0 + TOPK
         tl.debug_barrier()
-    j = tl.arange(0, RCAP)
+    j = tl.arange(0, RLCAP)
     valid = j < use
-    x = tl.load(rcand_ptr + row * RCAP + j, mask=valid, other=float("-inf"))
-    idx = tl.load(ridx_ptr + row * RCAP + j, mask=valid, other=0)
+    x = tl.load(rcand_ptr + row * RLCAP + j, mask=valid, other=float("-inf"))
+    idx = tl.load(ridx_ptr + row * RLCAP + j, mask=valid, other=0)
     c = tl.sort(tl.where(valid, order_key(float_key(x), idx), 0), descending=True)
     idx = (4294967295 - (c & 0xFFFFFFFF)).to(tl.int64)
     x = key_float(c >> 32)

@@ -82,8 +82,8 @@ def floor_kernel(
 ):  # fmt: skip
     """Per row: the (CAP + 1)-th largest of the chunks' group maxima of the scores, and the
     (RCAP + 1)-th of the raw logits'. Each of those groups holds a token at or above it, so more
-    than the cap do, and no cut reaches past its bucket; and few tokens lie above it (about 170 of
-    a random 128k row, against 2500 above the least group maximum). Zeroes the row's lists."""
+    than the cap do; and few tokens lie above it (about 170 of a random 128k row, against 2500
+    above the least group maximum). Zeroes the row's list counts for list_kernel."""
     row = tl.program_id(0)
     base = gmax_ptr + row * P * 2 * GROUPS
     tl.store(floor_ptr + row * 2 + 0, _kth_largest(base, P, CAP, PMAX, GROUPS))
@@ -113,41 +113,32 @@ def _count(hist, at, last, inb):
 
 
 @triton.jit
-def hist_kernel(
-    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, hist_ptr,
-    rhist_ptr, zpart_ptr, list_ptr, lidx_ptr, rlist_ptr, rlidx_ptr, lfill_ptr, below_ptr,
-    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
-    CAP: tl.constexpr, RCAP: tl.constexpr, GROUPS: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
-):  # fmt: skip
-    """Per chunk: the total mass, and the histograms select_kernel cuts. Only buckets up to the cut's
-    next one must be exact. More than the cap of tokens lie at or above the row's floor
-    (`floor_kernel`), so no cut reaches past its bucket: tokens below it are not counted.
+def _overflows(lfill_ptr, row, LCAP: tl.constexpr, RLCAP: tl.constexpr, TOPK: tl.constexpr):
+    """Whether a row's lists (list_kernel's) missed tokens above its floors."""
+    over = tl.load(lfill_ptr + row * 2 + 0) > LCAP
+    if TOPK:
+        over = over | (tl.load(lfill_ptr + row * 2 + 1) > RLCAP)
+    return over
 
-    The tokens above the floor's bucket, a superset of the candidates, also go to the row's lists
-    (up to LCAP and RLCAP), and each chunk's best score left off them to `below`: gather_kernel
-    then picks the candidates from the lists instead of reading the row again. Counting is a relaxed atomic add into the chunk's own global histogram, so
-    a block pays only for the few tokens it counts. (tl.histogram pays per call: it zeroes, syncs and
-    reads back all its bins; this pass took 99 us with it at batch 64 on an H200, 60 us without.)"""
+
+@triton.jit
+def list_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, zpart_ptr,
+    cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, lfill_ptr, below_ptr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, TOPK: tl.constexpr, LCAP: tl.constexpr,
+    RLCAP: tl.constexpr,
+):  # fmt: skip
+    """Per chunk: the total mass, the best score below the row's floor, and the tokens at or above
+    its floors (`floor_kernel`) appended to the row's candidate lists (up to LCAP and RLCAP, the
+    rest only counted). Those are the row's top tokens, more than the caps: decide_kernel and the
+    top-k logprobs take them as they are, with no histogram and no second pass over the row."""
     row = tl.program_id(0)
     part = tl.program_id(1)
-    prow = p_ptr + row * NF
-    inv_t, rep, pres, freq, slot, ban = row_terms(prow)
-    top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
-    key_top = signed_key(top)
-    key_raw = signed_key(top_raw)
-    last, rlast = _lasts(floor_ptr, row, P, key_top, key_raw, NB, CAP, RCAP, GROUPS)
-    b = tl.arange(0, NB)
-    mine = hist_ptr + (row * P + part) * NB
-    rmine = rhist_ptr + (row * P + part) * NB
-    tl.store(mine + b, tl.zeros([NB], tl.int32))
-    if TOPK:
-        tl.store(rmine + b, tl.zeros([NB], tl.int32))
-    tl.debug_barrier()  # the zeros land before any thread of the program counts
+    inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr + row * NF)
+    _top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+    low = signed_key(tl.load(floor_ptr + row * 2 + 0))
+    rlow = signed_key(tl.load(floor_ptr + row * 2 + 1))
     z = tl.zeros([BLOCK], tl.int64)
-    # The last counted bucket is the crowded one (all of a grammar-masked row's -inf tokens): its
-    # count is summed in registers and added once, not by an atomic per token on one address.
-    at_last = tl.zeros([BLOCK], tl.int32)
-    rat_last = tl.zeros([BLOCK], tl.int32)
     below = tl.full([BLOCK], float("-inf"), tl.float32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
@@ -155,29 +146,67 @@ def hist_kernel(
             row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
         )  # fmt: skip
         z += fixed_mass(s, top)
-        at = bucket(distance(key_top, signed_key(s)))
-        at_last += _count(mine, at, last, inb)
-        above = inb & (at < last)
-        _place(list_ptr + row * LCAP, lidx_ptr + row * LCAP, lfill_ptr + row * 2, s, cols, above, LCAP)
+        above = inb & (signed_key(s) >= low)
+        _place(cand_ptr + row * LCAP, cidx_ptr + row * LCAP, lfill_ptr + row * 2, s, cols, above, LCAP)
         below = tl.maximum(below, tl.where(inb & ~above, s, float("-inf")))
         if TOPK:
-            rat = bucket(distance(key_raw, signed_key(x)))
-            rat_last += _count(rmine, rat, rlast, inb)
-            rabove = inb & (rat < rlast)
+            rabove = inb & (signed_key(x) >= rlow)
             _place(
-                rlist_ptr + row * RLCAP,
-                rlidx_ptr + row * RLCAP,
+                rcand_ptr + row * RLCAP,
+                ridx_ptr + row * RLCAP,
                 lfill_ptr + row * 2 + 1,
                 x,
                 cols,
                 rabove,
                 RLCAP,
             )
-    tl.atomic_add(mine + last, tl.sum(at_last, 0), mask=last < NB, sem="relaxed")
-    if TOPK:
-        tl.atomic_add(rmine + rlast, tl.sum(rat_last, 0), mask=rlast < NB, sem="relaxed")
     tl.store(zpart_ptr + row * P + part, tl.sum(z, 0))
     tl.store(below_ptr + row * P + part, tl.max(below, 0))
+
+
+@triton.jit
+def hist_kernel(
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, hist_ptr,
+    rhist_ptr, lfill_ptr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
+    CAP: tl.constexpr, RCAP: tl.constexpr, GROUPS: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
+):  # fmt: skip
+    """For rows whose lists overflowed, per chunk: the histograms select_kernel cuts. Only buckets up
+    to the cut's next one must be exact. More than the cap of tokens lie at or above the row's floor,
+    so no cut reaches past its bucket: tokens below it are not counted. Counting is a relaxed atomic
+    add into the chunk's own global histogram, so a block pays only for the few tokens it counts.
+    (tl.histogram pays per call: it zeroes, syncs and reads back all its bins; this pass took 99 us
+    with it at batch 64 on an H200, 60 us without.)"""
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    if _overflows(lfill_ptr, row, LCAP, RLCAP, TOPK):
+        inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr + row * NF)
+        top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+        key_top = signed_key(top)
+        key_raw = signed_key(top_raw)
+        last, rlast = _lasts(floor_ptr, row, P, key_top, key_raw, NB, CAP, RCAP, GROUPS)
+        b = tl.arange(0, NB)
+        mine = hist_ptr + (row * P + part) * NB
+        rmine = rhist_ptr + (row * P + part) * NB
+        tl.store(mine + b, tl.zeros([NB], tl.int32))
+        if TOPK:
+            tl.store(rmine + b, tl.zeros([NB], tl.int32))
+        tl.debug_barrier()  # the zeros land before any thread of the program counts
+        # The last counted bucket is the crowded one (all of a grammar-masked row's -inf tokens): its
+        # count is summed in registers and added once, not by an atomic per token on one address.
+        at_last = tl.zeros([BLOCK], tl.int32)
+        rat_last = tl.zeros([BLOCK], tl.int32)
+        for i in range(0, CHUNK, BLOCK):
+            cols = part * CHUNK + i + tl.arange(0, BLOCK)
+            inb, x, s = scores_of(
+                row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
+            )  # fmt: skip
+            at_last += _count(mine, bucket(distance(key_top, signed_key(s))), last, inb)
+            if TOPK:
+                rat_last += _count(rmine, bucket(distance(key_raw, signed_key(x))), rlast, inb)
+        tl.atomic_add(mine + last, tl.sum(at_last, 0), mask=last < NB, sem="relaxed")
+        if TOPK:
+            tl.atomic_add(rmine + rlast, tl.sum(rat_last, 0), mask=rlast < NB, sem="relaxed")
 
 
 @triton.jit
@@ -218,25 +247,35 @@ def _cut(hist_ptr, row, P, cap, PMAX: tl.constexpr, NB: tl.constexpr):
 
 @triton.jit
 def select_kernel(
-    hist_ptr, rhist_ptr, P, sel_ptr, fill_ptr, rnext_ptr,
+    hist_ptr, rhist_ptr, P, sel_ptr, fill_ptr, rnext_ptr, lfill_ptr,
     CAP: tl.constexpr, RCAP: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
+    LCAP: tl.constexpr, RLCAP: tl.constexpr,
 ):  # fmt: skip
+    """A row's candidates: its lists as they are, or where they overflowed, the deepest bucket that
+    keeps them within their cap (sel[:, 6] says which, for gather_kernel)."""
     row = tl.program_id(0)
     p = tl.arange(0, PMAX)
-    cut, kept, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
-    tl.store(sel_ptr + row * SEL + 0, cut)
-    tl.store(sel_ptr + row * SEL + 1, kept)
-    tl.store(sel_ptr + row * SEL + 2, 0)
-    tl.store(sel_ptr + row * SEL + 3, 0)
+    over = _overflows(lfill_ptr, row, LCAP, RLCAP, TOPK)
+    tl.store(sel_ptr + row * SEL + 6, over.to(tl.int32))
+    tl.store(sel_ptr + row * SEL + 2, -1)
     tl.store(sel_ptr + row * SEL + 4, 0)
-    tl.store(fill_ptr + row * 2 + 0, 0)
-    tl.store(fill_ptr + row * 2 + 1, 0)
-    if TOPK:
-        rcut, rkept, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
-        tl.store(rnext_ptr + row * P + p, rnext, mask=p < P)
-        tl.store(sel_ptr + row * SEL + 2, rcut)
-        tl.store(sel_ptr + row * SEL + 3, rkept)
-        tl.store(sel_ptr + row * SEL + 4, rcount)
+    if over:
+        cut, kept, _, _ = _cut(hist_ptr, row, P, CAP, PMAX, NB)
+        tl.store(sel_ptr + row * SEL + 0, cut)
+        tl.store(sel_ptr + row * SEL + 1, kept)
+        tl.store(sel_ptr + row * SEL + 3, 0)
+        tl.store(fill_ptr + row * 2 + 0, 0)
+        tl.store(fill_ptr + row * 2 + 1, 0)
+        if TOPK:
+            rcut, rkept, rnext, rcount = _cut(rhist_ptr, row, P, RCAP, PMAX, NB)
+            tl.store(rnext_ptr + row * P + p, rnext, mask=p < P)
+            tl.store(sel_ptr + row * SEL + 2, rcut)
+            tl.store(sel_ptr + row * SEL + 3, rkept)
+            tl.store(sel_ptr + row * SEL + 4, rcount)
+    else:
+        tl.store(sel_ptr + row * SEL + 0, -1)
+        tl.store(sel_ptr + row * SEL + 1, tl.load(lfill_ptr + row * 2 + 0))
+        tl.store(sel_ptr + row * SEL + 3, tl.load(lfill_ptr + row * 2 + 1))
 
 
 @triton.jit
@@ -325,74 +364,32 @@ def _place(ptr, iptr, fill_ptr, v, cols, keep, cap):
 
 
 @triton.jit
-def _pick(list_ptr, lidx_ptr, n, floor, cut, out_ptr, oidx_ptr, N: tl.constexpr, OUT: tl.constexpr):
-    """The first n entries of a row's list (hist_kernel's) at or above `floor` (none when cut < 0)
-    into the candidate list; returns the best value left out."""
-    j = tl.arange(0, N)
-    listed = j < tl.minimum(n, N)
-    v = tl.load(list_ptr + j, mask=listed, other=float("-inf"))
-    ix = tl.load(lidx_ptr + j, mask=listed, other=0)
-    keep = tl.where(cut >= 0, listed & (signed_key(v) >= floor), False)
-    where = tl.cumsum(keep.to(tl.int32), 0) - 1
-    tl.store(out_ptr + where, v, mask=keep & (where < OUT))
-    tl.store(oidx_ptr + where, ix, mask=keep & (where < OUT))
-    return tl.max(tl.where(listed & ~keep, v, float("-inf")), 0)
-
-
-@triton.jit
 def gather_kernel(
-    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, sel_ptr,
-    fill_ptr, rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr, list_ptr, lidx_ptr,
-    rlist_ptr, rlidx_ptr, lfill_ptr,
+    logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, fill_ptr,
+    rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr,
-    TOPK: tl.constexpr, NB: tl.constexpr, GROUPS: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
+    TOPK: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
 ):  # fmt: skip
-    """Each row's candidates (bucket <= cut) into its candidate list, and its best score left out.
-
-    From hist_kernel's lists when they hold every candidate: they did not overflow, and the cut
-    lies above the floor's bucket (it does unless the floor fell to -inf; the top-k logprobs also
-    need no members of the bucket after their cut). Then one program per row reads them.
-    Otherwise a pass over the row, a program per chunk: buckets are a monotone function of a
-    logit's key, so membership is one compare with the cut's lowest key, and a chunk whose top
-    (from stats_kernel) is below every list's lowest key reads nothing. sel[:, 6]: 1 after a pass."""
+    """For rows whose lists overflowed: each chunk's candidates (bucket <= cut) into the row's list
+    (rows LCAP and RLCAP apart, caps CAP and RCAP), and its best score left out. Buckets are a
+    monotone function of a logit's key, so membership is one compare with the cut's lowest key; a
+    chunk whose top (from stats_kernel) is below every list's lowest key reads nothing."""
     row = tl.program_id(0)
     part = tl.program_id(1)
-    prow = p_ptr + row * NF
-    inv_t, rep, pres, freq, slot, ban = row_terms(prow)
-    top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
-    cut = tl.load(sel_ptr + row * SEL + 0)
-    floor = bucket_floor(signed_key(top), cut)
-    rcut = tl.load(sel_ptr + row * SEL + 2)
-    rkept = tl.load(sel_ptr + row * SEL + 3)
-    key_raw = signed_key(top_raw)
-    rfloor = bucket_floor(key_raw, rcut)
-    # The next bucket's members complete the top-k logprobs only when the list holds fewer than k.
-    short = rkept < TOPK
-    nfloor = tl.where(short, bucket_floor(key_raw, rcut + 1), 2147483647)
-    last, rlast = _lasts(floor_ptr, row, P, signed_key(top), key_raw, NB, CAP, RCAP, GROUPS)
-    listed = tl.load(lfill_ptr + row * 2 + 0)
-    fast = (listed <= LCAP) & (cut < last)
-    if TOPK:
-        rlisted = tl.load(lfill_ptr + row * 2 + 1)
-        fast = fast & (rlisted <= RLCAP) & (rcut < rlast) & ~short
-    if part == 0:
-        tl.store(sel_ptr + row * SEL + 6, tl.where(fast, 0, 1))
     lo_key = tl.full([], 2147483647, tl.int32)
     hi_key = tl.full([], -2147483648, tl.int32)
-    if fast:
-        if part == 0:
-            left = _pick(
-                list_ptr + row * LCAP, lidx_ptr + row * LCAP, listed, floor, cut, cand_ptr + row * CAP,
-                cidx_ptr + row * CAP, LCAP, CAP,
-            )  # fmt: skip
-            best = below_ptr + row * P
-            tl.store(best, tl.maximum(tl.load(best), left))
-            if TOPK:
-                _pick(
-                    rlist_ptr + row * RLCAP, rlidx_ptr + row * RLCAP, rlisted, rfloor, rcut,
-                    rcand_ptr + row * RCAP, ridx_ptr + row * RCAP, RLCAP, RCAP,
-                )  # fmt: skip
-    else:
+    if tl.load(sel_ptr + row * SEL + 6) != 0:
+        inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr + row * NF)
+        top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+        cut = tl.load(sel_ptr + row * SEL + 0)
+        floor = bucket_floor(signed_key(top), cut)
+        rcut = tl.load(sel_ptr + row * SEL + 2)
+        rkept = tl.load(sel_ptr + row * SEL + 3)
+        key_raw = signed_key(top_raw)
+        rfloor = bucket_floor(key_raw, rcut)
+        # The next bucket's members complete the top-k logprobs only when the list holds fewer than k.
+        short = rkept < TOPK
+        nfloor = tl.where(short, bucket_floor(key_raw, rcut + 1), 2147483647)
         chunk_top = tl.load(stat_ptr + (row * P + part) * 3 + 2)
         busy = (cut >= 0) & (signed_key(chunk_top) >= floor)
         if TOPK:
@@ -412,13 +409,13 @@ def gather_kernel(
                 )  # fmt: skip
                 mine = tl.where(cut >= 0, inb & (signed_key(s) >= floor), False)
                 below = tl.maximum(below, tl.where(inb & ~mine, s, float("-inf")))
-                _place(cand_ptr + row * CAP, cidx_ptr + row * CAP, fill_ptr + row * 2, s, cols, mine, CAP)
+                _place(cand_ptr + row * LCAP, cidx_ptr + row * LCAP, fill_ptr + row * 2, s, cols, mine, CAP)
                 if TOPK:
                     kx = signed_key(x)
                     rmine = tl.where(rcut >= 0, inb & (kx >= rfloor), False)
                     _place(
-                        rcand_ptr + row * RCAP,
-                        ridx_ptr + row * RCAP,
+                        rcand_ptr + row * RLCAP,
+                        ridx_ptr + row * RLCAP,
                         fill_ptr + row * 2 + 1,
                         x,
                         cols,
@@ -429,8 +426,8 @@ def gather_kernel(
                         # The next bucket's first members, in token order, fill the rest of the list.
                         nxt = inb & (kx >= nfloor) & ~rmine
                         where = npos + tl.cumsum(nxt.to(tl.int32), 0) - 1
-                        tl.store(rcand_ptr + row * RCAP + where, x, mask=nxt & (where < RCAP))
-                        tl.store(ridx_ptr + row * RCAP + where, cols, mask=nxt & (where < RCAP))
+                        tl.store(rcand_ptr + row * RLCAP + where, x, mask=nxt & (where < RCAP))
+                        tl.store(ridx_ptr + row * RLCAP + where, cols, mask=nxt & (where < RCAP))
                         npos += tl.sum(nxt.to(tl.int32), 0)
                         lo = tl.minimum(lo, tl.where(nxt, kx, 2147483647))
                         hi = tl.maximum(hi, tl.where(nxt, kx, -2147483648))

@@ -9,21 +9,23 @@ The passes over the vocabulary run CHUNK logits per program, so a row spreads ov
 
 1. stats: per chunk, the raw logits' max and exp-sum, the penalized scores' max and first argmax,
    and the maxima of a few disjoint groups of its tokens.
-2. floor (a program per row): a floor that more than CANDIDATES tokens provably reach, and few pass.
-3. hist: per chunk, the total mass (fixed point) and a histogram of each token's distance below the
-   row's top score (and below the top raw logit, for the top-k logprobs), in buckets 1/8 apart on a
-   log scale of the float order; tokens past the floor's bucket are not counted. The tokens above
-   it, a superset of any cut's, go to a list per row.
-4. select (a program per row): the deepest bucket that keeps the candidates within their cap.
-5. gather: the candidates, from the row's list, or where it overflowed from a pass over the row;
-   and the best score left out. A candidate's slot in the list comes from an atomic add: the set is
-   fixed by the cut, and decide sorts it, so slot order is free.
-6. draw: for rows that may keep more than their candidates, each chunk's Gumbel argmax.
-7. decide (a program per row): the candidates sorted by (score desc, index asc) under the exact
+2. floor (a program per row): a floor that more than CANDIDATES tokens provably reach, and few pass
+   (and one for the raw logits, for the top-k logprobs).
+3. list: per chunk, the total mass (fixed point), the best score below the floor, and the tokens at
+   or above it appended to the row's candidate list (slots from an atomic add: decide sorts the
+   list, so slot order is free). They are the row's top tokens, and usually all of its candidates.
+   Rows whose list overflowed (LISTED) take steps 4 to 6; the others' programs there return at once.
+4. hist: per chunk, a histogram of each token's distance below the row's top score (and below the
+   top raw logit), in buckets 1/8 apart on a log scale of the float order; tokens past the floor's
+   bucket are not counted.
+5. select (a program per row): the deepest bucket that keeps the candidates within their cap.
+6. gather: those candidates, in a pass over the row, and per chunk the best score left out.
+7. draw: for rows that may keep more than their candidates, each chunk's Gumbel argmax.
+8. decide (a program per row): the candidates sorted by (score desc, index asc) under the exact
    top-k/top-p/min_p rules and the Gumbel draw, when they provably hold every kept token; else the
    whole row's argmax, final when only min_p limits the draw, or to be checked.
-8. draw again, for rows to check: the tokens and mass before their argmax, and the argmax after it.
-9. final (a program per row): the checked argmax, or if it is out, the exact slow path from there:
+9. draw again, for rows to check: the tokens and mass before their argmax, and the argmax after it.
+10. final (a program per row): the checked argmax, or if it is out, the exact slow path from there:
    a rejection loop over the whole row whose candidate only moves up the order, bisecting the
    undecided range at each pass. Then the top-k logprobs (their own slow path when ties overflow
    the candidates) and the token's count in its row's penalty-table slot.
@@ -40,6 +42,7 @@ from .sampling_passes import (
     floor_kernel,
     gather_kernel,
     hist_kernel,
+    list_kernel,
     select_kernel,
     stats_kernel,
 )
@@ -47,10 +50,10 @@ from .sampling_passes import (
 CHUNK = 4096  # logits per program in the row-parallel passes
 BLOCK = 512  # logits per loop iteration
 BUCKETS = 256
-CANDIDATES = 128  # sampling candidates per row
-RAW_CANDIDATES = 64  # top-k logprob candidates per row (k <= 20)
-LISTED = 512  # tokens above a row's floor that hist_kernel lists (about 170 in a random 128k row)
-RAW_LISTED = 256  # the same for the raw logits' floor (the top-k logprobs')
+CANDIDATES = 128  # tokens a row's floor lies under, and the cap of a cut's candidates
+RAW_CANDIDATES = 64  # the same for the top-k logprobs (k <= 20)
+LISTED = 512  # the candidate list: tokens at or above a row's floor (about 170 in a random 128k row)
+RAW_LISTED = 256  # the same for the raw logits (the top-k logprobs')
 PIVOTS = 8  # pivots per pass of the slow path's searches
 PASS_WARPS = 4  # warps per program of the row-parallel passes: 4 x 512 logits keep 4 programs on an SM
 FINAL_WARPS = 16  # per row program: the slow path's passes hide their latency across 16 warps
@@ -82,16 +85,14 @@ class _Scratch:
             new(rows, parts, dtype=i64),
         )
         self.gmax, self.floors = new(rows, parts, 2, groups, dtype=f32), new(rows, 2, dtype=f32)
-        # hist_kernel's lists of the tokens above the floors, and how many each had (past the cap: counted).
-        self.list, self.lidx = new(rows, LISTED, dtype=f32), new(rows, LISTED)
-        self.rlist, self.rlidx = new(rows, RAW_LISTED, dtype=f32), new(rows, RAW_LISTED)
+        # How many tokens list_kernel found at or above the floors (past the lists' ends: counted).
         self.lfill = new(rows, 2)
         self.hist = new(rows, parts, BUCKETS)
         self.rhist = new(rows, parts, BUCKETS) if num_top else self.hist
         # fill: how many of each list gather_kernel has placed (zeroed by select_kernel).
         self.sel, self.fill, self.rnext = new(rows, SEL_FIELDS), new(rows, 2), new(rows, parts)
-        self.cand, self.cidx = new(rows, CANDIDATES, dtype=f32), new(rows, CANDIDATES)
-        self.rcand, self.ridx = new(rows, RAW_CANDIDATES, dtype=f32), new(rows, RAW_CANDIDATES)
+        self.cand, self.cidx = new(rows, LISTED, dtype=f32), new(rows, LISTED)
+        self.rcand, self.ridx = new(rows, RAW_LISTED, dtype=f32), new(rows, RAW_LISTED)
         self.below = new(rows, parts, dtype=f32)
         self.span = new(rows, parts, 2, dtype=i64) if num_top else self.zpart
         # draw_kernel's per-chunk results: tokens and mass before a token, and an argmax.
@@ -118,6 +119,8 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     logprobs took the slow path, and 8 when its candidates took a pass over the row.
     """
     rows, vocab = logits.shape
+    if LISTED < CANDIDATES or RAW_LISTED < RAW_CANDIDATES:
+        raise ValueError("the candidate lists must hold a cut's candidates")
     if num_top > vocab:
         raise ValueError(f"top-{num_top} logprobs of a vocabulary of {vocab}")
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
@@ -132,7 +135,7 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     grid = (rows, parts)
     sizes = dict(CHUNK=chunk, BLOCK=block, PMAX=pmax)
     caps = dict(CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top)
-    lists = dict(NB=BUCKETS, GROUPS=groups, LCAP=LISTED, RLCAP=RAW_LISTED)
+    lists = dict(LCAP=LISTED, RLCAP=RAW_LISTED)
     # No FMA: penalties round as the torch definition does.
     passes = dict(enable_fp_fusion=False, num_warps=PASS_WARPS)
     per_row = dict(enable_fp_fusion=False, num_warps=FINAL_WARPS)
@@ -140,28 +143,43 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
         *row_args, w.stats, w.sidx, w.gmax, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups, **passes
     )
     floor_kernel[(rows,)](w.gmax, w.floors, w.lfill, parts, PMAX=pmax, GROUPS=groups, **caps, **passes)
+    list_kernel[grid](
+        *row_args, w.stats, w.floors, parts, w.zpart, w.cand, w.cidx, w.rcand, w.ridx, w.lfill, w.below,
+        **sizes, TOPK=num_top, **lists, **passes,
+    )  # fmt: skip
     hist_kernel[grid](
-        *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.zpart, w.list, w.lidx, w.rlist, w.rlidx, w.lfill,
-        w.below, **sizes, **caps, **lists, **passes,
+        *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.lfill, **sizes, NB=BUCKETS, **caps, GROUPS=groups,
+        **lists, **passes,
     )  # fmt: skip
     select_kernel[(rows,)](
-        w.hist, w.rhist, parts, w.sel, w.fill, w.rnext, PMAX=pmax, NB=BUCKETS, **caps, **passes
+        w.hist,
+        w.rhist,
+        parts,
+        w.sel,
+        w.fill,
+        w.rnext,
+        w.lfill,
+        PMAX=pmax,
+        NB=BUCKETS,
+        **caps,
+        **lists,
+        **passes,
     )
     gather_kernel[grid](
-        *row_args, w.stats, w.floors, parts, w.sel, w.fill, w.rnext, w.cand, w.cidx, w.rcand, w.ridx, w.below,
-        w.span, w.list, w.lidx, w.rlist, w.rlidx, w.lfill, **sizes, **caps, **lists, **passes,
+        *row_args, w.stats, parts, w.sel, w.fill, w.rnext, w.cand, w.cidx, w.rcand, w.ridx, w.below, w.span,
+        **sizes, **caps, **lists, **passes,
     )  # fmt: skip
     draw = (*row_args, w.stats, parts, w.sel, w.dec, w.after, *w.draw)
     draw_kernel[grid](*draw, CHECK=False, **sizes, **passes)
     decide_kernel[(rows,)](
         *row_args, w.stats, w.sidx, w.zpart, parts, w.sel, w.cand, w.cidx, w.below, w.draw[2], w.draw[3], w.dec,
-        w.big_p, w.after, BLOCK=block, PMAX=pmax, CAP=CANDIDATES, NPIV=PIVOTS, **per_row,
+        w.big_p, w.after, BLOCK=block, PMAX=pmax, CAP=LISTED, NPIV=PIVOTS, **per_row,
     )  # fmt: skip
     draw_kernel[grid](*draw, CHECK=True, **sizes, **passes)
     final_kernel[(rows,)](
         *row_args, w.stats, w.sidx, w.zpart, parts, w.sel, w.dec, w.big_p, w.after, *w.draw, w.rcand, w.ridx,
         w.span, w.tokens, w.logprobs, w.top_ids, w.top_lp, BLOCK=block, PMAX=pmax, RCAP=RAW_CANDIDATES,
-        TOPK=num_top, NPIV=PIVOTS, **per_row,
+        RLCAP=RAW_LISTED, TOPK=num_top, NPIV=PIVOTS, **per_row,
     )  # fmt: skip
     if paths is not None:
         paths.copy_(w.sel[:, 5])

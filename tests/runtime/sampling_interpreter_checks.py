@@ -4,6 +4,7 @@ on the CPU against its torch definition, on rows that take the fast path and row
 Small chunks, so a row spans several programs of the row-parallel passes as it does on a GPU.
 """
 
+import contextlib
 import os
 import sys
 
@@ -136,25 +137,37 @@ def check_bucket_floor() -> bool:
     return ok & check("k >= bucket_floor(top, cut) is bucket <= cut", not bad, f"rows {bad}")
 
 
+@contextlib.contextmanager
+def short_lists():
+    """Candidate lists no longer than a cut's caps: more tokens than that lie at or above a floor, so
+    every row's list overflows and its candidates take the histogram and a pass over the row."""
+    listed = sampling_triton.LISTED, sampling_triton.RAW_LISTED
+    sampling_triton.LISTED, sampling_triton.RAW_LISTED = (
+        sampling_triton.CANDIDATES,
+        sampling_triton.RAW_CANDIDATES,
+    )
+    try:
+        yield
+    finally:
+        sampling_triton.LISTED, sampling_triton.RAW_LISTED = listed
+
+
 def main() -> bool:
     good = check_bucket_floor()
     peaked = (torch.randn(12, VOCAB, generator=g) * 4).half()
-    # Greedy rows take neither path. Top-k 200 is past the 128 candidates (so the top-k mass top-p
-    # needs is unknown), and the last row keeps 99.9% of the mass: they draw over the whole row.
-    paths = [0, 1, 1, 1, 1, 0, ANY, 1, 1, 1, 1, ANY]
+    # Greedy rows take neither path. The last row keeps 99.9% of the mass: it draws over the whole
+    # row. Top-k 200 lies within the list of the tokens above the floor, but past a cut's 128
+    # candidates: there it draws over the whole row too (the top-k mass top-p needs is unknown).
+    listed = [0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, ANY]
     good &= compare(
-        "mixed rows, top-20 logprobs", peaked, rows_mixed(), num_top=20, paths=paths, gather=[0] * 12
+        "mixed rows, top-20 logprobs", peaked, rows_mixed(), num_top=20, paths=listed, gather=[0] * 12
     )
-    # Lists too short for the tokens above the floors: every row's candidates take the pass.
-    listed = sampling_triton.LISTED, sampling_triton.RAW_LISTED
-    sampling_triton.LISTED = sampling_triton.RAW_LISTED = 16
-    try:
-        good &= compare("lists overflow", peaked, rows_mixed(), num_top=20, paths=paths, gather=[1] * 12)
-    finally:
-        sampling_triton.LISTED, sampling_triton.RAW_LISTED = listed
+    with short_lists():
+        paths = [0, 1, 1, 1, 1, 0, ANY, 1, 1, 1, 1, ANY]
+        good &= compare("mixed rows, cut", peaked, rows_mixed(), num_top=20, paths=paths, gather=[1] * 12)
     # Equal values: a grid of 0.25 (many ties per bucket); few allowed tokens, the rest -inf (the
     # top-20 logprobs reach into the -inf ties); 15 ties at the top, then 200 near-equal values
-    # sharing a bucket (the top-20 logprobs need the slow path).
+    # sharing a bucket. The -inf rows' floor is -inf: their lists overflow.
     odd = (torch.randn(6, VOCAB, generator=g) * 3).mul(4).round().div(4)
     odd[2:4] = float("-inf")
     odd[2:4, torch.randint(0, VOCAB, (7,), generator=g)] = torch.randn(2, 7, generator=g)
@@ -162,23 +175,27 @@ def main() -> bool:
     odd[4:, :15] = 5.0
     odd[4:, 100:300] = 4.0 + 0.01 * torch.rand(2, 200, generator=g)
     p = params(6, temperature=[1.0, 0.8, 1.0, 0.0, 1.0, 0.7], top_k=[0, 30, 0, 0, 10, 0], top_p=[0.9] * 6)
-    # +4: the top-20 logprobs took the slow path; the last row's nucleus also reaches into the 200.
-    # Where the top-20 logprobs need the bucket after their cut, the lists cannot serve them.
-    good &= compare(
-        "ties and -inf", odd, p, num_top=20, paths=[1, 1, 1, 0, 5, {6, 7}], gather=[0, 0, 1, 1, 1, 1]
-    )
+    good &= compare("ties and -inf", odd, p, num_top=20, paths=[1, 1, 1, 0, 1, 1], gather=[0, 0, 1, 1, 0, 0])
+    with short_lists():
+        # +4: the top-20 logprobs took the slow path; the last row's nucleus also reaches into the 200.
+        paths = [1, 1, 1, 0, 5, {6, 7}]
+        good &= compare("ties and -inf, cut", odd, p, num_top=20, paths=paths, gather=[1] * 6)
     # Flat rows: top-p alone keeps thousands of tokens, top-k 600 with top-p needs the top-k mass
     # first; min_p 0.5 keeps hundreds, 0.95 a few, and plain temperature all: its draw is the whole
-    # row's argmax. Top-k 250 of 1200 flat tokens: a whole-row draw is out 4 times in 5.
+    # row's argmax. Top-k 250 of 1200 flat tokens: from the list when it holds 250 tokens, else a
+    # whole-row draw, out 4 times in 5.
     flat = torch.randn(9, VOCAB, generator=g) * 0.1
     p = params(9, temperature=[1.0] * 9, top_p=[0.95, 0.3, 0.9, 1.0, 1.0, 1.0, 1.0, 0.5, 1.0],
                top_k=[0, 0, 600, 0, 0, 0, 250, 250, 250], min_p=[0.0, 0.0, 0.0, 0.5, 0.95, 0.0, 0.0, 0.0, 0.0])  # fmt: skip
-    good &= compare("flat rows", flat, p, paths=[ANY, ANY, ANY, 2, 1, 2, ANY, ANY, ANY], gather=[0] * 9)
-    # Peaked rows whose few high tokens sit in one chunk: the other chunks' gather reads nothing.
+    paths = [ANY, ANY, ANY, 2, 1, 2, ANY | {1}, ANY | {1}, ANY | {1}]
+    good &= compare("flat rows", flat, p, paths=paths, gather=[0] * 9)
+    # Peaked rows whose few high tokens sit in one chunk: the other chunks' gather pass reads nothing.
     peak = torch.randn(3, VOCAB, generator=g) - 20
     peak[:, 300:303] = torch.tensor([10.0, 9.5, 9.0])
     p = params(3, temperature=[1.0, 0.7, 0.0], top_p=[0.9, 1.0, 1.0], slots=[0, 0, 0])
-    good &= compare("peaked rows, one busy chunk", peak, p, paths=[1, ANY, 0], gather=[0] * 3)
+    good &= compare("peaked rows", peak, p, paths=[1, ANY, 0], gather=[0] * 3)
+    with short_lists():
+        good &= compare("peaked rows, one busy chunk", peak, p, paths=[1, ANY, 0], gather=[1] * 3)
     good &= check("both whole-row paths ran", {2, 3} <= SEEN_PATHS, f"paths seen: {sorted(SEEN_PATHS)}")
     good &= check("both ways to gather ran", sorted(SEEN_GATHERS) == [0, 1], f"seen: {sorted(SEEN_GATHERS)}")
     return good

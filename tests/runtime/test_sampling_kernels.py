@@ -23,7 +23,7 @@ def test_fused_sampler_equals_its_definition_under_the_interpreter():
 
 POINTERS = dict(
     logits_ptr="*bf16", p_ptr="*i64", ent_ptr="*i32", bits_ptr="*i32", stat_ptr="*fp32", sidx_ptr="*i32",
-    floor_ptr="*fp32",
+    floor_ptr="*fp32", gmax_ptr="*fp32", lfill_ptr="*i32",
     hist_ptr="*i32", rhist_ptr="*i32", zpart_ptr="*i64", sel_ptr="*i32", fill_ptr="*i32",
     rnext_ptr="*i32", cand_ptr="*fp32", cidx_ptr="*i32", rcand_ptr="*fp32", ridx_ptr="*i32", below_ptr="*fp32",
     span_ptr="*i64", tok_ptr="*i64", lp_ptr="*fp32", top_ids_ptr="*i64", top_lp_ptr="*fp32", dec_ptr="*i32",
@@ -45,12 +45,15 @@ def test_fused_sampler_compiles_for_the_h200_and_its_passes_do_not_spill(top, tm
 
     pmax = 32  # a 128k vocabulary in 4096-logit chunks
     shapes = dict(
-        CHUNK=S.CHUNK, BLOCK=S.BLOCK, PMAX=pmax, NB=S.BUCKETS, CAP=S.CANDIDATES, RCAP=S.RAW_CANDIDATES
-    )
+        CHUNK=S.CHUNK, BLOCK=S.BLOCK, PMAX=pmax, NB=S.BUCKETS, CAP=S.CANDIDATES, RCAP=S.RAW_CANDIDATES,
+        LCAP=S.LISTED, RLCAP=S.RAW_LISTED,
+    )  # fmt: skip
     groups = S.bound_groups(pmax, S.BLOCK)
     consts = {**shapes, "TOPK": top, "NPIV": S.PIVOTS, "CHECK": bool(top), "GROUPS": groups}
     kernels = (
         S.stats_kernel,
+        S.floor_kernel,
+        S.list_kernel,
         S.hist_kernel,
         S.select_kernel,
         S.gather_kernel,
@@ -59,6 +62,8 @@ def test_fused_sampler_compiles_for_the_h200_and_its_passes_do_not_spill(top, tm
     )
     for kernel in (*kernels, S.final_kernel):
         mine = {name: consts[name] for name in kernel.arg_names if name in consts}
+        if kernel is S.decide_kernel:
+            mine["CAP"] = S.LISTED  # its candidate list: a row's list, or a cut's candidates in it
         signature = {
             name: "constexpr" if name in mine else POINTERS.get(name, "i32") for name in kernel.arg_names
         }
@@ -73,7 +78,7 @@ def test_fused_sampler_compiles_for_the_h200_and_its_passes_do_not_spill(top, tm
         # The passes run a program per 4096 logits: their loops must keep everything in registers (a
         # value spilled once around a loop costs nothing). The per-row kernels may spill around the
         # slow path's calls.
-        if kernel in (S.stats_kernel, S.hist_kernel, S.gather_kernel, S.draw_kernel):
+        if kernel in (S.stats_kernel, S.list_kernel, S.hist_kernel, S.gather_kernel, S.draw_kernel):
             spills = _spills_in_loops(ptx.with_suffix(".cubin"))
             assert not spills, f"{kernel.__name__} spills registers in a loop: {spills}\n{log}"
 
