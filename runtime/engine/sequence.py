@@ -41,6 +41,7 @@ class Sequence:
     penalty_slot: int = 0  # its row in the sampler's penalty tables (0: none)
     first_token_at: float | None = None  # time.monotonic() when its first output token was read back
     scheduled_at: float | None = None  # time.monotonic() when the scheduler first gave it a batch slot
+    sampling_row: tuple[int, ...] | None = None  # its packed sampling fields (engine/steps.py), cached
 
     @property
     def max_new_tokens(self) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from ..runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
 from ..runner.penalties import PenaltyFill, PenaltySlots
-from ..runner.sampler import Sampled, SamplingTensors, float_bits
+from ..runner.sampler import FIELDS, Sampled, SamplingTensors, float_bits
 from ..runner.step_inputs import DecodeStep, PrefillStep
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch
@@ -87,10 +87,18 @@ def sampling_tensors(seqs: list[Sequence], rows: int, slots: PenaltySlots | None
     """The sampling parameters of `seqs`, padded to `rows` with greedy rows, on the host."""
     flat: list[int] = []
     for s in seqs:
-        p = s.params
-        flat += _request_fields(p)
-        flat += (_int64(s.seed), s.num_generated, slots.slot_of(s) if slots is not None else 0, p.min_tokens)
+        slot = slots.slot_of(s) if slots is not None else 0
+        row = s.sampling_row
+        if row is None or row[_SLOT] != slot:  # only the slot changes (preemption frees it)
+            p = s.params
+            row = s.sampling_row = (*_request_fields(p), _int64(s.seed), 0, slot, p.min_tokens)
+        flat += row
+        flat[_COUNTER_FROM_END] = s.num_generated
     return SamplingTensors.from_flat(rows, flat)
+
+
+_SLOT = FIELDS.index("slots")
+_COUNTER_FROM_END = FIELDS.index("counters") - len(FIELDS)
 
 
 _FIELDS_OF: dict[int, tuple[SamplingParams, tuple[int, ...]]] = {}
