@@ -153,11 +153,8 @@ def _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX: tl.constexpr):
     p = tl.arange(0, PMAX)
     pm = p < P
     stats = stat_ptr + (row * P + p) * 3
-    part_raw = tl.load(stats + 0, mask=pm, other=float("-inf"))
-    top_raw = tl.max(part_raw, 0)
-    raw_sum = tl.sum(
-        tl.where(pm, tl.load(stats + 1, mask=pm, other=0.0) * tl.exp(part_raw - top_raw), 0.0), 0
-    )
+    top_raw = tl.max(tl.load(stats + 0, mask=pm, other=float("-inf")), 0)
+    raw_sum = tl.sum(tl.load(stats + 1, mask=pm, other=0.0), 0)  # list_kernel's, below top_raw
     part_top = tl.load(stats + 2, mask=pm, other=float("-inf"))
     top = tl.max(part_top, 0)
     firsts = tl.load(sidx_ptr + row * P + p, mask=pm, other=0)

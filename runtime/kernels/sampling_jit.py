@@ -71,9 +71,14 @@ def bucket_floor(top, cut):
 
 
 @triton.jit
+def fixed_mass_float(s, top):
+    """floor(exp(s - top) * 2**32): an integer below 2**32, exact as a float32."""
+    return tl.where(s > float("-inf"), tl.floor(tl.exp(s - top) * 4294967296.0), 0.0)
+
+
+@triton.jit
 def fixed_mass(s, top):
-    q = tl.where(s > float("-inf"), tl.floor(tl.exp(s - top) * 4294967296.0), 0.0)
-    return q.to(tl.int64)
+    return fixed_mass_float(s, top).to(tl.int64)
 
 
 @triton.jit

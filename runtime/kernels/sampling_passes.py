@@ -12,6 +12,7 @@ from .sampling_jit import (
     bucket_floor,
     distance,
     fixed_mass,
+    fixed_mass_float,
     float_field,
     float_key,
     gumbel,
@@ -28,14 +29,14 @@ def stats_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr, gmax_ptr, P,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, GROUPS: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk: the raw logits' max and exp-sum, the scores' max and first argmax, and the maxima
-    of GROUPS disjoint sets of the chunk's scores (and raw logits), for `floor_kernel`."""
+    """Per chunk: the raw logits' max, the scores' max and first argmax, and the maxima of GROUPS
+    disjoint sets of the chunk's scores (and raw logits), for `floor_kernel`. (The raw exp-sum waits
+    for list_kernel, which knows the row's top: one exp per logit there, not two here.)"""
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
     inv_t, rep, pres, freq, slot, ban = row_terms(prow)
     rmax = tl.full([BLOCK], float("-inf"), tl.float32)
-    rsum = tl.zeros([BLOCK], tl.float32)
     smax = tl.full([BLOCK], float("-inf"), tl.float32)
     sidx = tl.full([BLOCK], 2147483647, tl.int32)
     for i in range(0, CHUNK, BLOCK):
@@ -43,19 +44,14 @@ def stats_kernel(
         _inb, x, s = scores_of(
             row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
         )  # fmt: skip
-        m = tl.maximum(rmax, x)
-        rsum = tl.where(m == float("-inf"), 0.0, rsum * tl.exp(rmax - m) + tl.exp(x - m))
-        rmax = m
+        rmax = tl.maximum(rmax, x)
         better = s > smax
         sidx = tl.where(better, cols, sidx)
         smax = tl.where(better, s, smax)
-    top_raw = tl.max(rmax, 0)
-    raw_sum = tl.sum(tl.where(rmax == float("-inf"), 0.0, rsum * tl.exp(rmax - top_raw)), 0)
     top = tl.max(smax, 0)
     first = tl.min(tl.where(smax == top, sidx, 2147483647), 0)
     out = stat_ptr + (row * P + part) * 3
-    tl.store(out + 0, top_raw)
-    tl.store(out + 1, raw_sum)
+    tl.store(out + 0, tl.max(rmax, 0))
     tl.store(out + 2, top)
     tl.store(sidx_ptr + row * P + part, first)
     # A lane's running max covers its own columns, so lanes in groups are disjoint sets of tokens.
@@ -128,39 +124,41 @@ def list_kernel(
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, TOPK: tl.constexpr, LCAP: tl.constexpr,
     RLCAP: tl.constexpr,
 ):  # fmt: skip
-    """Per chunk: the total mass, the best score below the row's floor, and the tokens at or above
-    its floors (`floor_kernel`) appended to the row's candidate lists (up to LCAP and RLCAP, the
-    rest only counted). Those are the row's top tokens, more than the caps: decide_kernel and the
-    top-k logprobs take them as they are, with no histogram and no second pass over the row."""
+    """Per chunk: the raw logits' exp-sum below the row's top raw logit, the total mass, the best
+    score below the row's floor, and the tokens at or above its floors (`floor_kernel`) appended to
+    the row's candidate lists (up to LCAP and RLCAP, the rest only counted). Those are the row's top
+    tokens, more than the caps: decide_kernel and the top-k logprobs take them as they are, with no
+    histogram and no second pass over the row."""
     row = tl.program_id(0)
     part = tl.program_id(1)
     inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr + row * NF)
-    _top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
+    top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     low = signed_key(tl.load(floor_ptr + row * 2 + 0))
     rlow = signed_key(tl.load(floor_ptr + row * 2 + 1))
-    z = tl.zeros([BLOCK], tl.int64)
+    # The mass in fp64: each term is an integer below 2**32, so sums below 2**53 are exact in any
+    # order, as in int64, without a 64-bit conversion and add per logit.
+    z = tl.zeros([BLOCK], tl.float64)
+    r = tl.zeros([BLOCK], tl.float32)
     below = tl.full([BLOCK], float("-inf"), tl.float32)
     for i in range(0, CHUNK, BLOCK):
         cols = part * CHUNK + i + tl.arange(0, BLOCK)
         inb, x, s = scores_of(
             row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
         )  # fmt: skip
-        z += fixed_mass(s, top)
+        z += fixed_mass_float(s, top).to(tl.float64)
+        r += tl.where(x > float("-inf"), tl.exp(x - top_raw), 0.0)
         above = inb & (signed_key(s) >= low)
-        _place(cand_ptr + row * LCAP, cidx_ptr + row * LCAP, lfill_ptr + row * 2, s, cols, above, LCAP)
         below = tl.maximum(below, tl.where(inb & ~above, s, float("-inf")))
-        if TOPK:
-            rabove = inb & (signed_key(x) >= rlow)
-            _place(
-                rcand_ptr + row * RLCAP,
-                ridx_ptr + row * RLCAP,
-                lfill_ptr + row * 2 + 1,
-                x,
-                cols,
-                rabove,
-                RLCAP,
-            )
-    tl.store(zpart_ptr + row * P + part, tl.sum(z, 0))
+        rabove = inb & (signed_key(x) >= rlow)
+        # One check for both lists: most blocks append to neither.
+        if tl.max((above | (rabove & (TOPK > 0))).to(tl.int32), 0) > 0:
+            _append(cand_ptr + row * LCAP, cidx_ptr + row * LCAP, lfill_ptr + row * 2, s, cols, above, LCAP)
+            if TOPK:
+                _append(
+                    rcand_ptr + row * RLCAP, ridx_ptr + row * RLCAP, lfill_ptr + row * 2 + 1, x, cols, rabove, RLCAP,
+                )  # fmt: skip
+    tl.store(stat_ptr + (row * P + part) * 3 + 1, tl.sum(r, 0))
+    tl.store(zpart_ptr + row * P + part, tl.sum(z, 0).to(tl.int64))
     tl.store(below_ptr + row * P + part, tl.max(below, 0))
 
 
@@ -353,14 +351,21 @@ def draw_kernel(
 
 
 @triton.jit
-def _place(ptr, iptr, fill_ptr, v, cols, keep, cap):
+def _append(ptr, iptr, fill_ptr, v, cols, keep, cap):
     """Appends `v` and `cols` where `keep`, each at the slot an atomic add on the list's fill gives
-    (past `cap` only counted). Most blocks keep nothing: they skip the atomic, whose returned slot
-    would stall the loop. Relaxed: a slot only has to be unique (the default acq_rel fences every add)."""
+    (past `cap` only counted). Relaxed: a slot only has to be unique (the default acq_rel fences
+    every add)."""
+    at = tl.atomic_add(fill_ptr + tl.zeros_like(cols), 1, mask=keep, sem="relaxed")
+    tl.store(ptr + at, v, mask=keep & (at < cap))
+    tl.store(iptr + at, cols, mask=keep & (at < cap))
+
+
+@triton.jit
+def _place(ptr, iptr, fill_ptr, v, cols, keep, cap):
+    """`_append`, skipped by a block that keeps nothing (most do): the atomic's returned slot would
+    stall the loop."""
     if tl.max(keep.to(tl.int32), 0) > 0:
-        at = tl.atomic_add(fill_ptr + tl.zeros_like(cols), 1, mask=keep, sem="relaxed")
-        tl.store(ptr + at, v, mask=keep & (at < cap))
-        tl.store(iptr + at, cols, mask=keep & (at < cap))
+        _append(ptr, iptr, fill_ptr, v, cols, keep, cap)
 
 
 @triton.jit

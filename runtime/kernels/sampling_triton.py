@@ -7,14 +7,15 @@ them (no top-k, a flat distribution) draw the Gumbel argmax over the whole row: 
 top-p that is the token; else it is kept with probability about top_p, which one more pass checks.
 The passes over the vocabulary run CHUNK logits per program, so a row spreads over many SMs:
 
-1. stats: per chunk, the raw logits' max and exp-sum, the penalized scores' max and first argmax,
-   and the maxima of a few disjoint groups of its tokens.
+1. stats: per chunk, the raw logits' max, the penalized scores' max and first argmax, and the
+   maxima of a few disjoint groups of its tokens.
 2. floor (a program per row): a floor that more than CANDIDATES tokens provably reach, and few pass
    (and one for the raw logits, for the top-k logprobs).
-3. list: per chunk, the total mass (fixed point), the best score below the floor, and the tokens at
-   or above it appended to the row's candidate list (slots from an atomic add: decide sorts the
-   list, so slot order is free). They are the row's top tokens, and usually all of its candidates.
-   Rows whose list overflowed (LISTED) take steps 4 to 6; the others' programs there return at once.
+3. list: per chunk, the raw logits' exp-sum (for logprobs), the total mass (fixed point), the best
+   score below the floor, and the tokens at or above it appended to the row's candidate list (slots
+   from an atomic add: decide sorts the list, so slot order is free). They are the row's top tokens,
+   and usually all of its candidates. Rows whose list overflowed (LISTED) take steps 4 to 6; the
+   others' programs there return at once.
 4. hist: per chunk, a histogram of each token's distance below the row's top score (and below the
    top raw logit), in buckets 1/8 apart on a log scale of the float order; tokens past the floor's
    bucket are not counted.
@@ -48,14 +49,14 @@ from .sampling_passes import (
 )
 
 CHUNK = 4096  # logits per program in the row-parallel passes
-BLOCK = 512  # logits per loop iteration
+BLOCK = 256  # logits per loop iteration (fewer registers, more programs per SM than 512)
 BUCKETS = 256
 CANDIDATES = 128  # tokens a row's floor lies under, and the cap of a cut's candidates
 RAW_CANDIDATES = 64  # the same for the top-k logprobs (k <= 20)
 LISTED = 512  # the candidate list: tokens at or above a row's floor (about 170 in a random 128k row)
 RAW_LISTED = 256  # the same for the raw logits (the top-k logprobs')
 PIVOTS = 8  # pivots per pass of the slow path's searches
-PASS_WARPS = 4  # warps per program of the row-parallel passes: 4 x 512 logits keep 4 programs on an SM
+PASS_WARPS = 4  # warps per program of the row-parallel passes (8 were slower: bench/results/round12)
 FINAL_WARPS = 16  # per row program: the slow path's passes hide their latency across 16 warps
 
 
