@@ -179,3 +179,29 @@ def test_a_steps_general_flag_is_any_rows_needs_general():
     for k in (1, 2, 3):
         for combo in itertools.combinations(seqs, k):
             assert any_needs_general(list(combo)) == any(needs_general(s) for s in combo)
+
+
+def test_a_cached_sampling_row_follows_the_counter_and_the_slot():
+    """A sequence packs its sampling fields once; each step patches the counter, and a new penalty
+    slot (after preemption frees the old one) repacks them."""
+    slots = PenaltySlots(2)
+    a, b = (
+        _seq(SamplingParams(temperature=0.7, top_k=5, repetition_penalty=1.2, min_tokens=3)) for _ in range(2)
+    )
+    a.seq_id, b.seq_id = 0, 1
+    first = slots.assign(a)
+    p = sampling_tensors([a], 2, slots)
+    assert (
+        p.slots.tolist() == [first, 0] and p.counters.tolist() == [0, 0] and p.min_tokens.tolist() == [3, 0]
+    )
+    a.output_ids += [4, 4]
+    a.num_pending = 1
+    p = sampling_tensors([a], 1, slots)
+    assert p.counters.tolist() == [3] and p.slots.tolist() == [first]
+    assert p.top_k.tolist() == [5] and abs(p.temperature.item() - 0.7) < 1e-6
+    a.table_epoch += 1  # preempted: its slot is released, and b takes one first
+    slots.assign(b)
+    second = slots.assign(a)
+    assert sampling_tensors([a, b], 2, slots).slots.tolist() == [second, slots.slot_of(b)]
+    slots.release(a)
+    assert sampling_tensors([a], 1, slots).slots.tolist() == [0], "a released sequence has no slot"

@@ -29,3 +29,27 @@ def test_each_tokens_top_logprobs_are_untracked_tuples(monkeypatch):
     for ids, lps in kept:
         assert type(ids) is tuple and type(lps) is tuple and len(ids) == len(lps) == 3
         assert not gc.is_tracked(ids) and not gc.is_tracked(lps)
+
+
+def test_a_step_reads_back_only_the_top_logprob_columns_some_row_asked_for(monkeypatch):
+    from fastpath.runtime.engine.executor import ExecutorCore
+
+    widths = []
+    read_back = ExecutorCore._read_back
+
+    def spy(self, batch, sampled, out):
+        step = read_back(self, batch, sampled, out)
+        if step.host.top_ids is not None:
+            widths.append(step.host.top_ids.shape[1])
+        return step
+
+    monkeypatch.setattr(ExecutorCore, "_read_back", spy)
+    llm = LLM("random:tiny-llama", device="cpu", max_seq_len=64)
+    asks = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=k) for k in (2, 4)]
+    out = llm.generate([[5, 6, 7], [8, 9]], asks, use_tqdm=False)
+    assert [len(o.outputs[0].logprobs[-1]) for o in out] == [2, 4]
+    assert widths and set(widths) == {4}
+    none = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=0)
+    widths.clear()
+    llm.generate([[5, 6, 7]], none, use_tqdm=False)
+    assert widths == [], "logprobs=0 asks for the chosen token's only"
