@@ -75,20 +75,24 @@ def _kth_largest(ptr, P, k, PMAX: tl.constexpr, GROUPS: tl.constexpr):
 def floor_kernel(
     gmax_ptr, floor_ptr, lfill_ptr, P,
     PMAX: tl.constexpr, GROUPS: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr,
+    LCAP: tl.constexpr, RLCAP: tl.constexpr,
 ):  # fmt: skip
     """Per row: the (CAP + 1)-th largest of the chunks' group maxima of the scores, and the
     (RCAP + 1)-th of the raw logits'. Each of those groups holds a token at or above it, so more
     than the cap do; and few tokens lie above it (about 170 of a random 128k row, against 2500
-    above the least group maximum). Zeroes the row's list counts for list_kernel."""
+    above the least group maximum). Zeroes the row's list counts for list_kernel, or marks a list
+    full from the start where its floor is -inf: every token, -inf ones too, lies at or above it
+    (a grammar that allows few tokens), and listing them would be an atomic add per token."""
     row = tl.program_id(0)
     base = gmax_ptr + row * P * 2 * GROUPS
-    tl.store(floor_ptr + row * 2 + 0, _kth_largest(base, P, CAP, PMAX, GROUPS))
+    low = _kth_largest(base, P, CAP, PMAX, GROUPS)
+    tl.store(floor_ptr + row * 2 + 0, low)
     rlow = tl.full([], float("-inf"), tl.float32)
     if TOPK:
         rlow = _kth_largest(base + GROUPS, P, RCAP, PMAX, GROUPS)
     tl.store(floor_ptr + row * 2 + 1, rlow)
-    tl.store(lfill_ptr + row * 2 + 0, 0)
-    tl.store(lfill_ptr + row * 2 + 1, 0)
+    tl.store(lfill_ptr + row * 2 + 0, tl.where(low > float("-inf"), 0, LCAP + 1))
+    tl.store(lfill_ptr + row * 2 + 1, tl.where((rlow > float("-inf")) | (TOPK == 0), 0, RLCAP + 1))
 
 
 @triton.jit
@@ -133,8 +137,13 @@ def list_kernel(
     part = tl.program_id(1)
     inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr + row * NF)
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
-    low = signed_key(tl.load(floor_ptr + row * 2 + 0))
-    rlow = signed_key(tl.load(floor_ptr + row * 2 + 1))
+    low = tl.load(floor_ptr + row * 2 + 0)
+    rlow = tl.load(floor_ptr + row * 2 + 1)
+    # A -inf floor: floor_kernel marked the list full (every token reaches it).
+    full = low == float("-inf")
+    rfull = (rlow == float("-inf")) | (TOPK == 0)
+    low = signed_key(low)
+    rlow = signed_key(rlow)
     # The mass in fp64: each term is an integer below 2**32, so sums below 2**53 are exact in any
     # order, as in int64, without a 64-bit conversion and add per logit.
     z = tl.zeros([BLOCK], tl.float64)
@@ -150,13 +159,20 @@ def list_kernel(
         above = inb & (signed_key(s) >= low)
         below = tl.maximum(below, tl.where(inb & ~above, s, float("-inf")))
         rabove = inb & (signed_key(x) >= rlow)
-        # One check for both lists: most blocks append to neither.
-        if tl.max((above | (rabove & (TOPK > 0))).to(tl.int32), 0) > 0:
-            _append(cand_ptr + row * LCAP, cidx_ptr + row * LCAP, lfill_ptr + row * 2, s, cols, above, LCAP)
+        # One check for both lists: most blocks append to neither. A program that found a list
+        # past its end (many ties at the floor) appends no more to it: the count says enough.
+        keep = tl.where(full, False, above)
+        rkeep = tl.where(rfull, False, rabove)
+        if tl.max((keep | rkeep).to(tl.int32), 0) > 0:
+            at = _append(
+                cand_ptr + row * LCAP, cidx_ptr + row * LCAP, lfill_ptr + row * 2, s, cols, keep, LCAP
+            )
+            full = full | (at >= LCAP)
             if TOPK:
-                _append(
-                    rcand_ptr + row * RLCAP, ridx_ptr + row * RLCAP, lfill_ptr + row * 2 + 1, x, cols, rabove, RLCAP,
+                at = _append(
+                    rcand_ptr + row * RLCAP, ridx_ptr + row * RLCAP, lfill_ptr + row * 2 + 1, x, cols, rkeep, RLCAP,
                 )  # fmt: skip
+                rfull = rfull | (at >= RLCAP)
     tl.store(stat_ptr + (row * P + part) * 3 + 1, tl.sum(r, 0))
     tl.store(zpart_ptr + row * P + part, tl.sum(z, 0).to(tl.int64))
     tl.store(below_ptr + row * P + part, tl.max(below, 0))
@@ -353,11 +369,12 @@ def draw_kernel(
 @triton.jit
 def _append(ptr, iptr, fill_ptr, v, cols, keep, cap):
     """Appends `v` and `cols` where `keep`, each at the slot an atomic add on the list's fill gives
-    (past `cap` only counted). Relaxed: a slot only has to be unique (the default acq_rel fences
-    every add)."""
+    (past `cap` only counted); returns the last slot taken (-1: none). Relaxed: a slot only has to
+    be unique (the default acq_rel fences every add)."""
     at = tl.atomic_add(fill_ptr + tl.zeros_like(cols), 1, mask=keep, sem="relaxed")
     tl.store(ptr + at, v, mask=keep & (at < cap))
     tl.store(iptr + at, cols, mask=keep & (at < cap))
+    return tl.max(tl.where(keep, at, -1), 0)
 
 
 @triton.jit

@@ -143,7 +143,9 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     stats_kernel[grid](
         *row_args, w.stats, w.sidx, w.gmax, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups, **passes
     )
-    floor_kernel[(rows,)](w.gmax, w.floors, w.lfill, parts, PMAX=pmax, GROUPS=groups, **caps, **passes)
+    floor_kernel[(rows,)](
+        w.gmax, w.floors, w.lfill, parts, PMAX=pmax, GROUPS=groups, **caps, **lists, **passes
+    )
     list_kernel[grid](
         *row_args, w.stats, w.floors, parts, w.zpart, w.cand, w.cidx, w.rcand, w.ridx, w.lfill, w.below,
         **sizes, TOPK=num_top, **lists, **passes,

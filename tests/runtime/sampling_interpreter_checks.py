@@ -137,6 +137,23 @@ def check_bucket_floor() -> bool:
     return ok & check("k >= bucket_floor(top, cut) is bucket <= cut", not bad, f"rows {bad}")
 
 
+SCRATCH = []
+_scratch_init = sampling_triton._Scratch.__init__
+
+
+def _remember(self, *args, **kwargs):
+    _scratch_init(self, *args, **kwargs)
+    SCRATCH[:] = [self]
+
+
+sampling_triton._Scratch.__init__ = _remember
+
+
+def list_counts() -> list[list[int]]:
+    """How many tokens each row's lists counted in the last sample() (past their ends included)."""
+    return SCRATCH[0].lfill.tolist()
+
+
 @contextlib.contextmanager
 def short_lists():
     """Candidate lists no longer than a cut's caps: more tokens than that lie at or above a floor, so
@@ -176,6 +193,18 @@ def main() -> bool:
     odd[4:, 100:300] = 4.0 + 0.01 * torch.rand(2, 200, generator=g)
     p = params(6, temperature=[1.0, 0.8, 1.0, 0.0, 1.0, 0.7], top_k=[0, 30, 0, 0, 10, 0], top_p=[0.9] * 6)
     good &= compare("ties and -inf", odd, p, num_top=20, paths=[1, 1, 1, 0, 1, 1], gather=[0, 0, 1, 1, 0, 0])
+    counts = list_counts()
+    good &= check(
+        "a -inf floor lists nothing", counts[2:4] == [[sampling_triton.LISTED + 1, sampling_triton.RAW_LISTED + 1]] * 2,
+        f"{counts[2:4]}",
+    )  # fmt: skip
+    # Every logit equal: every token reaches the floor. A list past its end takes no more tokens.
+    equal = torch.zeros(2, VOCAB)
+    p2 = params(2, temperature=[1.0, 1.0], top_p=[0.9, 1.0], slots=[0, 0])
+    good &= compare("equal logits", equal, p2, num_top=20, paths=[ANY | {1}] * 2, gather=[1, 1])
+    counts = list_counts()
+    bound = sampling_triton.LISTED + -(-VOCAB // CHUNK) * BLOCK  # a block's worth per program, once full
+    good &= check("full lists stop growing", max(max(c) for c in counts) <= bound, f"{counts} > {bound}")
     with short_lists():
         # +4: the top-20 logprobs took the slow path; the last row's nucleus also reaches into the 200.
         paths = [1, 1, 1, 0, 5, {6, 7}]
