@@ -5,6 +5,7 @@
 #   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|serve|serve-64|serve-1024|serve-ab|serve-final|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
+# sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
 set -uo pipefail
 # Steps write into $WORK; at the end everything but the bench tokenizer goes back as one archive
 # (the device tool returns at most 8 files).
