@@ -72,7 +72,7 @@ def bucket_floor(top, cut):
 
 @triton.jit
 def fixed_mass_float(s, top):
-    """floor(exp(s - top) * 2**32): an integer below 2**32, exact as a float32."""
+    """floor(exp(s - top) * 2**32): an integer up to 2**32, exact as a float32."""
     return tl.where(s > float("-inf"), tl.floor(tl.exp(s - top) * 4294967296.0), 0.0)
 
 

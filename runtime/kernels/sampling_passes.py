@@ -144,7 +144,7 @@ def list_kernel(
     rfull = (rlow == float("-inf")) | (TOPK == 0)
     low = signed_key(low)
     rlow = signed_key(rlow)
-    # The mass in fp64: each term is an integer below 2**32, so sums below 2**53 are exact in any
+    # The mass in fp64: each term is an integer up to 2**32, so sums below 2**53 are exact in any
     # order, as in int64, without a 64-bit conversion and add per logit.
     z = tl.zeros([BLOCK], tl.float64)
     r = tl.zeros([BLOCK], tl.float32)
@@ -155,7 +155,7 @@ def list_kernel(
             row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
         )  # fmt: skip
         z += fixed_mass_float(s, top).to(tl.float64)
-        r += tl.where(x > float("-inf"), tl.exp(x - top_raw), 0.0)
+        r += tl.where(x == float("-inf"), 0.0, tl.exp(x - top_raw))  # a NaN logit stays NaN, as in torch
         above = inb & (signed_key(s) >= low)
         below = tl.maximum(below, tl.where(inb & ~above, s, float("-inf")))
         rabove = inb & (signed_key(x) >= rlow)

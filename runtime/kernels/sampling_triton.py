@@ -124,6 +124,8 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
         raise ValueError("the candidate lists must hold a cut's candidates")
     if num_top > vocab:
         raise ValueError(f"top-{num_top} logprobs of a vocabulary of {vocab}")
+    if num_top > RAW_CANDIDATES:  # the lists' widths; the engine asks for TOP_LOGPROBS (20)
+        raise ValueError(f"top-{num_top} logprobs: the kernels return at most {RAW_CANDIDATES}")
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     params = p.data.contiguous()
     if params.shape[1] != NFIELDS:
