@@ -183,7 +183,7 @@ def hist_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, hist_ptr,
     rhist_ptr, lfill_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
-    CAP: tl.constexpr, RCAP: tl.constexpr, GROUPS: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
+    LCAP: tl.constexpr, RLCAP: tl.constexpr,
 ):  # fmt: skip
     """For rows whose lists overflowed, per chunk: the histograms select_kernel cuts. Only buckets up
     to the cut's next one must be exact. More than the cap of tokens lie at or above the row's floor,
@@ -198,7 +198,7 @@ def hist_kernel(
         top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
         key_top = signed_key(top)
         key_raw = signed_key(top_raw)
-        last, rlast = _lasts(floor_ptr, row, P, key_top, key_raw, NB, CAP, RCAP, GROUPS)
+        last, rlast = _lasts(floor_ptr, row, key_top, key_raw)
         b = tl.arange(0, NB)
         mine = hist_ptr + (row * P + part) * NB
         rmine = rhist_ptr + (row * P + part) * NB
@@ -224,22 +224,11 @@ def hist_kernel(
 
 
 @triton.jit
-def _lasts(
-    floor_ptr,
-    row,
-    P,
-    key_top,
-    key_raw,
-    NB: tl.constexpr,
-    CAP: tl.constexpr,
-    RCAP: tl.constexpr,
-    GROUPS: tl.constexpr,
-):
-    """The buckets of the row's floors (`floor_kernel`): the last ones hist_kernel counts (NB: all)."""
-    low = tl.load(floor_ptr + row * 2 + 0)
-    rlow = tl.load(floor_ptr + row * 2 + 1)
-    last = tl.where(P * GROUPS > CAP, bucket(distance(key_top, signed_key(low))), NB)
-    rlast = tl.where(P * GROUPS > RCAP, bucket(distance(key_raw, signed_key(rlow))), NB)
+def _lasts(floor_ptr, row, key_top, key_raw):
+    """The buckets of the row's floors (`floor_kernel`): the last ones hist_kernel counts. Every
+    token lies in them or before them when a floor is -inf (as it is when a row has too few groups)."""
+    last = bucket(distance(key_top, signed_key(tl.load(floor_ptr + row * 2 + 0))))
+    rlast = bucket(distance(key_raw, signed_key(tl.load(floor_ptr + row * 2 + 1))))
     return last, rlast
 
 

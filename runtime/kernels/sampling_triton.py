@@ -153,8 +153,8 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
         **sizes, TOPK=num_top, **lists, **passes,
     )  # fmt: skip
     hist_kernel[grid](
-        *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.lfill, **sizes, NB=BUCKETS, **caps, GROUPS=groups,
-        **lists, **passes,
+        *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.lfill, **sizes, NB=BUCKETS, TOPK=num_top, **lists,
+        **passes,
     )  # fmt: skip
     select_kernel[(rows,)](
         w.hist,
