@@ -86,25 +86,6 @@ def timed(fn, replays: int) -> tuple[float, dict[str, float]]:
     return seconds, dict(kernels)
 
 
-def registers() -> dict[str, str]:
-    """Registers and spills per thread of each sampling kernel's latest compile (best effort: the
-    cache's layout differs between Triton versions). Occupancy follows from them."""
-    from fastpath.runtime.kernels import sampling_final, sampling_passes
-
-    out = {}
-    for module in (sampling_passes, sampling_final):
-        for name in dir(module):
-            fn = getattr(module, name)
-            caches = getattr(fn, "device_caches", None)
-            if not name.endswith("_kernel") or not caches:
-                continue
-            for cache in caches.values():
-                kernels = cache[0] if isinstance(cache, tuple) else cache
-                for compiled in list(kernels.values())[-1:]:
-                    out[name] = f"{getattr(compiled, 'n_regs', '?')}r/{getattr(compiled, 'n_spills', '?')}s"
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -140,11 +121,7 @@ def main() -> None:
 
             general = functools.partial(S.sample, logits, p, entries, bits, top, chunk=chunk, block=block)
             seconds, kernels = timed(general, args.replays)
-            regs = registers()
-            split = ", ".join(
-                f"{k} {v:.0f}" + (f" ({regs[k]})" if k in regs else "")
-                for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:6]
-            )
+            split = ", ".join(f"{k} {v:.0f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:6])
             rows.append([b, f"general {variant}", f"{seconds * 1e6:.1f}", f"{seconds / base:.2f}×", split])
             payload["rows"].append(
                 {
@@ -152,7 +129,6 @@ def main() -> None:
                     "variant": variant,
                     "us": seconds * 1e6,
                     "kernels_us": kernels,
-                    "registers": regs,
                 }
             )
             print(rows[-1], flush=True)
