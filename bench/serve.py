@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -50,6 +51,8 @@ class Timing:
 
     sent: float
     chunks: list[tuple[float, int]] = field(default_factory=list)
+    done: float = 0.0  # the stream's end ([DONE] read)
+    part: int = 0  # the client process that sent it
 
     @property
     def tokens(self) -> int:
@@ -174,6 +177,7 @@ async def one_request(http: httpx.AsyncClient, prompt: list[int], output_len: in
             n = sum(len(c.get("token_ids", ())) for c in event["choices"])
             if n:
                 t.chunks.append((time.perf_counter(), n))
+    t.done = time.perf_counter()
     return t
 
 
@@ -303,11 +307,15 @@ def run_offline(args, prompts: list[list[int]]) -> list[dict]:
     return rows
 
 
-def _drive_part(url: str, prompts: list[list[int]], output_len: int, concurrency: int, start_at: float):
+def _drive_part(
+    url: str, prompts: list[list[int]], output_len: int, concurrency: int, start_at: float, part: int
+):
     """One client process's share, started at a wall-clock instant common to all of them."""
     time.sleep(max(0.0, start_at - time.time()))
     start = time.time()
     timings, _ = asyncio.run(drive(url, prompts, output_len, concurrency))
+    for t in timings:
+        t.part = part
     return timings, start, time.time()
 
 
@@ -334,7 +342,9 @@ def drive_from_processes(
     with ctx.Manager() as manager, cf.ProcessPoolExecutor(n, mp_context=ctx) as pool:
         list(pool.map(_ready, [manager.Barrier(n)] * n))  # every process up before the clock
         start_at = time.time() + 0.5
-        futures = [pool.submit(_drive_part, url, parts[i], output_len, shares[i], start_at) for i in range(n)]
+        futures = [
+            pool.submit(_drive_part, url, parts[i], output_len, shares[i], start_at, i) for i in range(n)
+        ]
         results = [f.result() for f in futures]
     seconds = max(end for *_, end in results) - min(start for _, start, _ in results)
     return [t for timings, *_ in results for t in timings], seconds
@@ -447,6 +457,7 @@ def run_server(
             before, cpu0 = server_latencies(url), server_cpu(proc.pid, servers)
             timings, seconds = drive_from_processes(url, prompts, args.output_len, c, args.client_processes)
             cpu1 = server_cpu(proc.pid, servers)
+            write_requests(args.out / f"{args.name}-requests-{servers}x{c}{env_tag(env)}.json", timings)
             rows.append(summarize(mode, c, timings, seconds))
             rows[-1] |= server_means(before, server_latencies(url))
             # How busy each process was: an API process near 100% of a core sets the pace.
@@ -457,6 +468,21 @@ def run_server(
     finally:
         code = stop_server(proc)
     return rows, code
+
+
+def env_tag(env: str) -> str:
+    return "-" + re.sub(r"\W+", "_", env)[:60] if env else ""
+
+
+def write_requests(path: Path, timings: list[Timing]) -> None:
+    """Every request's client timeline (ms from the first send): process, sent, first and last tokens,
+    [DONE]; where a run's ramp, waves and tail show."""
+    t0 = min((t.sent for t in timings), default=0.0)
+    rows = [[t.part, *(round((v - t0) * 1e3, 3) for v in (t.sent, t.chunks[0][0], t.chunks[-1][0], t.done)), t.tokens]
+            for t in timings if t.chunks]  # fmt: skip
+    path.write_text(
+        json.dumps({"columns": ["process", "sent", "first", "last", "done", "tokens"], "rows": rows})
+    )
 
 
 def _steps(row: dict, phase: str) -> str:

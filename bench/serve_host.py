@@ -95,7 +95,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--model", default="random:tiny-llama", help="its tokenizer is used; its weights are not")
     ap.add_argument("--step-us", type=float, default=1200.0, help="the device's decode step")
-    ap.add_argument("--prefill-us", type=float, default=5000.0)
+    ap.add_argument("--prefill-us", type=float, default=5000.0, help="the device's prefill step")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--input-len", type=int, default=128)
@@ -103,7 +103,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("FASTPATH_PROGRESS", "0")
     os.environ["FASTPATH_STUB_STEP_US"] = str(args.step_us)  # read by SleepingExecutor in the child
-    os.environ["FASTPATH_STUB_PREFILL_US"] = str(args.prefill_us)
+    os.environ["FASTPATH_STUB_PREFILL_US"] = str(max(0.0, args.prefill_us - args.step_us))  # beyond a step
     from fastpath.runtime import LLM, SamplingParams
 
     prompts = [[5 + (i + j) % 200 for j in range(args.input_len)] for i in range(args.requests)]

@@ -32,7 +32,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastpath.graphs")
 
-TOKEN_BUCKETS = (128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096)
+# Padding is compute: a served step of ~560 tokens padded to 768 cost a third more than its tokens.
+# Steps of 64 tokens (BLOCK_M) to 512, then 128, 256 and 512: a step pads by at most 64 tokens, or
+# a quarter of its own, whichever is more.
+TOKEN_BUCKETS = (
+    *range(128, 512, 64), *range(512, 1024, 128), *range(1024, 2048, 256), *range(2048, 4097, 512),
+)  # fmt: skip
 KINDS = ("greedy", "general")
 
 

@@ -15,11 +15,19 @@ from fastpath.runtime.runner.step_inputs import PrefillStep
 
 
 def test_buckets_cover_the_step_budget_and_stop_at_the_largest():
-    assert token_buckets(2048) == (128, 256, 512, 768, 1024, 1536, 2048)
-    assert token_buckets(1000) == (128, 256, 512, 768, 1000)
+    assert token_buckets(2048)[-1] == 2048 and token_buckets(2048) == tuple(t for t in TOKEN_BUCKETS if t <= 2048)
+    assert token_buckets(1000)[-1] == 1000 and all(t < 1000 for t in token_buckets(1000)[:-1])
     assert token_buckets(100) == (100,)
     assert token_buckets(1 << 20) == TOKEN_BUCKETS  # longer steps run eagerly
     assert token_buckets(TOKEN_BUCKETS[-1]) == TOKEN_BUCKETS
+
+
+def test_padding_is_bounded_by_a_tile_or_a_quarter_of_the_step():
+    assert list(TOKEN_BUCKETS) == sorted(set(TOKEN_BUCKETS))
+    assert all(t % BLOCK_M == 0 for t in TOKEN_BUCKETS)  # whole query tiles
+    for n in range(TOKEN_BUCKETS[0], TOKEN_BUCKETS[-1] + 1):
+        padded = next(t for t in TOKEN_BUCKETS if t >= n)
+        assert padded - n < max(BLOCK_M, n / 4), n
 
 
 def step(qlens: list[int], ctxs: list[int], width: int, sampled: list[int]) -> PrefillStep:
