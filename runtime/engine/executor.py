@@ -31,9 +31,10 @@ from ..runner.runner import ModelRunner
 from ..runner.sampler import Sampled
 from .readback import Readback
 from .sampling_params import SamplingParams
+from .sampling_rows import SamplingRows
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
-from .steps import InflightStep, StepRecord, decode_step, prefill_step, stage
+from .steps import InflightStep, StepRecord, decode_step, most_top_logprobs, prefill_step, stage
 
 # 0: new requests wait for the host to read back the step in flight (Scheduler.admit_beside)
 ADMIT_BESIDE_ENV = "FASTPATH_ADMIT_BESIDE"
@@ -86,6 +87,7 @@ class ExecutorCore:
         self.in_warmup_guard = False
         self._staging_flip = 0
         self._staging: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int, int]]]] = {}
+        self._sampling_rows = SamplingRows(pinned=self.is_cuda)
         self._closed = False
         self._loop_started = False
 
@@ -219,7 +221,9 @@ class ExecutorCore:
         for seq in seqs:
             seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending
         guided = runner.guided is not None and any(s.guided is not None for s in seqs)
-        step = decode_step(seqs, packed, rows, prev is not None, guided, runner.penalty_slots)
+        step = decode_step(
+            seqs, packed, rows, prev is not None, guided, runner.penalty_slots, self._sampling_rows
+        )
         if guided:
             runner.guided.enqueue(list(seqs), rows)
         if self.parallel is not None:
@@ -241,7 +245,7 @@ class ExecutorCore:
         if top_ids is not None:
             # Only the most any row asked for: the step computes TOP_LOGPROBS, and turning unused
             # columns into Python numbers took a millisecond a step at batch 256.
-            k = max(s.params.logprobs or 0 for s in sampled)
+            k = most_top_logprobs(sampled)
             top_ids, top_logprobs = (None, None) if k == 0 else (top_ids[:, :k], top_logprobs[:, :k])
         host = Sampled(
             *(

@@ -7,6 +7,7 @@ Rank 0 alone tracks the launched step (`InflightStep`) and what completing it di
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ from ..runner.step_inputs import DecodeStep, PrefillStep
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from .sampling_rows import SamplingRows
 
 # stage() writes a row's fixed columns as one tuple in this order.
 assert tuple(range(FIXED_COLUMNS)) == (TOKEN, SRC_ROW, POSITION, SLOT, CONTEXT_LEN)
@@ -78,6 +82,11 @@ def wants_top_logprobs(seqs: list[Sequence]) -> bool:
     return any(s.params.logprobs is not None and s.params.logprobs > 0 for s in seqs)
 
 
+def most_top_logprobs(seqs: list[Sequence]) -> int:
+    """The most top-k logprobs any row asks for, deciding once per SamplingParams."""
+    return max((p.logprobs or 0 for p in {id(s.params): s.params for s in seqs}.values()), default=0)
+
+
 def _int64(v: int) -> int:
     # Seeds are 64-bit: a derived seed past 2**63 - 1 wraps instead of overflowing the tensor.
     return (v + (1 << 63)) % (1 << 64) - (1 << 63)
@@ -129,10 +138,16 @@ def decode_step(
     uses_prev: bool,
     guided: bool,
     slots: PenaltySlots | None = None,
+    kept: SamplingRows | None = None,
 ) -> DecodeStep:
-    """A decode step's payload: the greedy fast path unless some row needs the general sampler."""
+    """A decode step's payload: the greedy fast path unless some row needs the general sampler.
+    `kept`: the executor's rows of the last step, reused when the batch is the same."""
     general = any_needs_general(seqs)
-    sampling = sampling_tensors(seqs, rows, slots) if general else None
+    sampling = None
+    if general and kept is not None:
+        sampling = kept.tensors(seqs, rows, slots)
+    elif general:
+        sampling = sampling_tensors(seqs, rows, slots)
     return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, wants_top_logprobs(seqs))
 
 

@@ -95,6 +95,7 @@ class PenaltySlots:
         self.capacity = capacity
         self._free = list(range(capacity, 0, -1))  # pop() hands out 1 first
         self._held: dict[int, tuple[Any, int, int]] = {}  # seq_id -> (sequence, epoch, slot)
+        self.version = 0  # bumped whenever a slot changes hands: packed rows that name slots are stale
 
     def slot_of(self, seq: Any) -> int:
         held = self._held.get(seq.seq_id)
@@ -114,6 +115,7 @@ class PenaltySlots:
                     f"{sorted(self._held)}; it needs one per sequence of the batch"
                 )
             slot = self._free.pop()
+            self.version += 1
         self._held[seq.seq_id] = (seq, seq.table_epoch, slot)
         return slot
 
@@ -122,6 +124,7 @@ class PenaltySlots:
         if held is not None and held[0] is seq:
             del self._held[seq.seq_id]
             self._free.append(held[2])
+            self.version += 1
 
     def _reclaim(self) -> None:
         for seq, epoch, _ in list(self._held.values()):

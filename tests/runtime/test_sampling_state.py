@@ -7,6 +7,7 @@ import torch
 from test_sampling_controls import chosen_logprobs, token_ids
 
 from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime.engine.sampling_rows import SamplingRows
 from fastpath.runtime.engine.sequence import Sequence
 from fastpath.runtime.engine.steps import any_needs_general, decode_step, needs_general, sampling_tensors
 from fastpath.runtime.kernels.sampling import COUNT_MASK, PROMPT_BIT, STOP_BIT
@@ -205,3 +206,38 @@ def test_a_cached_sampling_row_follows_the_counter_and_the_slot():
     assert sampling_tensors([a, b], 2, slots).slots.tolist() == [second, slots.slot_of(b)]
     slots.release(a)
     assert sampling_tensors([a], 1, slots).slots.tolist() == [0], "a released sequence has no slot"
+
+
+def test_kept_sampling_rows_equal_a_fresh_pack_through_steps_batch_changes_and_slot_moves():
+    """The executor keeps a steady batch's packed rows and rewrites only the counters; whatever the
+    steps do to the batch and the penalty slots, each step's rows are what a fresh pack gives, and a
+    step's tensor is not the one the step before it is still copying from."""
+    slots = PenaltySlots(3)
+    seqs = [_seq(PARAMS[i]) for i in (0, 1, 3, 5)]
+    for i, s in enumerate(seqs):
+        s.seq_id = i
+    for s in seqs[:3]:
+        slots.assign(s)
+    kept, last = SamplingRows(pinned=False), None
+
+    def check(batch: list, rows: int) -> None:
+        nonlocal last
+        got = kept.tensors(batch, rows, slots).data
+        assert torch.equal(got, sampling_tensors(batch, rows, slots).data)
+        assert last is None or got.data_ptr() != last.data_ptr(), "two buffers in turn"
+        last = got
+
+    batch = seqs[:3]
+    for _ in range(3):  # steady: only the counters move
+        check(batch, 4)
+        for s in batch:
+            s.output_ids.append(9)
+        batch[0].num_pending = 1
+    check(list(batch), 4)  # an equal list, not the same one
+    check(batch, 8)  # another graph size
+    batch = [seqs[0], seqs[2], seqs[1]]  # rows moved
+    check(batch, 4)
+    slots.release(seqs[1])  # its slot goes to the fourth, in the same rows
+    slots.assign(seqs[3])
+    check(batch, 4)
+    check(seqs, 4)
