@@ -160,7 +160,7 @@ class EngineCoreClient:
             while True:
                 kind, *body = self._conn.recv()
                 if kind == "step":
-                    self._apply(body[0])
+                    self._apply(*body)
                 elif kind == "reply":
                     self._answer(*body)
                 elif kind == "closed":
@@ -187,11 +187,22 @@ class EngineCoreClient:
         else:
             future.set_exception(payload)
 
-    def _apply(self, updates: list[tuple]) -> None:
-        """One step's outputs into the mirrored sequences; their consumers are woken once."""
+    def _apply(self, updates: list[tuple], ids: list[int] = (), tokens: list[int] = ()) -> None:
+        """One step's outputs into the mirrored sequences; their consumers are woken once. `ids` and
+        `tokens`: sequences whose only news is one more token (core_process.py)."""
         touched: set[RequestHandle] = set()
         ending: set[RequestHandle] = set()
         done = []
+        seqs = self._seqs
+        for seq_id, token in zip(ids, tokens, strict=True):
+            seq = seqs.get(seq_id)
+            if seq is None:
+                continue
+            seq.output_ids.append(token)
+            self.generation_tokens += 1
+            if seq.sink is not None:
+                seq.sink.post(("tokens", seq.index, len(seq.output_ids)))
+                touched.add(seq.sink)
         for seq_id, ids, lps, tops, first, scheduled, finished, reason, stop in updates:
             seq = self._seqs.get(seq_id)
             if seq is None:
