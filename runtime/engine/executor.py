@@ -88,6 +88,7 @@ class ExecutorCore:
         self._staging_flip = 0
         self._staging: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int, int]]]] = {}
         self._sampling_rows = SamplingRows(pinned=self.is_cuda)
+        self._host_buffers: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
         self._closed = False
         self._loop_started = False
 
@@ -241,12 +242,13 @@ class ExecutorCore:
         return self.runner.run_prefill(step, sampled if guided else None, prev_tokens), sampled
 
     def _read_back(self, batch: ScheduledBatch, sampled: list[Sequence], out: Sampled) -> InflightStep:
-        top_ids, top_logprobs = out.top_ids, out.top_logprobs
+        top_ids, top_logprobs, k = out.top_ids, out.top_logprobs, 0
         if top_ids is not None:
-            # Only the most any row asked for: the step computes TOP_LOGPROBS, and turning unused
-            # columns into Python numbers took a millisecond a step at batch 256.
             k = most_top_logprobs(sampled)
-            top_ids, top_logprobs = (None, None) if k == 0 else (top_ids[:, :k], top_logprobs[:, :k])
+            if k == 0:
+                top_ids = top_logprobs = None
+        # Whole rows: a column slice is strided, and copying one to the host costs a gather kernel
+        # and a device allocation first. complete() converts only the k columns asked for.
         host = Sampled(
             *(
                 None if t is None else self._to_host(t)
@@ -255,11 +257,19 @@ class ExecutorCore:
         )
         ticket, event = self.readback.mark()
         rows = {s.seq_id: i for i, s in enumerate(sampled)}
-        return InflightStep(batch, sampled, out.tokens, rows, host, ticket, event)
+        return InflightStep(batch, sampled, out.tokens, rows, host, ticket, event, k)
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=self.is_cuda)
-        return host.copy_(t, non_blocking=True)
+        """A copy of `t` on its way to pinned memory. Two buffers per shape in turn: when a step is
+        launched, the one before the step in flight has been completed, so its buffer is free."""
+        key = (tuple(t.shape), t.dtype)
+        pair = self._host_buffers.get(key)
+        if pair is None:
+            pair = self._host_buffers[key] = [
+                torch.empty(t.shape, dtype=t.dtype, pin_memory=self.is_cuda) for _ in range(2)
+            ]
+        pair.reverse()
+        return pair[0].copy_(t, non_blocking=True)
 
     def complete(self, step: InflightStep) -> StepRecord:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
@@ -273,9 +283,9 @@ class ExecutorCore:
         if host.top_ids is not None:  # some row asked for top-k logprobs
             # Tuples: a sequence keeps one pair per token, and the cyclic collector stops tracking a
             # tuple of numbers, where every list would be traversed by each full collection.
-            tops = list(
-                zip(map(tuple, host.top_ids.tolist()), map(tuple, host.top_logprobs.tolist()), strict=True)
-            )
+            k = step.top_k  # the columns some row asked for (TOP_LOGPROBS were computed)
+            ids, lps = host.top_ids[:, :k].tolist(), host.top_logprobs[:, :k].tolist()
+            tops = list(zip(map(tuple, ids), map(tuple, lps), strict=True))
         for i, (seq, token, logprob) in enumerate(
             zip(step.sampled, host.tokens.tolist(), host.logprobs.tolist(), strict=True)
         ):

@@ -38,6 +38,7 @@ class InflightStep:
     host: Sampled  # the same rows in pinned host memory, valid once the read-back completes
     ticket: int  # read-back sequence number (readback.py)
     event: torch.cuda.Event | None = None  # under tensor parallelism, or with read-back by event
+    top_k: int = 0  # the top-k logprob columns of `host` that some row asked for
 
 
 @dataclass(slots=True)

@@ -31,7 +31,7 @@ def test_each_tokens_top_logprobs_are_untracked_tuples(monkeypatch):
         assert not gc.is_tracked(ids) and not gc.is_tracked(lps)
 
 
-def test_a_step_reads_back_only_the_top_logprob_columns_some_row_asked_for(monkeypatch):
+def test_a_step_converts_only_the_top_logprob_columns_some_row_asked_for(monkeypatch):
     from fastpath.runtime.engine.executor import ExecutorCore
 
     widths = []
@@ -40,7 +40,7 @@ def test_a_step_reads_back_only_the_top_logprob_columns_some_row_asked_for(monke
     def spy(self, batch, sampled, out):
         step = read_back(self, batch, sampled, out)
         if step.host.top_ids is not None:
-            widths.append(step.host.top_ids.shape[1])
+            widths.append(step.top_k)
         return step
 
     monkeypatch.setattr(ExecutorCore, "_read_back", spy)
