@@ -64,6 +64,32 @@ def test_stop_strings_and_streams_match(engines):
     assert [t for d in deltas for t in d.outputs[0].token_ids] == whole[0].outputs[0].token_ids
 
 
+def test_a_streamed_batch_mixing_plain_rows_logprobs_and_n_matches(engines):
+    """Streamed rows whose only news is a token travel as bare (id, token) pairs; rows with logprobs,
+    a first token or a finish travel whole. In one batch, every request's stream adds up to what the
+    in-process engine gives."""
+    local, remote = engines
+    prompts = [[5, 17, 9, 40, 41], "One, two, three,", [7, 7, 8], "The capital of France"]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.8, seed=3, n=2, max_tokens=10, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=6),
+    ]
+    got: dict[tuple[str, int], list] = {}
+    for delta in remote.stream(prompts, params):
+        for c in delta.outputs:
+            ids, lps = got.setdefault((delta.request_id, c.index), ([], []))
+            ids += c.token_ids
+            lps += c.logprobs or []
+    want = local.generate(prompts, params, use_tqdm=False)
+    rids = sorted({rid for rid, _ in got}, key=int)
+    assert len(rids) == len(prompts)
+    for rid, out in zip(rids, want, strict=True):
+        for c in out.outputs:
+            assert got[(rid, c.index)] == (c.token_ids, c.logprobs or []), (rid, c.index)
+
+
 def test_threads_share_the_engine_process(engines):
     local, remote = engines
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
