@@ -79,8 +79,8 @@ for step in "$@"; do
     serve-ab)  # #17: round 10's server (CPython's 5 ms GIL switch, admission after read-back) beside each change
       timeout 500 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-ab \
         --server-env "FASTPATH_GIL_SWITCH_US=0,FASTPATH_ADMIT_BESIDE=0" "FASTPATH_ADMIT_BESIDE=0" "" 2>&1 | tail -8 ;;
-    serve-gil)  # #17: the GIL switch interval of the engine and API processes, 0.5 ms (the default) beside ${GIL_VARIANTS:-0.1 ms}
-      variants=(); for us in ${GIL_VARIANTS:-100}; do variants+=("FASTPATH_GIL_SWITCH_US=$us"); done
+    serve-gil)  # #17: the GIL switch interval of the engine and API processes, the default (0.1 ms since round 13) beside GIL_VARIANTS µs
+      variants=(); for us in ${GIL_VARIANTS:-500}; do variants+=("FASTPATH_GIL_SWITCH_US=$us"); done
       timeout 540 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-gil \
         --server-env "" "${variants[@]}" 2>&1 | tail -8 ;;
     serve-api-servers) timeout 540 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --api-server-count 1 2 4 2>&1 | tail -10 ;;

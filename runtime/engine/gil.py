@@ -5,8 +5,11 @@ asks the thread that holds it to let go. Every request and every step's tokens c
 way through a server: the API process's event loop, its pipe reader and sender, the engine process's
 pipe reader, loop and senders. While the event loop is busy, each crossing waited for the interval. On
 two cores, with a 1.5 ms stub step, the mean time from a request's arrival to its first batch slot
-went from 8.8–10.7 ms to 5.0–5.5 ms at 0.5 ms. `bench/serve.py --server-env FASTPATH_GIL_SWITCH_US=0`
-measures CPython's interval beside this one on a GPU.
+went from 8.8–10.7 ms to 5.0–5.5 ms at 0.5 ms. On the H200 (round 13, `bash bench/device_run.sh
+serve-gil`), 0.1 ms took the server from 86.3% to 90.4% of offline `generate` at concurrency 64, and
+its decode steps from 1.61 to 1.55 ms: the engine's loop lost nothing to the shorter slices and the
+threads that feed it waited less. `bench/serve.py --server-env FASTPATH_GIL_SWITCH_US=...` measures
+another interval beside this one (0: CPython's own).
 
 An engine in the caller's process (`LLM`) leaves the caller's interval alone: it is the caller's
 setting. Round 11 tried shortening it there too. With 64 caller threads each streaming its own
@@ -24,7 +27,7 @@ import sys
 
 log = logging.getLogger("fastpath.engine")
 
-SWITCH_INTERVAL_S = 0.0005
+SWITCH_INTERVAL_S = 0.0001
 ENV = "FASTPATH_GIL_SWITCH_US"
 
 
