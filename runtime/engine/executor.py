@@ -29,6 +29,7 @@ from ..runner.decode_inputs import FIXED_COLUMNS, DecodeInputs
 from ..runner.kv_cache import BlockAllocator
 from ..runner.runner import ModelRunner
 from ..runner.sampler import Sampled
+from .alternating import Alternating
 from .readback import Readback
 from .sampling_params import SamplingParams
 from .sampling_rows import SamplingRows
@@ -85,10 +86,14 @@ class ExecutorCore:
         self.admits_beside = parallel is None and os.environ.get(ADMIT_BESIDE_ENV, "1") != "0"
         self.readback = Readback(self.dispatcher, config.device, parallel)
         self.in_warmup_guard = False
-        self._staging_flip = 0
-        self._staging: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int, int]]]] = {}
+        # (packed inputs, whose block tables its rows hold) per (rows, cols)
+        self._staging = Alternating(
+            lambda key: (torch.zeros(*key, dtype=torch.int64, pin_memory=self.is_cuda), [(-1, 0, 0)] * key[0])
+        )
         self._sampling_rows = SamplingRows(pinned=self.is_cuda)
-        self._host_buffers: dict[tuple[tuple[int, ...], torch.dtype], list[torch.Tensor]] = {}
+        self._host_buffers = Alternating(
+            lambda key: torch.empty(key[0], dtype=key[1], pin_memory=self.is_cuda)
+        )  # read-back, per (shape, dtype)
         self._closed = False
         self._loop_started = False
 
@@ -260,16 +265,8 @@ class ExecutorCore:
         return InflightStep(batch, sampled, out.tokens, rows, host, ticket, event, k)
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of `t` on its way to pinned memory. Two buffers per shape in turn: when a step is
-        launched, the one before the step in flight has been completed, so its buffer is free."""
-        key = (tuple(t.shape), t.dtype)
-        pair = self._host_buffers.get(key)
-        if pair is None:
-            pair = self._host_buffers[key] = [
-                torch.empty(t.shape, dtype=t.dtype, pin_memory=self.is_cuda) for _ in range(2)
-            ]
-        pair.reverse()
-        return pair[0].copy_(t, non_blocking=True)
+        """A copy of `t` on its way to pinned memory (two buffers per shape in turn)."""
+        return self._host_buffers.next((tuple(t.shape), t.dtype)).copy_(t, non_blocking=True)
 
     def complete(self, step: InflightStep) -> StepRecord:
         """Wait for a step's tokens, hand them to their sequences, and retire finished sequences."""
@@ -300,14 +297,7 @@ class ExecutorCore:
 
     def _staging_buffer(self, rows: int, cols: int) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
         """A pinned staging buffer and the record of whose block tables its rows hold."""
-        # Two per shape: step n+1 is staged while step n's copy from the other may still be pending.
-        self._staging_flip ^= 1
-        key = (rows, cols, self._staging_flip)
-        entry = self._staging.get(key)
-        if entry is None:
-            entry = (torch.zeros(rows, cols, dtype=torch.int64, pin_memory=self.is_cuda), [(-1, 0, 0)] * rows)
-            self._staging[key] = entry
-        return entry
+        return self._staging.next((rows, cols))
 
     @torch.no_grad()
     def prompt_logits(self, prompt_ids: list[int], every_position: bool = False) -> torch.Tensor:

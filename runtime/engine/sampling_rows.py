@@ -3,8 +3,7 @@
 Packing every row's parameters cost the host a Python pass over the batch each step, and pinning
 the result another copy. A steady batch (the same sequences in the same rows, no penalty slot
 handed out or taken back since) changes only its counters, so its rows are kept as an array and
-only that column is written. The step's tensor is one of two pinned buffers in turn: step n+1 is
-packed while step n's copy to the device may still be pending (as the decode inputs' staging).
+only that column is written, into one of two pinned buffers in turn (alternating.py).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import torch
 
 from ..runner.penalties import PenaltySlots
 from ..runner.sampler import FIELDS, SamplingTensors
+from .alternating import Alternating
 from .sequence import Sequence
 from .steps import sampling_tensors
 
@@ -22,12 +22,12 @@ COUNTERS = FIELDS.index("counters")
 
 class SamplingRows:
     def __init__(self, pinned: bool) -> None:
-        self._pinned = pinned
         self._seqs: list[Sequence] = []  # holds them: their ids stay theirs while cached
         self._key: tuple[int, int] | None = None  # (rows, penalty slots' version)
         self._rows = np.zeros((0, len(FIELDS)), dtype=np.int64)
-        self._buffers: dict[int, list[torch.Tensor]] = {}
-        self._flip = 0
+        self._buffers = Alternating(
+            lambda rows: torch.zeros(rows, len(FIELDS), dtype=torch.int64, pin_memory=pinned)
+        )
 
     def tensors(self, seqs: list[Sequence], rows: int, slots: PenaltySlots | None) -> SamplingTensors:
         key = (rows, slots.version if slots is not None else 0)
@@ -36,15 +36,6 @@ class SamplingRows:
             self._seqs, self._key = list(seqs), key
         else:
             self._rows[: len(seqs), COUNTERS] = [len(s.output_ids) + s.num_pending for s in seqs]
-        out = self._buffer(rows)
+        out = self._buffers.next(rows)
         out.numpy()[:] = self._rows
         return SamplingTensors(out)
-
-    def _buffer(self, rows: int) -> torch.Tensor:
-        pair = self._buffers.get(rows)
-        if pair is None:
-            pair = self._buffers[rows] = [
-                torch.zeros(rows, len(FIELDS), dtype=torch.int64, pin_memory=self._pinned) for _ in range(2)
-            ]
-        self._flip ^= 1
-        return pair[self._flip]

@@ -80,7 +80,7 @@ def keeps_penalty_state(seq: Sequence) -> bool:
 
 
 def wants_top_logprobs(seqs: list[Sequence]) -> bool:
-    return any(s.params.logprobs is not None and s.params.logprobs > 0 for s in seqs)
+    return most_top_logprobs(seqs) > 0
 
 
 def most_top_logprobs(seqs: list[Sequence]) -> int:
