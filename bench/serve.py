@@ -302,6 +302,7 @@ def run_offline(args, prompts: list[list[int]]) -> list[dict]:
     rows = []
     with LLM(args.model, **engine_options(args)) as llm:
         offline(llm, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency))  # warm-up
+        freeze_heap()  # as the server's processes do: neither side is timed through a full collection
         for c in args.concurrency:
             before = llm.stats()
             timings, seconds = offline(llm, prompts, args.output_len, c)
@@ -313,6 +314,13 @@ def run_offline(args, prompts: list[list[int]]) -> list[dict]:
         rows.append(offline_generate(llm, prompts, args.output_len) | step_mix(before, llm.stats()))
         print(rows[-1], flush=True)
     return rows
+
+
+def freeze_heap() -> None:
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def _drive_part(
@@ -328,7 +336,9 @@ def _drive_part(
 
 def _ready(barrier) -> None:
     """Returns once every client process has started and imported this module: each holds one
-    task at the barrier, so no process still importing torch starts its clients late."""
+    task at the barrier, so no process still importing torch starts its clients late. Its startup
+    heap is frozen, as the server's is: a client's full collection must not stall its streams."""
+    freeze_heap()
     barrier.wait(timeout=120)
 
 

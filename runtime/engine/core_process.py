@@ -32,6 +32,7 @@ from typing import Any
 
 from .core import EngineCore
 from .gil import prompt_handoffs
+from .heap import freeze_startup_heap
 from .llm import peer_errors
 from .prompt_logprobs import prompt_logprobs_when_room
 from .sequence import Sequence
@@ -398,9 +399,12 @@ def engine_process_main(conn: Any, recipe: Recipe) -> None:
     core = PublishingCore(llm.executor, functools.partial(peer_errors, llm.parallel))
     core.add_link(parent)
     executor = type(llm.executor)
+    # The model and its imports: no later collection walks them (engine/heap.py).
+    frozen = freeze_startup_heap("engine process: ")
     parent.put(
         ("ready", {
             "config": llm.config,
+            "gc_frozen": frozen,
             "limits": llm._limits,
             "executor": f"{executor.__module__}.{executor.__qualname__}",
             "pid": os.getpid(),

@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from ..engine.gil import prompt_handoffs
+from ..engine.heap import freeze_startup_heap
 from .app import build_app
 from .config import ServeConfig
 from .state import ServerState
@@ -94,6 +95,7 @@ def serve(
     (api_servers.py) also follows their supervisor: they pass `watch_engine=False`."""
     server = make_server(llm, config, model_name=model_name, log_level=log_level)
     prompt_handoffs()  # the event loop and the engine client's pipe threads pass every token along
+    freeze_startup_heap(label)  # the app, the tokenizer and their imports (engine/heap.py)
     engine_closed = threading.Event()
     log.info(
         "%sserving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
