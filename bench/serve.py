@@ -293,6 +293,8 @@ def step_mix(before, after) -> dict[str, float]:
         out[f"{phase}_steps"] = steps
         out[f"{phase}_step_ms"] = seconds / steps * 1e3 if steps else 0.0
         out[f"{phase}_step_tokens"] = tokens / steps if steps else 0.0
+        waited = after.step_wait_seconds[phase] - before.step_wait_seconds[phase]
+        out[f"{phase}_step_wait_ms"] = waited / steps * 1e3 if steps else 0.0
     return out
 
 
@@ -372,7 +374,7 @@ SERVER_SIDE = {"server_ttft_mean_ms": "fastpath_time_to_first_token_seconds",
 
 
 STEP_METRICS = ("fastpath_engine_steps_total", "fastpath_engine_step_tokens_total",
-                "fastpath_engine_step_seconds_total")  # fmt: skip
+                "fastpath_engine_step_seconds_total", "fastpath_engine_step_wait_seconds_total")  # fmt: skip
 
 
 def server_latencies(url: str) -> dict[str, float]:
@@ -407,6 +409,9 @@ def server_means(before: dict[str, float], after: dict[str, float]) -> dict[str,
         )
         out[f"{phase}_step_tokens"] = (
             delta(f"fastpath_engine_step_tokens_total{label}") / steps if steps else 0.0
+        )
+        out[f"{phase}_step_wait_ms"] = (
+            delta(f"fastpath_engine_step_wait_seconds_total{label}") / steps * 1e3 if steps else 0.0
         )
     return out
 
@@ -505,14 +510,17 @@ def write_requests(path: Path, timings: list[Timing]) -> None:
 def _steps(row: dict, phase: str) -> str:
     if f"{phase}_steps" not in row:
         return "-"
-    return f"{row[f'{phase}_steps']:.0f} ({row[f'{phase}_step_ms']:.2f}, {row[f'{phase}_step_tokens']:.1f})"
+    wait = row.get(f"{phase}_step_wait_ms")
+    waited = f", waits {wait:.2f}" if wait is not None else ""
+    return f"{row[f'{phase}_steps']:.0f} ({row[f'{phase}_step_ms']:.2f}, {row[f'{phase}_step_tokens']:.1f}{waited})"
 
 
 def table(rows: list[dict], generate_tok_s: float) -> str:
     headers = ["mode", "concurrency", "requests", "output tok/s", "vs offline generate",
                "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "request mean ms", "slot idle mean ms",
                "server: TTFT mean ms",
-               "server: queue mean ms", "prefill steps (ms, tokens each)", "decode steps (ms, rows each)",
+               "server: queue mean ms", "prefill steps (ms, tokens each, ms waiting for the device)",
+               "decode steps (ms, rows each, ms waiting for the device)",
                "API / engine process CPU (cores)"]  # fmt: skip
     body = [
         [r["mode"], r["concurrency"], r["requests"], f"{r['output_tok_s']:.0f}",

@@ -58,6 +58,7 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     request.state.request_id = rid
     gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(body))
     request.state.prompt_tokens = gen.prompt_tokens
+    request.state.timeline = gen.timeline
     if body.stream:
         env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.model_name)
         return SSEResponse(_events(gen, env, body, request), gen)

@@ -130,6 +130,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body)
     )
     request.state.prompt_tokens = gen.prompt_tokens
+    request.state.timeline = gen.timeline
     env = Envelope(rid, "text_completion", int(time.time()), state.model_name)
     if body.stream:
         return SSEResponse(_events(gen, env, body, params.n, request, echo), gen)

@@ -44,6 +44,8 @@ class Generation:
         self._last: dict[int, float] = {}
         self._whole_tokens: dict[tuple[int, int], int] = {}  # (prompt, completion) -> tokens seen
         self._reasons: list[str] = []  # finish reasons as they arrive, for metrics
+        # For the access log: arrival to the first batch slot and to the first token, in ms.
+        self.timeline: dict[str, float] = {}
         self._closed = False
 
     @classmethod
@@ -97,6 +99,7 @@ class Generation:
         metrics = self.state.metrics
         if last is None:  # a prompt's first token, whichever of its completions had it
             metrics.ttft.observe(now - self.arrival)
+            self.timeline.setdefault("ttft_ms", round((now - self.arrival) * 1e3, 3))
             self._observe_queue(i)
         else:
             per_token = (now - last) / tokens
@@ -119,7 +122,9 @@ class Generation:
         if out.finished:  # once per prompt, as a stream counts it
             firsts = [t for c in out.outputs if (t := handle.first_token_at(c.index)) is not None]
             if firsts:
-                metrics.ttft.observe(max(0.0, min(firsts) - self.arrival))
+                ttft = max(0.0, min(firsts) - self.arrival)
+                metrics.ttft.observe(ttft)
+                self.timeline.setdefault("ttft_ms", round(ttft * 1e3, 3))
             self._observe_queue(i)
 
     def _observe_queue(self, i: int) -> None:
@@ -127,7 +132,9 @@ class Generation:
         handle = self.handles[i]
         slots = [t for j in range(handle.params.n) if (t := handle.scheduled_at(j)) is not None]
         if slots:
-            self.state.metrics.queue.observe(max(0.0, min(slots) - self.arrival))
+            queued = max(0.0, min(slots) - self.arrival)
+            self.state.metrics.queue.observe(queued)
+            self.timeline.setdefault("queue_ms", round(queued * 1e3, 3))
 
     async def collect(self) -> list[RequestOutput]:
         """Every prompt's whole output, once all have finished."""

@@ -87,5 +87,6 @@ class RequestMiddleware:
             "prompt_tokens": info.get("prompt_tokens"),
             "completion_tokens": info.get("completion_tokens"),
             "pid": os.getpid() if self.state.config.api_server_count > 1 else None,  # which API server
+            **info.get("timeline", {}),  # queue_ms, ttft_ms: where a slow first token waited
         }
         access_log.info(json.dumps({k: v for k, v in record.items() if v is not None}))

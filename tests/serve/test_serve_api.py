@@ -1,5 +1,8 @@
 """The OpenAI routes through the official client: models, completions and chat, streamed and not."""
 
+import json
+import logging
+
 import httpx
 import openai
 import pytest
@@ -362,3 +365,17 @@ def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(url, llm):
     )
     assert r.usage.completion_tokens == llm.config.max_seq_len - r.usage.prompt_tokens
     assert r.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_access_log_says_where_a_first_token_waited(llm, caplog, stream):
+    with running(llm, access_log=True) as base, caplog.at_level(logging.INFO, "fastpath.serve.access"):
+        api = client(base)
+        out = api.completions.create(model="tiny", prompt="Hello there", max_tokens=4, stream=stream)
+        if stream:
+            list(out)
+    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "fastpath.serve.access"]
+    line = next(r for r in records if r["path"] == "/v1/completions")
+    assert line["status"] == 200 and line["prompt_tokens"] > 0
+    # Arrival to the first batch slot, then to the first token, within the whole request.
+    assert 0 <= line["queue_ms"] <= line["ttft_ms"] <= line["duration_ms"]
