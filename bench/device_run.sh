@@ -84,7 +84,7 @@ for step in "$@"; do
       timeout 540 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-gil \
         --server-env "" "${variants[@]}" 2>&1 | tail -8 ;;
     serve-env)  # #17: the server as it is beside variants, each an environment (SERVE_VARIANTS="FASTPATH_GC_FREEZE=0 ...")
-      timeout 540 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-env \
+      timeout 540 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-env --access-log \
         --server-env "" ${SERVE_VARIANTS:-FASTPATH_GC_FREEZE=0} 2>&1 | tail -8 ;;
     serve-api-servers) timeout 540 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --api-server-count 1 2 4 2>&1 | tail -10 ;;
     serve-interval) timeout 420 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --stream-interval 1 4 2>&1 | tail -10 ;;

@@ -219,8 +219,10 @@ def start_server(
 ) -> subprocess.Popen:
     extra = server_env(env)
     env = {**os.environ, **extra} if extra else None
-    cmd = [sys.executable, "-m", "fastpath.serve", args.model, "--port", str(port), "--no-access-log",
-           "--log-level", "warning", "--stream-interval", str(interval), "--api-server-count", str(servers),
+    # With --access-log every request's line (its queue_ms and ttft_ms) goes to the server's log.
+    logging = ["--log-level", "info"] if args.access_log else ["--no-access-log", "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "fastpath.serve", args.model, "--port", str(port), *logging,
+           "--stream-interval", str(interval), "--api-server-count", str(servers),
            *engine_flags(args)]  # fmt: skip
     return launch_server(cmd, port, log, args.start_timeout, env)
 
@@ -465,7 +467,8 @@ def run_server(
 ) -> tuple[list[dict], int]:
     port = free_port()
     args.out.mkdir(parents=True, exist_ok=True)
-    proc = start_server(args, port, args.out / "serve-server.log", interval, servers, env)
+    log = args.out / f"{args.name}-server-{servers}x{interval}{env_tag(env)}.log"
+    proc = start_server(args, port, log, interval, servers, env)
     flags = [f"--stream-interval {interval}"] * (interval != 1) + [f"--api-server-count {servers}"] * (
         servers != 1
     )
@@ -565,6 +568,10 @@ def main() -> None:
         "--server-env", nargs="+", default=[""], metavar="NAME=VALUE[,NAME=VALUE]",
         help="environment for the server's processes (FASTPATH_GIL_SWITCH_US=0, FASTPATH_ADMIT_BESIDE=0, ...); "
         "several run one server each, side by side",
+    )  # fmt: skip
+    ap.add_argument(
+        "--access-log", action="store_true",
+        help="each server logs every request (queue_ms, ttft_ms) into its <name>-server-*.log",
     )  # fmt: skip
     ap.add_argument(
         "--quick", action="store_true", help="a tiny random model on the CPU: the bench's smoke test"
