@@ -35,7 +35,15 @@ from .sampling_params import SamplingParams
 from .sampling_rows import SamplingRows
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
-from .steps import InflightStep, StepRecord, decode_step, most_top_logprobs, prefill_step, stage
+from .steps import (
+    InflightStep,
+    StepRecord,
+    decode_step,
+    most_top_logprobs,
+    prefill_step,
+    stage,
+    stage_steady,
+)
 
 # 0: new requests wait for the host to read back the step in flight (Scheduler.admit_beside)
 ADMIT_BESIDE_ENV = "FASTPATH_ADMIT_BESIDE"
@@ -91,6 +99,11 @@ class ExecutorCore:
             lambda key: (torch.zeros(*key, dtype=torch.int64, pin_memory=self.is_cuda), [(-1, 0, 0)] * key[0])
         )
         self._sampling_rows = SamplingRows(pinned=self.is_cuda)
+        # The last decode step's sequences and packed buffer, and per staging buffer the batch and
+        # scheduler epoch whose block tables it holds: a steady batch stages by vector ops.
+        self._last_decode: tuple[list | None, torch.Tensor | None] = (None, None)
+        self._tables_of: dict[int, tuple[list, int]] = {}
+        self._rows_of: tuple[list | None, dict[int, int], int] = (None, {}, 0)  # sampled, rows, top k
         self._host_buffers = Alternating(
             lambda key: torch.empty(key[0], dtype=key[1], pin_memory=self.is_cuda)
         )  # read-back, per (shape, dtype)
@@ -223,7 +236,17 @@ class ExecutorCore:
             rows = len(seqs)
             width = max(-(-s.num_tokens // runner.block_size) for s in seqs)
         packed, owners = self._staging_buffer(rows, FIXED_COLUMNS + width)
-        stage(packed, seqs, prev.rows if prev is not None else {}, runner.block_size, owners)
+        epoch, last = self.scheduler.epoch, self._last_decode
+        if prev is not None and prev.batch.seqs is seqs and last[0] is seqs and last[1].shape == packed.shape:
+            # The same batch again (Scheduler.continue_decode's fast path): no pass over its rows,
+            # and none over its block tables when this buffer holds them from the same epoch.
+            held = self._tables_of.get(id(packed))
+            current = held is not None and held[0] is seqs and held[1] == epoch
+            stage_steady(packed, last[1], seqs, runner.block_size, None if current else owners)
+        else:
+            stage(packed, seqs, prev.rows if prev is not None else {}, runner.block_size, owners)
+        self._last_decode = (seqs, packed)
+        self._tables_of[id(packed)] = (seqs, epoch)  # the list itself: its id is not reused meanwhile
         for seq in seqs:
             seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending
         guided = runner.guided is not None and any(s.guided is not None for s in seqs)
@@ -247,11 +270,18 @@ class ExecutorCore:
         return self.runner.run_prefill(step, sampled if guided else None, prev_tokens), sampled
 
     def _read_back(self, batch: ScheduledBatch, sampled: list[Sequence], out: Sampled) -> InflightStep:
-        top_ids, top_logprobs, k = out.top_ids, out.top_logprobs, 0
-        if top_ids is not None:
-            k = most_top_logprobs(sampled)
-            if k == 0:
-                top_ids = top_logprobs = None
+        if self._rows_of[0] is not sampled:  # a steady batch keeps its list, its rows and its k
+            self._rows_of = (
+                sampled,
+                {s.seq_id: i for i, s in enumerate(sampled)},
+                most_top_logprobs(sampled),
+            )
+        _, rows, k = self._rows_of
+        top_ids, top_logprobs = out.top_ids, out.top_logprobs
+        if top_ids is None:
+            k = 0
+        elif k == 0:
+            top_ids = top_logprobs = None
         # Whole rows: a column slice is strided, and copying one to the host costs a gather kernel
         # and a device allocation first. complete() converts only the k columns asked for.
         host = Sampled(
@@ -261,7 +291,6 @@ class ExecutorCore:
             )
         )
         ticket, event = self.readback.mark()
-        rows = {s.seq_id: i for i, s in enumerate(sampled)}
         return InflightStep(batch, sampled, out.tokens, rows, host, ticket, event, k)
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,10 @@ class ScheduledBatch:
     lens: list[int] = field(default_factory=list)
     # which sequences sample a token this step (a prefill chunk short of the prompt's end does not)
     samples: list[bool] = field(default_factory=list)
+    # A decode batch from continue_decode: the scheduler's epoch it was built in, and for how many
+    # more steps the same sequences continue with no limit reached and no block to allocate.
+    epoch: int = -1
+    horizon: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +51,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        # Bumped whenever the running list or a block table changes: a steady decode batch built in
+        # the same epoch is still exact (continue_decode's fast path).
+        self.epoch = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -63,10 +70,13 @@ class Scheduler:
         need = self._blocks_for(seq, num_tokens)
         if need > self.allocator.num_free:
             return False
-        seq.block_table.extend(self.allocator.allocate(need))
+        if need:
+            seq.block_table.extend(self.allocator.allocate(need))
+            self.epoch += 1
         return True
 
     def release(self, seq: Sequence) -> None:
+        self.epoch += 1
         self.allocator.free(seq.block_table)
         seq.block_table = []
         seq.table_epoch += 1
@@ -140,6 +150,7 @@ class Scheduler:
             if seq.scheduled_at is None:  # for queue time; a preempted sequence keeps its first
                 seq.scheduled_at = time.monotonic()
             self.running.append(seq)
+            self.epoch += 1
             budget -= taken
             admitted += 1
         return admitted
@@ -254,10 +265,16 @@ class Scheduler:
             return None
         if self.waiting and len(self.running) < self.max_batch_size:
             return None  # room to admit: let the full scheduler run
+        if prev.horizon > 0 and prev.epoch == self.epoch:
+            # Nothing finished, joined or grew since `prev`, and no sequence of it reaches a limit
+            # or a block boundary this step: the same sequences go on, with no pass over them.
+            return ScheduledBatch("decode", prev.seqs, samples=prev.samples, epoch=self.epoch,
+                                  horizon=prev.horizon - 1)  # fmt: skip
         if not set(map(id, prev.seqs)).issuperset(map(id, self.running)):
             return None
         # One pass, as cheap as it can be: this runs once per decode step for every sequence.
         bs, seqs, growing, need = self.block_size, [], [], 0
+        horizon = 1 << 30
         for s in prev.seqs:
             if s.status is Status.FINISHED:
                 continue
@@ -266,12 +283,18 @@ class Scheduler:
             if n >= s.max_seq_len or generated >= s.max_new_tokens:
                 continue
             seqs.append(s)
+            room = len(s.block_table) * bs
             short = -(-n // bs) - len(s.block_table)
             if short > 0:
                 growing.append((s, short))
                 need += short
+                room += short * bs
+            # The steps after this one the sequence takes as it is: each adds a token to n.
+            horizon = min(horizon, s.max_seq_len - n - 1, s.max_new_tokens - generated - 1, room - n)
         if not seqs or need > self.allocator.num_free:
             return None
         for s, short in growing:
             s.block_table.extend(self.allocator.allocate(short))
-        return ScheduledBatch("decode", seqs, samples=[True] * len(seqs))
+        if growing:
+            self.epoch += 1
+        return ScheduledBatch("decode", seqs, samples=[True] * len(seqs), epoch=self.epoch, horizon=horizon)

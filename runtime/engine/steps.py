@@ -249,7 +249,7 @@ def stage(
     copies were most of the host's staging time.
     """
     arr = packed.numpy()
-    n, width = len(seqs), packed.shape[1] - FIXED_COLUMNS
+    n = len(seqs)
     arr[n:, :FIXED_COLUMNS] = (0, -1, 0, 0, 1)
     rows = []  # one pass, one row tuple in column order per sequence: this runs every decode step
     for seq in seqs:
@@ -259,6 +259,35 @@ def stage(
         rows.append((token, src, p, seq.block_table[p // block_size] * block_size + p % block_size, p + 1))
     if rows:
         arr[:n, :FIXED_COLUMNS] = rows
+    stage_tables(arr, seqs, owners)
+
+
+def stage_steady(
+    packed: torch.Tensor, last: torch.Tensor, seqs, block_size: int, owners: list[tuple[int, int, int]] | None
+) -> None:
+    """stage() for the decode step after `last`'s (the same sequences, in the same rows, the same
+    shape): each row feeds the token that step samples in its own row, one position further on, so
+    the fixed columns follow from `last`'s by vector ops. `owners` None: this buffer's block tables
+    are current (nothing grew since it was staged for these sequences)."""
+    arr, n = packed.numpy(), len(seqs)
+    cols = arr[:n, :FIXED_COLUMNS]
+    cols[:] = last.numpy()[:n, :FIXED_COLUMNS]
+    cols[:, 0] = -1  # token: taken from the step in flight
+    cols[:, 1] = np.arange(n)  # its row there
+    cols[:, 2:] += 1  # position, cache slot, context length
+    # A position that opens a block takes its slot from the table (the scheduler's horizon keeps
+    # these to blocks already allocated).
+    for r in np.flatnonzero(cols[:, 2] % block_size == 0).tolist():
+        p = int(cols[r, 2])
+        cols[r, 3] = seqs[r].block_table[p // block_size] * block_size
+    arr[n:, :FIXED_COLUMNS] = (0, -1, 0, 0, 1)
+    if owners is not None:
+        stage_tables(arr, seqs, owners)
+
+
+def stage_tables(arr: np.ndarray, seqs, owners: list[tuple[int, int, int]] | None) -> None:
+    """Block tables into the packed rows, skipping rows whose owner says they are already there."""
+    n, width = len(seqs), arr.shape[1] - FIXED_COLUMNS
     for r, seq in enumerate(seqs):
         table = seq.block_table
         k = min(len(table), width)

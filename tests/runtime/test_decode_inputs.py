@@ -41,3 +41,42 @@ def test_cached_tables_are_rewritten_when_they_grow_move_or_are_reallocated():
     assert packed[0, FIXED_COLUMNS] == 11
     stage(packed, [a], {}, 16, owners)  # b left: its row becomes padding
     assert packed[1].tolist() == [0, -1, 0, 0, 1, 0, 0, 0, 0]
+
+
+def test_a_steady_batch_stages_by_vector_ops_exactly_as_a_full_pass_would(monkeypatch):
+    """Scheduler.continue_decode's fast path hands the same batch on, and the executor stages it from
+    the last step's buffer (steps.stage_steady). Every such step is checked against stage() over the
+    same sequences, through block boundaries (16 tokens), different lengths and finishes; then the
+    tokens equal those of the same requests through full passes only."""
+    from fastpath.runtime import LLM
+    from fastpath.runtime.engine import executor as executor_module
+    from fastpath.runtime.engine import steps
+    from fastpath.runtime.engine.scheduler import Scheduler
+
+    checked = []
+    real_stage, real_continue = steps.stage_steady, Scheduler.continue_decode
+
+    def checked_stage_steady(packed, last, seqs, block_size, owners):
+        real_stage(packed, last, seqs, block_size, owners)
+        full = torch.zeros_like(packed)
+        stage(full, seqs, {s.seq_id: i for i, s in enumerate(seqs)}, block_size)
+        assert torch.equal(packed[:, :FIXED_COLUMNS], full[:, :FIXED_COLUMNS])
+        for r, s in enumerate(seqs):  # each table's live blocks; entries past them are never read
+            k = min(len(s.block_table), packed.shape[1] - FIXED_COLUMNS)
+            assert packed[r, FIXED_COLUMNS : FIXED_COLUMNS + k].tolist() == s.block_table[:k]
+        checked.append(len(seqs))
+
+    def never_steady(self, prev):
+        prev.horizon = 0
+        return real_continue(self, prev)
+
+    prompts = [[5 + i] * (3 + 7 * i) for i in range(6)]
+    params = [SamplingParams(temperature=0.0, max_tokens=20 + 9 * i, ignore_eos=True) for i in range(6)]
+    with LLM("random:tiny-llama", device="cpu", max_seq_len=256, max_batch_size=8) as llm:
+        monkeypatch.setattr(executor_module, "stage_steady", checked_stage_steady)
+        fast = llm.generate(prompts, params, use_tqdm=False)
+        monkeypatch.setattr(Scheduler, "continue_decode", never_steady)
+        monkeypatch.setattr(executor_module, "stage_steady", None)  # a use of it would fail now
+        full = llm.generate(prompts, params, use_tqdm=False)
+    assert len(checked) > 20 and min(checked) < max(checked)
+    assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in full]
