@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from ..dispatch.dispatcher import NATIVE_EXTENSION, HostDispatcher
@@ -104,6 +105,8 @@ class ExecutorCore:
         self._last_decode: tuple[list | None, torch.Tensor | None] = (None, None)
         self._tables_of: dict[int, tuple[list, int]] = {}
         self._rows_of: tuple[list | None, dict[int, int], int] = (None, {}, 0)  # sampled, rows, top k
+        # A steady batch's stop tokens (any row's) and its rows that keep logprobs (_accept_steady).
+        self._steady_of: tuple[list | None, np.ndarray, list[tuple[int, int]]] = (None, np.empty(0), [])
         self._host_buffers = Alternating(
             lambda key: torch.empty(key[0], dtype=key[1], pin_memory=self.is_cuda)
         )  # read-back, per (shape, dtype)
@@ -312,6 +315,8 @@ class ExecutorCore:
             k = step.top_k  # the columns some row asked for (TOP_LOGPROBS were computed)
             ids, lps = host.top_ids[:, :k].tolist(), host.top_logprobs[:, :k].tolist()
             tops = list(zip(map(tuple, ids), map(tuple, lps), strict=True))
+        if step.continues and self._accept_steady(step, record, tops):
+            return record
         for i, (seq, token, logprob) in enumerate(
             zip(step.sampled, host.tokens.tolist(), host.logprobs.tolist(), strict=True)
         ):
@@ -323,6 +328,40 @@ class ExecutorCore:
                 self.scheduler.finish(seq)
                 record.finished.append(seq)
         return record
+
+    def _accept_steady(self, step: InflightStep, record: StepRecord, tops: list | None) -> bool:
+        """Sequence.accept for a batch that goes on whole: unless some row's token could stop it (its
+        stop ids, or EOS where it is not ignored), every row just takes its token (and logprobs),
+        with no checks per row. False: some token could stop its row; the caller takes every row."""
+        seqs = step.sampled
+        if self._steady_of[0] is not seqs:
+            stops, logprob_rows = set(), []
+            for i, s in enumerate(seqs):
+                p = s.params
+                stops.update(p.stop_token_ids)
+                if not p.ignore_eos:
+                    stops.update(s.eos_ids)
+                if p.logprobs is not None:
+                    logprob_rows.append((i, p.logprobs))
+            self._steady_of = (seqs, np.array(sorted(stops), dtype=np.int64), logprob_rows)
+        _, stops, logprob_rows = self._steady_of
+        host = step.host
+        if stops.size and np.isin(host.tokens.numpy(), stops).any():
+            return False
+        tokens = host.tokens.tolist()
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.num_pending -= 1
+            seq.output_ids.append(token)
+        if logprob_rows:
+            logprobs = host.logprobs.tolist()
+            for i, k in logprob_rows:
+                seq = seqs[i]
+                seq.logprobs.append(logprobs[i])
+                if k and tops is not None:
+                    top = tops[i]
+                    seq.top_logprobs.append(top if len(top[0]) == k else (top[0][:k], top[1][:k]))
+        record.new_tokens = list(zip(seqs, tokens, strict=True))
+        return True
 
     def _staging_buffer(self, rows: int, cols: int) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
         """A pinned staging buffer and the record of whose block tables its rows hold."""
@@ -382,6 +421,7 @@ class ExecutorCore:
                 if nxt is not None:
                     launched = self.launch(nxt, inflight)
                     done, inflight = inflight, launched
+                    done.continues = launched.batch.seqs is done.batch.seqs
                     yield self.complete(done)
                     continue
                 if inflight is not None:

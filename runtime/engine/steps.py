@@ -39,6 +39,9 @@ class InflightStep:
     ticket: int  # read-back sequence number (readback.py)
     event: torch.cuda.Event | None = None  # under tensor parallelism, or with read-back by event
     top_k: int = 0  # the top-k logprob columns of `host` that some row asked for
+    # The step launched after it holds the same batch (Scheduler.continue_decode's fast path): no row
+    # reached a length limit with this step's token (ExecutorCore._accept_steady).
+    continues: bool = False
 
 
 @dataclass(slots=True)

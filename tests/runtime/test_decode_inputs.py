@@ -71,12 +71,67 @@ def test_a_steady_batch_stages_by_vector_ops_exactly_as_a_full_pass_would(monkey
         return real_continue(self, prev)
 
     prompts = [[5 + i] * (3 + 7 * i) for i in range(6)]
-    params = [SamplingParams(temperature=0.0, max_tokens=20 + 9 * i, ignore_eos=True) for i in range(6)]
+    params = [SamplingParams(temperature=0.0, max_tokens=20 + 9 * i, ignore_eos=True) for i in range(4)]
+    # Rows that keep logprobs, and a row a token stops.
+    params.append(SamplingParams(temperature=0.8, seed=3, max_tokens=60, logprobs=2, ignore_eos=True))
     with LLM("random:tiny-llama", device="cpu", max_seq_len=256, max_batch_size=8) as llm:
+        plain = llm.generate(prompts[5:], SamplingParams(temperature=0.0, max_tokens=40), use_tqdm=False)
+        ids = plain[0].outputs[0].token_ids
+        at = next(i for i in range(14, len(ids)) if ids[i] not in ids[:i])  # first seen mid-batch
+        stop = ids[at]
+        params.append(SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=[stop], logprobs=0))
+        steady = []
+        real_accept = executor_module.ExecutorCore._accept_steady
+
+        def counted_accept(self, step, record, tops):
+            took = real_accept(self, step, record, tops)
+            steady.append(took)
+            return took
+
         monkeypatch.setattr(executor_module, "stage_steady", checked_stage_steady)
+        monkeypatch.setattr(executor_module.ExecutorCore, "_accept_steady", counted_accept)
         fast = llm.generate(prompts, params, use_tqdm=False)
         monkeypatch.setattr(Scheduler, "continue_decode", never_steady)
         monkeypatch.setattr(executor_module, "stage_steady", None)  # a use of it would fail now
         full = llm.generate(prompts, params, use_tqdm=False)
     assert len(checked) > 20 and min(checked) < max(checked)
-    assert [o.outputs[0].token_ids for o in fast] == [o.outputs[0].token_ids for o in full]
+    assert steady.count(True) > 20
+
+    def shown(outs):
+        return [(c.token_ids, c.logprobs, c.finish_reason, c.stop_reason) for o in outs for c in o.outputs]
+
+    assert shown(fast) == shown(full)
+    assert fast[5].outputs[0].stop_reason == stop and len(fast[5].outputs[0].token_ids) == at + 1
+
+
+def test_a_steady_step_with_a_token_that_could_stop_a_row_takes_every_rows_path():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fastpath.runtime.engine.executor import ExecutorCore
+    from fastpath.runtime.engine.steps import StepRecord
+    from fastpath.runtime.runner.sampler import Sampled
+
+    a = _seq(0, [1, 2])
+    b = Sequence(
+        1, [3, 4], SamplingParams(temperature=0.0, stop_token_ids=[42], logprobs=0), 0, frozenset({2}), 64
+    )
+    c = Sequence(2, [3, 4], SamplingParams(temperature=0.0, ignore_eos=True), 0, frozenset({7}), 64)
+    for s in (a, b, c):
+        s.num_pending = 1
+    core = SimpleNamespace(_steady_of=(None, np.empty(0), []))
+
+    def step(tokens):
+        host = Sampled(torch.tensor(tokens), torch.tensor([-0.5, -0.25, -0.125]))
+        return SimpleNamespace(sampled=[a, b, c], host=host)
+
+    record = StepRecord("decode", 3)
+    assert ExecutorCore._accept_steady(core, step([5, 6, 7]), record, None)  # 7: EOS, but c ignores it
+    assert [s.output_ids for s in (a, b, c)] == [[5], [6], [7]] and b.logprobs == [-0.25]
+    assert [t for _, t in record.new_tokens] == [5, 6, 7] and not any(s.num_pending for s in (a, b, c))
+    for s in (a, b, c):
+        s.num_pending = 1
+    for stop in ([42, 6, 7], [5, 2, 7]):  # b's stop id, then b's EOS
+        assert not ExecutorCore._accept_steady(core, step(stop), StepRecord("decode", 3), None)
+    assert [s.output_ids for s in (a, b, c)] == [[5], [6], [7]], "a refused step leaves every row as it was"

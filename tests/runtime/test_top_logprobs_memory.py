@@ -11,19 +11,21 @@ from fastpath.runtime.engine.sequence import Sequence
 
 
 def test_each_tokens_top_logprobs_are_untracked_tuples(monkeypatch):
-    kept = []
-    accept = Sequence.accept
+    from fastpath.runtime.engine.executor import ExecutorCore
 
-    def spy(self, token, logprob, top=None):
-        accept(self, token, logprob, top)
-        if self.top_logprobs:
-            kept.append(self.top_logprobs[-1])
+    seqs: dict[int, Sequence] = {}
+    complete = ExecutorCore.complete
 
-    monkeypatch.setattr(Sequence, "accept", spy)
+    def spy(self, step):  # both ways a step's tokens reach its sequences pass here
+        seqs.update((s.seq_id, s) for s in step.sampled)
+        return complete(self, step)
+
+    monkeypatch.setattr(ExecutorCore, "complete", spy)
     llm = LLM("random:tiny-llama", device="cpu", max_seq_len=64)
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
     out = llm.generate([[5, 6, 7], [8, 9]], params, use_tqdm=False)
     assert all(len(o.outputs[0].logprobs) == 6 for o in out)
+    kept = [top for s in seqs.values() for top in s.top_logprobs]
     assert len(kept) == 12
     gc.collect()
     for ids, lps in kept:
