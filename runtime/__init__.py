@@ -15,6 +15,7 @@ _EXPORTS = {
     "LLM": ".engine.llm",
     "SamplingParams": ".engine.sampling_params",
     "GuidedDecodingParams": ".engine.sampling_params",
+    "StructuredOutputsParams": ".engine.sampling_params",  # vLLM's newer name for GuidedDecodingParams
     "RequestOutput": ".engine.outputs",
     "CompletionOutput": ".engine.outputs",
     "Logprob": ".engine.outputs",

@@ -1,4 +1,8 @@
-"""Progress for long work (weight loading, warmup, graph capture): rich on a terminal, quiet otherwise."""
+"""Progress for long work (weight loading, warmup, graph capture): rich on a terminal, quiet otherwise.
+
+FASTPATH_PROGRESS=1 shows these bars off a terminal too; FASTPATH_PROGRESS=0 hides them, and the bar
+generate() and chat() show for use_tqdm (engine/waiting.py), which is otherwise always on stderr.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,12 @@ from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
+ENV = "FASTPATH_PROGRESS"
 
 
 def enabled() -> bool:
-    return os.environ.get("FASTPATH_PROGRESS", "auto") == "1" or (
-        os.environ.get("FASTPATH_PROGRESS", "auto") == "auto" and sys.stderr.isatty()
+    return os.environ.get(ENV, "auto") == "1" or (
+        os.environ.get(ENV, "auto") == "auto" and sys.stderr.isatty()
     )
 
 

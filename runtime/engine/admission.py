@@ -74,7 +74,8 @@ def check_ids(ids: Any, limits: Limits) -> list[int]:
         raise ValueError("empty prompt")
     if len(out) >= limits.max_seq_len:
         raise ValueError(
-            f"prompt of {len(out)} tokens leaves no room to generate: max_seq_len is {limits.max_seq_len}"
+            f"prompt of {len(out)} tokens leaves no room to generate: "
+            f"max_seq_len (max_model_len) is {limits.max_seq_len}"
         )
     if min(out) < 0 or max(out) >= limits.vocab_size:  # then name the first, as the error always has
         bad = next(t for t in out if not 0 <= t < limits.vocab_size)

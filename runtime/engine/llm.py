@@ -20,7 +20,7 @@ import logging
 import pickle
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -339,11 +339,21 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: Params = None,
         *,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
         errors: str = "raise",
     ) -> list[RequestOutput]:
         """One output per prompt, in order. An invalid request fails alone: the rest still run, and a
-        RequestError at the end carries every output (errors="return" hands them back instead)."""
+        RequestError at the end carries every output (errors="return" hands them back instead).
+
+        - `prompts`: one prompt or a list of them. A prompt is a string, a list of token ids, or a
+          dict with 'prompt' (text) and/or 'prompt_token_ids' (when both, the ids are used).
+        - `sampling_params`: one SamplingParams for every prompt, or a list with one per prompt;
+          None: `get_default_sampling_params()`.
+        - `use_tqdm`: True shows a tqdm bar of the prompts processed on stderr (as vLLM, terminal or
+          not; FASTPATH_PROGRESS=0 hides it); a callable is the tqdm class or factory to use, called
+          with vLLM's keywords (total, desc, dynamic_ncols); False shows none.
+        - `errors`: "raise" (a RequestError after the rest have run) or "return" (the failed
+          requests' outputs carry their `error`)."""
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
         if self.core is None:
@@ -352,7 +362,7 @@ class LLM:
         params = _params_per_prompt(sampling_params, len(prompts), self._defaults)
         outputs, handles, problems, wake = self._submit_all(prompts, params, stream=False)
         try:
-            wait_all(list(handles.values()), wake, use_tqdm and len(handles) > 1)
+            wait_all(list(handles.values()), wake, use_tqdm)
         except BaseException:  # Ctrl-C, a timeout: what this call started stops with it
             for h in handles.values():
                 h.abort()
@@ -393,7 +403,12 @@ class LLM:
         self, prompts: Prompt | Sequence[Prompt], sampling_params: Params = None
     ) -> Iterator[RequestOutput]:
         """Incremental outputs as steps complete: each holds the new token ids and the new text of one
-        request. Invalid requests raise before anything runs; closing the iterator aborts the rest."""
+        request. Invalid requests raise before anything runs; closing the iterator aborts the rest.
+
+        - `prompts`: one prompt or a list of them, as in generate(); an output's `request_id` says
+          which request it belongs to.
+        - `sampling_params`: one SamplingParams for every prompt, or a list with one per prompt;
+          None: `get_default_sampling_params()`."""
         if self.core is None:
             return
         prompts = _prompt_list(prompts)
@@ -428,11 +443,24 @@ class LLM:
         continue_final_message: bool = False,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: bool | Callable[..., Any] = True,
     ) -> list[RequestOutput]:
         """Generate replies to conversations, each rendered by the tokenizer's chat template (or
-        `chat_template`) straight to token ids, so the template's BOS is the only one. `tools` reach
-        the template. A conversation the template refuses fails alone, as an invalid prompt does."""
+        `chat_template`) straight to token ids, so the template's BOS is the only one. A conversation
+        the template refuses fails alone, as an invalid prompt does (a RequestError at the end).
+
+        - `messages`: one conversation (a list of {'role', 'content'} dicts; OpenAI-style text content
+          parts are joined) or a list of conversations.
+        - `sampling_params`: one SamplingParams for every conversation, or a list with one per
+          conversation; None: `get_default_sampling_params()`.
+        - `chat_template`: a Jinja template to use instead of the tokenizer's.
+        - `add_generation_prompt`: end the rendering with the template's assistant turn opening, so
+          the model writes a reply.
+        - `continue_final_message`: leave the last message open, so the model continues it (for a
+          final assistant message; use with add_generation_prompt=False).
+        - `chat_template_kwargs`: extra variables for the template (e.g. enable_thinking).
+        - `tools`: tool (function) definitions, passed to the template as `tools`.
+        - `use_tqdm`: as in generate()."""
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self._defaults)
         # What is wrong with the call itself fails the call, not each conversation.

@@ -40,8 +40,9 @@ class EngineOptions:
         ),
     )
     device: str = field(default="auto", metadata=doc("auto (CUDA when present), cuda, cuda:N or cpu."))
-    seed: int = field(
-        default=0, metadata=doc("Seeds random weights and requests that carry no seed, in [0, 2**63).")
+    seed: int | None = field(
+        default=0,
+        metadata=doc("Seeds random weights and requests that carry no seed, in [0, 2**63); None: 0."),
     )
     max_batch_size: int = field(
         default=16, metadata=doc("The most sequences decoded in one step (alias: max_num_seqs), 1 to 4096.")
@@ -157,6 +158,8 @@ def parse_options(kwargs: dict[str, Any]) -> EngineOptions:
                 f"{spelled[name]}={given[name]!r} and {key}={value!r} disagree (both set {name})"
             )
         given[name], spelled[name] = value, key
+    if "seed" in given and given["seed"] is None:
+        given["seed"] = 0  # vLLM's callers pass seed=None for "the default"
     return EngineOptions(**given)
 
 

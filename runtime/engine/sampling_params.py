@@ -11,7 +11,7 @@ import difflib
 import logging
 import math
 import reprlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 MAX_INT64 = (1 << 63) - 1
@@ -40,7 +40,7 @@ MAX_STOP_CHARS = 16384
 MAX_LOGPROBS = 20  # top-k logprobs a request may ask for (vLLM's default max_logprobs)
 MAX_N = 256
 
-GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 def doc(text: str) -> dict[str, str]:
@@ -50,17 +50,70 @@ def doc(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GuidedDecodingParams:
-    """One structured-output constraint, as vLLM spells it: exactly one field is set."""
+    """One structured-output constraint, as vLLM spells it (StructuredOutputsParams is this class): exactly
+    one of json, json_object, regex, choice, grammar and structural_tag is set; the rest are options."""
 
     json: dict[str, Any] | str | None = field(
         default=None, metadata=doc("A JSON schema (a dict, or its JSON text).")
     )
-    json_object: bool | None = field(default=None, metadata=doc("Any JSON object."))
+    json_object: bool | None = field(
+        default=None, metadata=doc("Any JSON object (an object: never an array or a bare value).")
+    )
     regex: str | None = field(default=None, metadata=doc("A regular expression the whole output matches."))
     choice: list[str] | None = field(default=None, metadata=doc("Exactly one of these strings."))
-    grammar: str | None = field(default=None, metadata=doc("An EBNF (GBNF) grammar."))
+    grammar: str | None = field(
+        default=None,
+        metadata=doc(
+            "An EBNF (GBNF) grammar, or a Lark one: llguidance reads all of Lark, xgrammar its common "
+            "subset (rules, strings, ranges, /regex/, ? * + ~, [ ], parentheses), converted."
+        ),
+    )
+    structural_tag: dict[str, Any] | str | None = field(
+        default=None,
+        metadata=doc(
+            "vLLM's structural tag (its JSON text, or a dict): free text, with a JSON schema between each "
+            "begin and end. Both backends take {'structures': [{'begin', 'schema', 'end'}], 'triggers': "
+            "[...]}; xgrammar also its own {'type': 'structural_tag', 'format': ...}."
+        ),
+    )
+    backend: str | None = field(
+        default=None,
+        metadata=doc(
+            "The backend this request needs: None or 'auto' is the engine's; 'xgrammar' or 'llguidance' "
+            "('guidance', vLLM's name) must be the one the engine guides with (LLM(guided_backend=...)), "
+            "else the request fails naming the one available."
+        ),
+    )
+    disable_any_whitespace: bool | None = field(
+        default=None,
+        metadata=doc(
+            "Whitespace in JSON. None (the default) or True: compact JSON, ', ' and ': ' only (a weak "
+            "model may otherwise emit whitespace for ever); False, vLLM's default: any whitespace "
+            "between tokens."
+        ),
+    )
+    whitespace_pattern: str | None = field(
+        default=None,
+        metadata=doc(
+            "A regular expression for the whitespace JSON may hold between tokens (llguidance; xgrammar "
+            "fails the request: it has disable_any_whitespace only)."
+        ),
+    )
+    disable_additional_properties: bool = field(
+        default=False,
+        metadata=doc(
+            "JSON schema: every object that lists properties and says nothing of others gets "
+            "additionalProperties: false (as in vLLM)."
+        ),
+    )
+    disable_fallback: bool = field(
+        default=False,
+        metadata=doc("Accepted for vLLM compatibility: this engine never falls back to another backend."),
+    )
 
     def __post_init__(self) -> None:
+        from ..guided.spec import backend_name
+
         given = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError(
@@ -70,9 +123,35 @@ class GuidedDecodingParams:
             if not self.choice or not all(isinstance(c, str) for c in self.choice):
                 raise ValueError("GuidedDecodingParams.choice must be a non-empty list of strings")
             object.__setattr__(self, "choice", list(self.choice))
+        backend_name(self.backend, "GuidedDecodingParams.backend")
+        for name in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
+            value = getattr(self, name)
+            if not (isinstance(value, bool) or (value is None and name == "disable_any_whitespace")):
+                raise ValueError(f"GuidedDecodingParams.{name} must be a bool, got {reprlib.repr(value)}")
+        pattern = self.whitespace_pattern
+        if pattern is not None and not isinstance(pattern, str):
+            raise ValueError(
+                f"GuidedDecodingParams.whitespace_pattern must be a string, got {reprlib.repr(pattern)}"
+            )
+
+    def __hash__(self) -> int:
+        # A schema or tag given as a dict cannot be hashed: equal params still hash equal without it.
+        values = (getattr(self, name) for name in self.__dataclass_fields__)
+        return hash(
+            tuple(tuple(v) if isinstance(v, list) else None if isinstance(v, dict) else v for v in values)
+        )
 
     def as_spec(self) -> dict[str, Any]:
-        """The runtime's constraint dict (guided/spec.py)."""
+        """The runtime's constraint dict (guided/spec.py), with the options this request sets."""
+        options = {
+            "backend": self.backend,
+            "disable_any_whitespace": self.disable_any_whitespace,
+            "whitespace_pattern": self.whitespace_pattern,
+            "disable_additional_properties": self.disable_additional_properties or None,
+        }
+        return {**self._constraint(), **{k: v for k, v in options.items() if v is not None}}
+
+    def _constraint(self) -> dict[str, Any]:
         if self.json is not None:
             return {"json_schema": self.json}
         if self.json_object:
@@ -81,7 +160,13 @@ class GuidedDecodingParams:
             return {"regex": self.regex}
         if self.choice is not None:
             return {"choice": list(self.choice)}
+        if self.structural_tag is not None:
+            return {"structural_tag": self.structural_tag}
         return {"grammar": self.grammar}
+
+
+# vLLM's newer name for the same parameters.
+StructuredOutputsParams = GuidedDecodingParams
 
 
 def _check(ok: bool, name: str, allowed: str, value: Any) -> None:
@@ -97,8 +182,10 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _token_ids(name: str, value: Any) -> tuple[int, ...]:
-    ids = tuple(value) if isinstance(value, (list, tuple)) else None
+def _token_ids(name: str, value: Any) -> list[int]:
+    if value is None:  # vLLM's default, which its callers pass explicitly
+        return []
+    ids = list(value) if isinstance(value, (list, tuple)) else None
     _check(ids is not None, name, "a list of token ids", value)
     for t in ids:
         _check(_is_int(t) and 0 <= t <= MAX_TOKEN_ID, name, f"token ids in [0, {MAX_TOKEN_ID}]", value)
@@ -148,11 +235,11 @@ class SamplingParams:
         default=None,
         metadata=doc(
             "Strings that end the completion, matched on the detokenized text, also across tokens "
-            "(at most 128, of 16384 characters in all)."
+            "(at most 128, of 16384 characters in all); a string or a list, kept as a list (as vLLM)."
         ),
     )
-    stop_token_ids: list[int] | tuple[int, ...] = field(
-        default=(), metadata=doc("Token ids that end the completion (kept in token_ids).")
+    stop_token_ids: list[int] | None = field(
+        default=None, metadata=doc("Token ids that end the completion (kept in token_ids); None: none.")
     )
     include_stop_str_in_output: bool = field(
         default=False, metadata=doc("Keep the matched stop string at the end of the text.")
@@ -210,8 +297,7 @@ class SamplingParams:
             "The runtime's own spelling: {'json_schema': ...}, {'json_object': True}, {'regex': ...}, "
             "{'choice': [...]} or {'grammar': ...}."
         ),
-        hash=False,
-        compare=False,
+        hash=False,  # a dict: __hash__ leaves it to __eq__
     )
 
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
@@ -304,7 +390,8 @@ class SamplingParams:
             )
         if stop and self.detokenize is False:
             raise ValueError("SamplingParams.stop: stop strings are matched on text and need detokenize=True")
-        object.__setattr__(self, "stop", tuple(stop or ()))
+        # Lists, as vLLM stores them (a copy: the caller's list may change later).
+        object.__setattr__(self, "stop", list(stop or ()))
         object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
 
     def _check_penalties(self) -> None:
@@ -350,6 +437,11 @@ class SamplingParams:
         spec = value.as_spec()
         _parse_spec(spec)
         object.__setattr__(self, "guided", spec)
+
+    def __hash__(self) -> int:
+        # What __eq__ compares, the lists as tuples; `guided` (a dict) only in __eq__, which is allowed.
+        hashed = (getattr(self, f.name) for f in fields(self) if (f.compare if f.hash is None else f.hash))
+        return hash(tuple(tuple(v) if isinstance(v, list) else v for v in hashed))
 
     @property
     def greedy(self) -> bool:

@@ -1,34 +1,43 @@
-"""A caller waiting for many requests at once (generate, chat), with a progress bar on a terminal."""
+"""A caller waiting for many requests at once (generate, chat), with vLLM's progress bar."""
 
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
-from ..progress import enabled
+from ..progress import ENV
 from .request import RequestHandle
 
+UseTqdm = bool | Callable[..., Any]
 
-def wait_all(handles: list[RequestHandle], wake: threading.Event, show: bool) -> None:
-    """Until every handle has finished; `wake` is the event they share."""
-    bar = _bar(len(handles)) if show and enabled() else None
+
+def wait_all(handles: list[RequestHandle], wake: threading.Event, use_tqdm: UseTqdm) -> None:
+    """Until every handle has finished; `wake` is the event they share. `use_tqdm` as in vLLM: True
+    shows a tqdm bar on stderr, a callable is the tqdm class (or factory) to use, False shows none."""
+    bar = _bar(use_tqdm, len(handles))
     pending = list(handles)
     try:
         while pending:
-            pending = [h for h in pending if not h.poll()]
-            if bar is not None:
-                bar.update(bar.task_ids[0], completed=len(handles) - len(pending))
+            still = [h for h in pending if not h.poll()]
+            if bar is not None and len(still) < len(pending):
+                bar.update(len(pending) - len(still))
+            pending = still
             if pending:
                 wake.wait()
                 wake.clear()
     finally:
         if bar is not None:
-            bar.stop()
+            bar.close()
 
 
-def _bar(total: int):
-    from rich.progress import Progress
-
-    bar = Progress(transient=True)
-    bar.add_task("requests", total=total)
-    bar.start()
-    return bar
+def _bar(use_tqdm: UseTqdm, total: int) -> Any:
+    if not use_tqdm or os.environ.get(ENV) == "0":
+        return None
+    if callable(use_tqdm):
+        factory = use_tqdm
+    else:
+        from tqdm.auto import tqdm as factory
+    # vLLM's keywords, so a functools.partial(tqdm, ...) or a tqdm subclass made for vLLM works here.
+    return factory(total=total, desc="Processed prompts", dynamic_ncols=True)

@@ -146,6 +146,13 @@ class GuidedDecoder:
         does not compile: either is the request's own error.
         """
         spec = parse_spec(spec)
+        own = self.backend.name
+        if spec.backend not in ("auto", own):
+            # One backend per engine: each step's fill drives one kind of matcher (the C++ fill, xgrammar's).
+            raise ValueError(
+                f"guided: backend {spec.backend!r} is not available in this engine, which guides with {own} "
+                f"(available: 'auto', {own!r}); build the LLM with guided_backend={spec.backend!r} for it"
+            )
         matcher = self.cache.matcher(spec)
         if self._api is not None:
             return GuidedState(spec, matcher, self._extension.GuidedRow(self._api, matcher_handle(matcher)))

@@ -21,7 +21,7 @@ class GrammarCache:
     def __init__(self, backend: Any, capacity: int = 64) -> None:
         self.backend = backend
         self._capacity = capacity
-        self._grammars: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._grammars: OrderedDict[tuple[Any, ...], Any] = OrderedDict()  # GuidedSpec.key
         self._lock = threading.Lock()
         self.compilations = 0
 

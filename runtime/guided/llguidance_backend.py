@@ -8,13 +8,15 @@ call, which computes every row off the GIL: one GIL release per step, not one pe
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from .lark_ebnf import is_ebnf
 from .matcher_calls import usable_cpus
 from .spec import GrammarError, GuidedSpec
 
-# xgrammar's JSON without free whitespace: a random-weight model may otherwise emit whitespace for ever,
-# and either backend gives the same text for a schema.
+# xgrammar's JSON without free whitespace (unless a request asks for it): a random-weight model may
+# otherwise emit whitespace for ever, and either backend gives the same text for a schema.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -65,13 +67,17 @@ class LLGuidanceBackend:
 
     def _grammar(self, spec: GuidedSpec) -> str:
         llg = self._llg
-        if spec.kind == "json_schema":
-            return llg.LLMatcher.grammar_from_json_schema(spec.source, defaults=_JSON_OPTIONS)
-        if spec.kind == "json_object":
-            return llg.LLMatcher.grammar_from_json_schema('{"type":"object"}', defaults=_JSON_OPTIONS)
+        if spec.kind in ("json_schema", "json_object"):
+            schema = spec.source if spec.kind == "json_schema" else '{"type":"object"}'
+            return llg.LLMatcher.grammar_from_json_schema(schema, defaults=_json_options(spec))
         if spec.kind == "regex":
             return llg.LLMatcher.grammar_from_regex(spec.source)
-        return llg.grammar_from(spec.kind, spec.source)  # choice: its JSON list; grammar: GBNF or Lark
+        if spec.kind == "structural_tag":
+            return llg.grammar_from("lark", _structural_tag(llg, spec.source))
+        if spec.kind == "grammar" and not is_ebnf(spec.source):
+            # llguidance's own test for Lark is a line `start:`; `?start:` is Lark too.
+            return llg.grammar_from("lark", spec.source)
+        return llg.grammar_from(spec.kind, spec.source)  # choice: its JSON list; grammar: GBNF
 
     def compile(self, spec: GuidedSpec) -> Any:
         """A matcher in its start state; the matcher records a bad grammar instead of raising."""
@@ -86,6 +92,34 @@ class LLGuidanceBackend:
 
     def matcher(self, grammar: Any) -> Any:
         return grammar.deep_copy()
+
+
+def _json_options(spec: GuidedSpec) -> dict[str, Any]:
+    if spec.whitespace_pattern is not None:  # the pattern is all the whitespace: bare separators
+        return {"whitespace_pattern": spec.whitespace_pattern, "item_separator": ",", "key_separator": ":"}
+    return {"whitespace_flexible": True} if spec.any_whitespace else _JSON_OPTIONS
+
+
+def _structural_tag(llg: Any, source: str) -> str:
+    """vLLM's structural tag, as vLLM gives it to llguidance: its {"structures", "triggers"} form."""
+    tag = json.loads(source)
+    if "structures" not in tag:
+        raise ValueError("llguidance takes the {'structures', 'triggers'} form; xgrammar takes both")
+    try:
+        tags = [
+            llg.StructTag(
+                trigger=next(t for t in tag["triggers"] if s["begin"].startswith(t)),
+                begin=s["begin"],
+                grammar=s["schema"],
+                end=s["end"],
+            )
+            for s in tag["structures"]
+        ]
+    except StopIteration:
+        raise ValueError("each structure's begin must start with one of its triggers") from None
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError("its structures need begin, schema and end each, and it needs triggers") from None
+    return llg.StructTag.to_grammar(tags)
 
 
 def _summary(error: str) -> str:

@@ -10,6 +10,7 @@ import json
 import re
 from typing import Any
 
+from .lark_ebnf import to_ebnf
 from .matcher_calls import MatcherCalls
 from .spec import GrammarError, GuidedSpec
 
@@ -41,20 +42,46 @@ class XGrammarBackend:
         self.calls = MatcherCalls()
 
     def compile(self, spec: GuidedSpec) -> Any:
+        if spec.whitespace_pattern is not None:
+            raise GrammarError(
+                "guided whitespace_pattern is not supported by xgrammar (it takes disable_any_whitespace); "
+                "build the LLM with guided_backend='llguidance' for it"
+            )
+        source = to_ebnf(spec.source) if spec.kind == "grammar" else spec.source
         c = self._compiler
         try:
-            if spec.kind == "json_schema":
-                # Compact JSON: a random-weight model may otherwise emit whitespace for ever.
-                return c.compile_json_schema(spec.source, any_whitespace=False)
-            if spec.kind == "json_object":
-                return c.compile_builtin_json_grammar()
+            if spec.kind in ("json_schema", "json_object"):
+                # Compact JSON unless asked otherwise: a random-weight model may otherwise emit
+                # whitespace for ever. json_object is vLLM's {"type": "object"}: an object, never
+                # an array or a bare value as xgrammar's builtin JSON grammar allows.
+                schema = source if spec.kind == "json_schema" else '{"type": "object"}'
+                return c.compile_json_schema(schema, any_whitespace=spec.any_whitespace)
             if spec.kind == "regex":
-                return c.compile_regex(spec.source)
+                return c.compile_regex(source)
             if spec.kind == "choice":
-                return c.compile_grammar(choice_grammar(spec.source))
-            return c.compile_grammar(spec.source)
+                return c.compile_grammar(choice_grammar(source))
+            if spec.kind == "structural_tag":
+                return self._structural_tag(source)
+            return c.compile_grammar(source)
         except Exception as exc:  # whatever the compiler raises is this request's error, not the engine's
             raise GrammarError(f"guided {spec.kind} does not compile: {first_line(exc)}") from None
+
+    def _structural_tag(self, source: str) -> Any:
+        """vLLM's structural tag: its older {"structures", "triggers"} form, or xgrammar's own."""
+        tag = json.loads(source)
+        if "structures" not in tag:
+            return self._compiler.compile_structural_tag(source)
+        try:
+            items = [
+                self._xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                for s in tag["structures"]
+            ]
+            triggers = list(tag["triggers"])
+        except (KeyError, TypeError):
+            raise ValueError(
+                "its structures need begin, schema and end each, and it needs triggers"
+            ) from None
+        return self._compiler.compile_structural_tag(items, triggers)
 
     def matcher(self, grammar: Any) -> Any:
         return self._xgr.GrammarMatcher(grammar)

@@ -125,10 +125,18 @@ class StructuredOutputs(Body):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    # Options, with GuidedDecodingParams' meanings.
+    backend: str | None = None
+    disable_any_whitespace: bool | None = None
+    whitespace_pattern: str | None = None
+    disable_additional_properties: bool | None = None
+    disable_fallback: bool | None = None
 
     def spec(self) -> dict[str, Any]:
+        """GuidedDecodingParams' keywords; json_object false sets no constraint."""
         given = self.model_dump(exclude_none=True, by_alias=True)
-        return {k: v for k, v in given.items() if v is not False}
+        return {k: v for k, v in given.items() if not (k == "json_object" and v is False)}
 
 
 class SamplingFields(Body):

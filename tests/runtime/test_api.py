@@ -1,5 +1,7 @@
 """The offline API people already know: vLLM's LLM, SamplingParams and outputs, chat, stop strings, n."""
 
+import functools
+
 import pytest
 
 from fastpath.runtime import LLM, SamplingParams
@@ -63,7 +65,30 @@ def test_sampling_params_are_keyword_only_and_accept_vllm_spellings():
     p = SamplingParams(
         top_k=-1, logprobs=True, stop="###", structured_outputs=GuidedDecodingParams(regex="[0-9]")
     )
-    assert p.top_k == 0 and p.logprobs == 0 and p.stop == ("###",) and p.guided == {"regex": "[0-9]"}
+    assert p.top_k == 0 and p.logprobs == 0 and p.stop == ["###"] and p.guided == {"regex": "[0-9]"}
+
+
+def test_stop_fields_accept_none_and_are_lists_as_in_vllm():
+    assert SamplingParams(stop=None, stop_token_ids=None) == SamplingParams()
+    assert SamplingParams().stop == [] and SamplingParams().stop_token_ids == []
+    given = [1, 2]
+    p = SamplingParams(stop="###", stop_token_ids=given)
+    assert p.stop == ["###"] and p.stop_token_ids == [1, 2]
+    given.append(3)  # a copy is kept
+    assert p.stop_token_ids == [1, 2] and SamplingParams(stop_token_ids=(1, 2)) == p.clone(stop=None)
+
+
+def test_sampling_params_hash_copy_and_compare_with_the_constraint():
+    import copy
+    import pickle
+
+    p = SamplingParams(stop=["x"], stop_token_ids=[4], guided={"regex": "a"})
+    assert p != SamplingParams(stop=["x"], stop_token_ids=[4])
+    assert p != p.clone(guided={"regex": "b"})
+    assert p == SamplingParams(stop="x", stop_token_ids=(4,), guided_decoding={"regex": "a"})
+    for q in (pickle.loads(pickle.dumps(p)), copy.deepcopy(p), p.clone()):
+        assert q == p and hash(q) == hash(p)
+    assert {p: 1}[p.clone()] == 1
 
 
 def test_outputs_have_vllms_shape(llm):
@@ -73,6 +98,50 @@ def test_outputs_have_vllms_shape(llm):
     (c,) = out.outputs
     assert isinstance(c, CompletionOutput) and c.index == 0 and len(c.token_ids) == 12
     assert c.finish_reason == "length" and c.stop_reason is None and c.logprobs is None
+
+
+@pytest.mark.parametrize("prompts", [[[5, 6, 7]], [[5, 6, 7], [8, 9], [10]]])
+def test_use_tqdm_shows_vllms_bar_on_stderr_off_a_terminal(llm, prompts, capsys, monkeypatch):
+    monkeypatch.delenv("FASTPATH_PROGRESS", raising=False)
+    llm.generate(prompts, GREEDY)
+    out, err = capsys.readouterr()
+    assert "Processed prompts: 100%" in err and f"{len(prompts)}/{len(prompts)}" in err and out == ""
+    llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.chat([{"role": "user", "content": "hi"}], GREEDY, use_tqdm=False)
+    monkeypatch.setenv("FASTPATH_PROGRESS", "0")
+    llm.generate(prompts, GREEDY)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_a_use_tqdm_callable_makes_the_bar_and_it_is_closed_on_error(llm, monkeypatch):
+    from tqdm import tqdm
+
+    monkeypatch.delenv("FASTPATH_PROGRESS", raising=False)
+    made: list = []
+
+    class Recording(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "disable": True})
+            self.kwargs, self.done, self.closed = kwargs, 0, False
+            made.append(self)
+
+        def update(self, n=1):
+            self.done += n
+            if self.kwargs.get("fail"):
+                raise RuntimeError("the bar broke")
+
+        def close(self):
+            self.closed = True
+
+    llm.chat(
+        [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]], GREEDY, use_tqdm=Recording
+    )
+    (bar,) = made
+    assert bar.kwargs["total"] == 2 and bar.kwargs["desc"] == "Processed prompts"
+    assert bar.done == 2 and bar.closed
+    with pytest.raises(RuntimeError, match="the bar broke"):
+        llm.generate([[5, 6, 7]], GREEDY, use_tqdm=functools.partial(Recording, fail=True))
+    assert made[1].closed
 
 
 def test_every_prompt_form_gives_the_same_tokens(llm):
@@ -182,6 +251,15 @@ def test_engine_keywords_follow_vllm_and_unknown_ones_get_a_suggestion(tiny_text
         LLM(str(tiny_text_checkpoint), cuda_graphs=1)
     with pytest.raises(ValueError, match="engine_process must be True or False, got 'yes'"):
         LLM(str(tiny_text_checkpoint), engine_process="yes")
+
+
+def test_seed_none_is_the_default_seed_as_vllm_callers_pass_it():
+    # Random weights come from the seed: None must give seed 0's model, not an error or another one.
+    engines = [LLM("random:tiny-llama", device="cpu", seed=s, max_model_len=32) for s in (None, 0, 1)]
+    outs = [e.generate([1, 2, 3], GREEDY, use_tqdm=False)[0].outputs[0].token_ids for e in engines]
+    for e in engines:
+        e.close()
+    assert engines[0].config.seed == 0 and outs[0] == outs[1] != outs[2]
 
 
 def test_prompt_logprobs_match_the_prompt_logits(llm):

@@ -19,7 +19,7 @@ def llm():
         (
             list(range(3, 70)),
             SamplingParams(temperature=0.0),
-            "leaves no room to generate: max_seq_len is 64",
+            "leaves no room to generate: max_seq_len (max_model_len) is 64",
         ),
         ([5, 512], SamplingParams(temperature=0.0), "token id 512 is out of range [0, 512)"),
         ([5, -1], SamplingParams(temperature=0.0), "token id -1 is out of range"),
