@@ -203,12 +203,13 @@ class EngineCoreClient:
             if seq.sink is not None:
                 seq.sink.post(("tokens", seq.index, len(seq.output_ids)))
                 touched.add(seq.sink)
-        for seq_id, ids, lps, tops, first, scheduled, finished, reason, stop in updates:
+        for seq_id, ids, lps, ranks, tops, first, scheduled, finished, reason, stop in updates:
             seq = self._seqs.get(seq_id)
             if seq is None:
                 continue
             seq.output_ids += ids
             seq.logprobs += lps
+            seq.ranks += ranks
             seq.top_logprobs += tops
             self.generation_tokens += len(ids)
             if seq.first_token_at is None:

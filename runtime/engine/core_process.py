@@ -243,6 +243,7 @@ class PublishingCore(EngineCore):
             seq.seq_id,
             seq.output_ids[ids:],
             seq.logprobs[lps:],
+            seq.ranks[lps:],  # one per logprob
             seq.top_logprobs[tops:],
             seq.first_token_at,
             seq.scheduled_at,

@@ -104,7 +104,8 @@ class ExecutorCore:
         # scheduler epoch whose block tables it holds: a steady batch stages by vector ops.
         self._last_decode: tuple[list | None, torch.Tensor | None] = (None, None)
         self._tables_of: dict[int, tuple[list, int]] = {}
-        self._rows_of: tuple[list | None, dict[int, int], int] = (None, {}, 0)  # sampled, rows, top k
+        # sampled, its rows, the top-k columns asked for, whether any row asked for logprobs
+        self._rows_of: tuple[list | None, dict[int, int], int, bool] = (None, {}, 0, False)
         # A steady batch's stop tokens (any row's) and its rows that keep logprobs (_accept_steady).
         self._steady_of: tuple[list | None, np.ndarray, list[tuple[int, int]]] = (None, np.empty(0), [])
         self._host_buffers = Alternating(
@@ -278,8 +279,9 @@ class ExecutorCore:
                 sampled,
                 {s.seq_id: i for i, s in enumerate(sampled)},
                 most_top_logprobs(sampled),
+                any(s.params.logprobs is not None for s in sampled),
             )
-        _, rows, k = self._rows_of
+        _, rows, k, ranked = self._rows_of
         top_ids, top_logprobs = out.top_ids, out.top_logprobs
         if top_ids is None:
             k = 0
@@ -287,10 +289,11 @@ class ExecutorCore:
             top_ids = top_logprobs = None
         # Whole rows: a column slice is strided, and copying one to the host costs a gather kernel
         # and a device allocation first. complete() converts only the k columns asked for.
+        counts = out.rank_counts if ranked else None
         host = Sampled(
             *(
                 None if t is None else self._to_host(t)
-                for t in (out.tokens, out.logprobs, top_ids, top_logprobs)
+                for t in (out.tokens, out.logprobs, top_ids, top_logprobs, counts)
             )
         )
         ticket, event = self.readback.mark()
@@ -315,21 +318,28 @@ class ExecutorCore:
             k = step.top_k  # the columns some row asked for (TOP_LOGPROBS were computed)
             ids, lps = host.top_ids[:, :k].tolist(), host.top_logprobs[:, :k].tolist()
             tops = list(zip(map(tuple, ids), map(tuple, lps), strict=True))
-        if step.continues and self._accept_steady(step, record, tops):
+        # Rows that asked for no logprobs summed garbage: only rows that keep logprobs read theirs.
+        # The greedy sampler's token is the argmax, which nothing beats.
+        ranks = None if host.rank_counts is None else (host.rank_counts.numpy().sum(axis=1) + 1).tolist()
+        if step.continues and self._accept_steady(step, record, tops, ranks):
             return record
         for i, (seq, token, logprob) in enumerate(
             zip(step.sampled, host.tokens.tolist(), host.logprobs.tolist(), strict=True)
         ):
             if seq.finished:
                 continue  # it stopped one step earlier; this is the overlap loop's extra token
-            seq.accept(token, logprob, tops[i] if tops is not None else None)
+            seq.accept(
+                token, logprob, tops[i] if tops is not None else None, ranks[i] if ranks is not None else 1
+            )
             record.new_tokens.append((seq, token))
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
                 record.finished.append(seq)
         return record
 
-    def _accept_steady(self, step: InflightStep, record: StepRecord, tops: list | None) -> bool:
+    def _accept_steady(
+        self, step: InflightStep, record: StepRecord, tops: list | None, ranks: list[int] | None = None
+    ) -> bool:
         """Sequence.accept for a batch that goes on whole: unless some row's token could stop it (its
         stop ids, or EOS where it is not ignored), every row just takes its token (and logprobs),
         with no checks per row. False: some token could stop its row; the caller takes every row."""
@@ -357,6 +367,7 @@ class ExecutorCore:
             for i, k in logprob_rows:
                 seq = seqs[i]
                 seq.logprobs.append(logprobs[i])
+                seq.ranks.append(ranks[i] if ranks is not None else 1)
                 if k and tops is not None:
                     top = tops[i]
                     seq.top_logprobs.append(top if len(top[0]) == k else (top[0][:k], top[1][:k]))

@@ -15,8 +15,8 @@ class Logprob:
     rank: int | None = field(
         default=None,
         metadata=doc(
-            "1 is the most likely token. Top-k entries and prompt tokens always have it; a generated "
-            "token outside the top-k has None (the decode step does not count the vocabulary)."
+            "1 is the most likely token: 1 + how many tokens the model rated higher (vLLM's). The "
+            "chosen token always has it, in or out of the top-k, as do top-k entries and prompt tokens."
         ),
     )
     decoded_token: str | None = field(default=None, metadata=doc("The token's text."))

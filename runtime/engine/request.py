@@ -303,7 +303,8 @@ class RequestHandle:
                 for rank, (t, lp) in enumerate(zip(ids, lps, strict=True), 1):
                     entry[t] = Logprob(lp, rank, self._token_text(t))
             if token not in entry:
-                entry[token] = Logprob(seq.logprobs[j], None, self._token_text(token))
+                rank = seq.ranks[j] if j < len(seq.ranks) else None
+                entry[token] = Logprob(seq.logprobs[j], rank, self._token_text(token))
             positions.append(entry)
         if delta:
             c.sent_logprobs = upto

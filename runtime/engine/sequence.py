@@ -26,6 +26,7 @@ class Sequence:
     index: int = 0  # which of its request's n completions this is
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # of each chosen token, when the request asks
+    ranks: list[int] = field(default_factory=list)  # of each chosen token among the raw logits, likewise
     top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)  # when it asks for top-k
     block_table: list[int] = field(default_factory=list)
     table_epoch: int = 0  # bumped when the table is released: cached copies of it are stale
@@ -79,13 +80,16 @@ class Sequence:
     def can_generate_more(self) -> bool:
         return self.num_generated < self.max_new_tokens and self.num_tokens < self.max_seq_len
 
-    def accept(self, token: int, logprob: float, top: tuple[list[int], list[float]] | None = None) -> None:
+    def accept(
+        self, token: int, logprob: float, top: tuple[list[int], list[float]] | None = None, rank: int = 1
+    ) -> None:
         """Record one read-back token and decide whether the request is done."""
         self.num_pending -= 1
         self.output_ids.append(token)
         p = self.params
         if p.logprobs is not None:
             self.logprobs.append(logprob)
+            self.ranks.append(rank)
             if p.logprobs and top is not None:
                 k = p.logprobs
                 self.top_logprobs.append(top if len(top[0]) == k else (top[0][:k], top[1][:k]))

@@ -55,8 +55,12 @@ class StepRecord:
 
 
 def _general_for_any_row(p: SamplingParams) -> bool:
-    """Whether every row of these parameters needs the general sampler, whatever it has generated."""
-    return not p.greedy or p.penalized or (p.logprobs is not None and p.logprobs > 0)
+    """Whether every row of these parameters needs the general sampler, whatever it has generated.
+    A guided row's greedy token need not rank first among the raw logits: the general sampler
+    counts its rank."""
+    if p.logprobs is not None and (p.logprobs > 0 or p.guided is not None):
+        return True
+    return not p.greedy or p.penalized
 
 
 def needs_general(seq: Sequence) -> bool:
@@ -104,7 +108,8 @@ def sampling_tensors(seqs: list[Sequence], rows: int, slots: PenaltySlots | None
         row = s.sampling_row
         if row is None or row[_SLOT] != slot:  # only the slot changes (preemption frees it)
             p = s.params
-            row = s.sampling_row = (*_request_fields(p), _int64(s.seed), 0, slot, p.min_tokens)
+            ranks = int(p.logprobs is not None)
+            row = s.sampling_row = (*_request_fields(p), _int64(s.seed), 0, slot, p.min_tokens, ranks)
         flat += row
         flat[_COUNTER_FROM_END] = s.num_generated
     return SamplingTensors.from_flat(rows, flat)

@@ -119,6 +119,12 @@ def sample_reference(logits: torch.Tensor, p, entries: torch.Tensor, bits: torch
     return tokens, (x.gather(1, tokens[:, None]) - lse)[:, 0], top_ids, top_lp
 
 
+def rank_counts_reference(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """How many raw logits beat each row's token, [B, 1] int32: its rank is 1 + that (vLLM's)."""
+    x = logits.float()
+    return (x > x.gather(1, tokens[:, None])).sum(dim=-1, keepdim=True).to(torch.int32)
+
+
 def word_bits(tokens: torch.Tensor) -> torch.Tensor:
     """The bit of each token in its int32 word of the `bits` summary (bit 31 is the sign)."""
     return torch.bitwise_left_shift(torch.ones_like(tokens, dtype=torch.int64), tokens & 31).to(torch.int32)

@@ -104,7 +104,7 @@ SEL_FIELDS = 8
 SEL = tl.constexpr(SEL_FIELDS)
 
 # A row's parameters: SamplingTensors' fields, in its order; float ones hold float32 bits.
-NFIELDS = 11
+NFIELDS = 12
 NF = tl.constexpr(NFIELDS)
 
 

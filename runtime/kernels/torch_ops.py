@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .sampling import sample_reference
+from .sampling import rank_counts_reference, sample_reference
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,6 +54,10 @@ class TorchOps:
     def sample(self, logits, params, entries, bits, num_top):
         """The general sampler (kernels/sampling.py): (tokens, logprobs, top_ids, top_logprobs)."""
         return sample_reference(logits, params, entries, bits, num_top)
+
+    def rank_counts(self, logits, params, tokens, top_ids):
+        """How many logits beat each row's token (kernels/sampling_rank.py): [B, 1], every row."""
+        return rank_counts_reference(logits, tokens)
 
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)

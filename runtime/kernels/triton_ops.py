@@ -121,6 +121,12 @@ class TritonOps(TorchOps):
 
         return sample(logits, params, entries, bits, num_top)
 
+    def rank_counts(self, logits, params, tokens, top_ids):
+        """Per-part counts of the logits above each token, in rows that asked for logprobs."""
+        from .sampling_rank import rank_counts
+
+        return rank_counts(logits, params, tokens, top_ids)
+
     @staticmethod
     def _streams(x) -> bool:
         # fp32 stays on cuBLAS: the parity tests compare it with HF's exact fp32 path.

@@ -36,6 +36,7 @@ INT_FIELDS = {
     "counters": 0,  # tokens generated before this one (pending ones included)
     "slots": 0,  # the row's penalty-table slot, 0 = none
     "min_tokens": 0,  # stop tokens are banned while counters < min_tokens
+    "ranks": 0,  # 1: the row asked for logprobs, so its token's rank is counted (kernels/sampling_rank.py)
 }
 FIELDS = (*FLOAT_FIELDS, *INT_FIELDS)
 
@@ -141,12 +142,16 @@ class Sampled:
     logprobs: torch.Tensor  # [B] float32
     top_ids: torch.Tensor | None = None  # [B, K] int64
     top_logprobs: torch.Tensor | None = None  # [B, K] float32
+    # [B, P] int32: how many tokens of each part of the vocabulary beat the row's token, in rows
+    # whose `ranks` field is set (the general sampler's): its rank is 1 + the row's sum.
+    rank_counts: torch.Tensor | None = None
 
     def head(self, n: int, top: bool = True) -> Sampled:
         """The first n rows (the live ones; the rest are graph padding); without top-k unless `top`."""
         top_ids = None if self.top_ids is None or not top else self.top_ids[:n]
         top_logprobs = None if self.top_logprobs is None or not top else self.top_logprobs[:n]
-        return Sampled(self.tokens[:n], self.logprobs[:n], top_ids, top_logprobs)
+        counts = None if self.rank_counts is None else self.rank_counts[:n]
+        return Sampled(self.tokens[:n], self.logprobs[:n], top_ids, top_logprobs, counts)
 
 
 def sample(
@@ -158,5 +163,8 @@ def sample(
     `penalties` (a PenaltyTable); `top` adds the TOP_LOGPROBS most likely tokens of each row.
     """
     if params is None:
-        return Sampled(*ops.greedy(logits))
-    return Sampled(*ops.sample(logits, params, penalties.entries, penalties.bits, TOP_LOGPROBS if top else 0))
+        return Sampled(*ops.greedy(logits))  # a greedy token ranks first: nothing beats the argmax
+    tokens, logprobs, top_ids, top_lp = ops.sample(
+        logits, params, penalties.entries, penalties.bits, TOP_LOGPROBS if top else 0
+    )
+    return Sampled(tokens, logprobs, top_ids, top_lp, ops.rank_counts(logits, params, tokens, top_ids))

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fastpath.runtime.kernels import sampling_triton
-from fastpath.runtime.kernels.sampling import PROMPT_BIT, STOP_BIT, sample_reference
+from fastpath.runtime.kernels import sampling_rank, sampling_triton
+from fastpath.runtime.kernels.sampling import PROMPT_BIT, STOP_BIT, rank_counts_reference, sample_reference
 from fastpath.runtime.kernels.sampling_jit import bucket, bucket_floor, distance, float_key, signed_key
 from fastpath.runtime.runner.penalties import PenaltyTable
 from fastpath.runtime.runner.sampler import SamplingTensors
@@ -79,6 +79,15 @@ def compare(name, logits, p, num_top=0, paths=None, gather=None) -> bool:
     if num_top:
         good &= check(f"{name}: top ids", torch.equal(ref[2], got[2]), f"{ref[2]} != {got[2]}")
         good &= check(f"{name}: top logprobs", torch.allclose(ref[3], got[3], atol=1e-4))
+    # Ranks, in the rows that ask (two of three): from the top-k when the token is among them.
+    asks = torch.arange(rows) % 3 != 1
+    flagged = SamplingTensors(p.data.clone())
+    flagged.data[:, sampling_rank.RANKS_FIELD] = asks.long()
+    counts = sampling_rank.rank_counts(
+        logits, flagged, got[0], got[2] if num_top else None, chunk=CHUNK, block=BLOCK // 2
+    )
+    ranks, want = counts.sum(1).long()[asks], rank_counts_reference(logits, got[0])[:, 0].long()[asks]
+    good &= check(f"{name}: ranks", torch.equal(ranks, want), f"{ranks.tolist()} != {want.tolist()}")
     return good
 
 

@@ -140,6 +140,36 @@ def test_top_logprobs_equal_hf_log_softmax(hf_checkpoints, arch):
                 assert top[token] == pytest.approx(float(ref[step, token]), abs=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_every_chosen_token_has_its_rank_among_hf_logits(hf_checkpoints, arch):
+    """vLLM's rank (1 + how many tokens the model rated higher) for the chosen token, in or out of the
+    top-k, sampled hot enough to leave it often, with logprobs=0 and with a top-2; greedy ranks 1."""
+    path = hf_checkpoints[arch]
+    llm = _llm(path)
+    params = [
+        SamplingParams(temperature=2.0, seed=5, max_tokens=12, ignore_eos=True, logprobs=0),
+        SamplingParams(temperature=1.5, seed=6, max_tokens=12, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0),
+    ]
+    outs = llm.generate(PROMPTS[:3], params, use_tqdm=False)
+    model = hf_model(str(path))
+    beyond_top = 0
+    for prompt, out in zip(PROMPTS, outs, strict=False):
+        ids, positions = token_ids(out), out.outputs[0].logprobs
+        with torch.no_grad():
+            ref = torch.log_softmax(
+                model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float(), -1
+            )
+        for step, (token, entry) in enumerate(zip(ids, positions, strict=True)):
+            lp = ref[step, token]
+            # Between the tokens HF rates clearly higher and those it rates at least as high.
+            low, high = int((ref[step] > lp + 1e-4).sum()) + 1, int((ref[step] >= lp - 1e-4).sum())
+            assert low <= entry[token].rank <= high, f"{arch} step {step}: rank {entry[token].rank}"
+            beyond_top += entry[token].rank > 2
+    assert beyond_top >= 3, "the hot rows drew tokens outside their top-k"
+    assert all(e[t].rank == 1 for t, e in zip(token_ids(outs[2]), outs[2].outputs[0].logprobs, strict=True))
+
+
 # --- a reference from the published definitions ----------------------------------------------------
 
 
