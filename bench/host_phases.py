@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Where a decode step's host time goes, phase by phase, on the real device: µs per step of each
+part of the engine's loop, timed by wrappers around them (a profiler's overhead would swamp them).
+
+    python bench/host_phases.py --out DIR [--batch 64 256] [--sampling greedy penalties] [--tokens 200]
+
+bench/host_step.py takes the device out and measures the loop's Python; this keeps the device, so
+launches, copies and the read-back wait count too. A phase's time includes the phases it calls
+(launch_decode holds stage or stage_steady, decode_step and run_decode). "host" is the loop's step
+less its wait for the device, as bench/decode.py reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, markdown_table, write_outputs
+from decode import PROMPT_LEN, SAMPLED
+
+PHASES = [  # (module, owner, attribute): the loop's parts, outermost first
+    ("executor", "ExecutorCore", "launch_decode"),
+    ("executor", None, "stage"),
+    ("executor", None, "stage_steady"),
+    ("executor", None, "decode_step"),
+    ("runner", "ModelRunner", "run_decode"),
+    ("executor", "ExecutorCore", "_read_back"),
+    ("executor", "ExecutorCore", "complete"),
+    ("readback", "Readback", "wait"),
+    ("scheduler", "Scheduler", "continue_decode"),
+    ("core", "EngineCore", "_deliver"),
+    ("core", "EngineCore", "_take_work"),
+]
+
+
+def instrument(spent: dict[str, float], calls: collections.Counter) -> None:
+    import importlib
+
+    for module, owner, name in PHASES:
+        pkg = "runner" if module == "runner" else "engine"
+        mod = importlib.import_module(f"fastpath.runtime.{pkg}.{module}")
+        target = getattr(mod, owner) if owner else mod
+        real = getattr(target, name)
+
+        def timed(*args, _real=real, _name=name, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _real(*args, **kwargs)
+            finally:
+                spent[_name] += time.perf_counter() - start
+                calls[_name] += 1
+
+        setattr(target, name, timed)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--model", default="random:llama-1b")
+    ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--tokens", type=int, default=200)
+    ap.add_argument("--sampling", nargs="+", choices=["greedy", "penalties"], default=["greedy", "penalties"])
+    args = ap.parse_args()
+    os.environ.setdefault("FASTPATH_PROGRESS", "0")
+    spent: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    instrument(spent, calls)
+    from fastpath.runtime import LLM, SamplingParams
+
+    cuda = torch.cuda.is_available()
+    rows = []
+    for batch in args.batch:
+        llm = LLM(args.model, device="cuda" if cuda else "cpu", max_batch_size=batch, max_seq_len=512)
+        vocab = llm.config.model.vocab_size
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
+        for kind in args.sampling:
+            extra = SAMPLED if kind == "penalties" else {"temperature": 0.0}
+            params = [
+                SamplingParams(max_tokens=args.tokens, ignore_eos=True, seed=i, **extra) for i in range(batch)
+            ]
+            llm.generate(prompts, params, use_tqdm=False)  # warm
+            spent.clear()
+            calls.clear()
+            before = llm.stats()
+            llm.generate(prompts, params, use_tqdm=False)
+            after = llm.stats()
+            steps = after.steps["decode"] - before.steps["decode"]
+            seconds = after.step_seconds["decode"] - before.step_seconds["decode"]
+            waited = after.step_wait_seconds["decode"] - before.step_wait_seconds["decode"]
+            row = {"sampling": kind, "batch": batch, "steps": steps, "step_us": seconds / steps * 1e6,
+                   "host_us": (seconds - waited) / steps * 1e6}  # fmt: skip
+            row |= {f"{name}_us": spent[name] / steps * 1e6 for _, _, name in PHASES}
+            row |= {f"{name}_calls": calls[name] for _, _, name in PHASES}
+            rows.append(row)
+            print(
+                json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}),
+                flush=True,
+            )
+        llm.close()
+    headers = ["sampling", "batch", "µs/step", "host µs", *(name for _, _, name in PHASES)]
+    body = [
+        [r["sampling"], r["batch"], f"{r['step_us']:.0f}", f"{r['host_us']:.0f}",
+         *(f"{r[f'{name}_us']:.0f} ({r[f'{name}_calls']})" for _, _, name in PHASES)]
+        for r in rows
+    ]  # fmt: skip
+    text = markdown_table(headers, body) + (
+        f"\n\nµs per decode step in each phase (calls in the run); {args.tokens} tokens a row, model {args.model}.\n"
+    )
+    write_outputs(args.out, "host_phases", {"env": environment(), "setup": vars(args) | {"out": str(args.out)},
+                                            "rows": rows}, text)  # fmt: skip
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
