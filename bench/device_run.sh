@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -36,6 +36,9 @@ for step in "$@"; do
     tp-tests) timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py 2>&1 | tee "$OUT/gpu_tp_tests.log" | grep --line-buffered -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|Fatal|^E " ;;
     attention-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k "triton or graph or mixed" 2>&1 | tee "$OUT/gpu_attention_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     sampling-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_sampling.py 2>&1 | tee "$OUT/gpu_sampling_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
+    sampler-tests)  # the general sampler's kernels, in graphs and guided graphs (its PDL edges included)
+      timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_sampling.py \
+        tests/runtime/test_gpu_guided.py tests/runtime/test_guided_gpu.py 2>&1 | tee "$OUT/gpu_sampler_tests.log" | grep -E "FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     prefill-graph-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k prefill_graphs 2>&1 | tee "$OUT/gpu_prefill_graph_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     bf16-tests) timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py tests/runtime/test_gpu_sampling.py -k "not triton and not mixed and not prefill_graphs" 2>&1 | tee "$OUT/gpu_bf16_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -24 ;;
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
@@ -87,6 +90,9 @@ for step in "$@"; do
     serve-env)  # #17: the server as it is beside variants, each an environment (SERVE_VARIANTS="FASTPATH_GC_FREEZE=0 ...")
       timeout 540 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-env --access-log \
         --server-env "" ${SERVE_VARIANTS:-FASTPATH_GC_FREEZE=0} 2>&1 | tail -8 ;;
+    serve-phases)  # #17: the server beside itself with its engine loop's phases timed (bench/phase_probe), into $OUT/phases-PID.json
+      timeout 540 python3 bench/serve.py --out "$OUT" --requests 1024 --concurrency 64 --api-server-count 4 --name serve-phases --access-log \
+        --server-env "" "PYTHONPATH=$PWD/bench/phase_probe:$PYTHONPATH,FASTPATH_PHASES_OUT=$OUT" 2>&1 | tail -8 ;;
     serve-api-servers) timeout 540 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --api-server-count 1 2 4 2>&1 | tail -10 ;;
     serve-interval) timeout 420 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 --stream-interval 1 4 2>&1 | tail -10 ;;
     host) python3 bench/host_step.py --out "$OUT" 2>&1 | tail -8 ;;

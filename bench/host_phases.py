@@ -17,7 +17,6 @@ import collections
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,40 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
 from decode import PROMPT_LEN, SAMPLED
-
-PHASES = [  # (module, owner, attribute): the loop's parts, outermost first
-    ("executor", "ExecutorCore", "launch_decode"),
-    ("executor", None, "stage"),
-    ("executor", None, "stage_steady"),
-    ("executor", None, "decode_step"),
-    ("runner", "ModelRunner", "run_decode"),
-    ("executor", "ExecutorCore", "_read_back"),
-    ("executor", "ExecutorCore", "complete"),
-    ("readback", "Readback", "wait"),
-    ("scheduler", "Scheduler", "continue_decode"),
-    ("core", "EngineCore", "_deliver"),
-    ("core", "EngineCore", "_take_work"),
-]
-
-
-def instrument(spent: dict[str, float], calls: collections.Counter) -> None:
-    import importlib
-
-    for module, owner, name in PHASES:
-        pkg = "runner" if module == "runner" else "engine"
-        mod = importlib.import_module(f"fastpath.runtime.{pkg}.{module}")
-        target = getattr(mod, owner) if owner else mod
-        real = getattr(target, name)
-
-        def timed(*args, _real=real, _name=name, **kwargs):
-            start = time.perf_counter()
-            try:
-                return _real(*args, **kwargs)
-            finally:
-                spent[_name] += time.perf_counter() - start
-                calls[_name] += 1
-
-        setattr(target, name, timed)
+from phases import PHASES, instrument, label
 
 
 def main() -> None:
@@ -98,18 +64,20 @@ def main() -> None:
             waited = after.step_wait_seconds["decode"] - before.step_wait_seconds["decode"]
             row = {"sampling": kind, "batch": batch, "steps": steps, "step_us": seconds / steps * 1e6,
                    "host_us": (seconds - waited) / steps * 1e6}  # fmt: skip
-            row |= {f"{name}_us": spent[name] / steps * 1e6 for _, _, name in PHASES}
-            row |= {f"{name}_calls": calls[name] for _, _, name in PHASES}
+            names = [label(*phase) for phase in PHASES]
+            row |= {f"{name}_us": spent[name] / steps * 1e6 for name in names}
+            row |= {f"{name}_calls": calls[name] for name in names}
             rows.append(row)
             print(
                 json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}),
                 flush=True,
             )
         llm.close()
-    headers = ["sampling", "batch", "µs/step", "host µs", *(name for _, _, name in PHASES)]
+    names = [label(*phase) for phase in PHASES]
+    headers = ["sampling", "batch", "µs/step", "host µs", *names]
     body = [
         [r["sampling"], r["batch"], f"{r['step_us']:.0f}", f"{r['host_us']:.0f}",
-         *(f"{r[f'{name}_us']:.0f} ({r[f'{name}_calls']})" for _, _, name in PHASES)]
+         *(f"{r[f'{name}_us']:.0f} ({r[f'{name}_calls']})" for name in names)]
         for r in rows
     ]  # fmt: skip
     text = markdown_table(headers, body) + (

@@ -19,6 +19,7 @@ from .sampling_jit import (
     order_key,
     scores,
 )
+from .triton_kernels import _release, _wait
 
 # --- the slow path: whole-row passes inside the final kernel ------------------------------------------
 
@@ -219,10 +220,13 @@ def decide_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
     zpart_ptr, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, best_ptr, idx_ptr, dec_ptr, big_p_ptr, after_ptr,
     BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, NPIV: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """A row's token when its candidates hold every kept token (state 1) or nothing limits the draw
     but min_p (state 2: draw_kernel's argmax); else (state 3) that argmax for draw_kernel to check,
     with the mass top-p allows before a kept token. State 0: greedy."""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     prow = p_ptr + row * NF
     _top_raw, _lse, top, first, total = _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX)
@@ -271,11 +275,14 @@ def final_kernel(
     rcand_ptr, ridx_ptr, span_ptr, tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr,
     BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, RLCAP: tl.constexpr, TOPK: tl.constexpr,
     NPIV: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The token of each row: decide_kernel's, or its checked argmax, or the slow path's from there;
     then its logprob, the top-k logprobs, and its count in the penalty table. Paths (sel[:, 5]): 0
     greedy, 1 candidates, 2 one parallel draw, 3 the slow path; +4 the top-k logprobs' slow path;
     +8 the candidates took gather_kernel's pass over the row."""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     prow = p_ptr + row * NF
     top_raw, lse, top, first, _total = _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX)

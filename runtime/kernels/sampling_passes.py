@@ -22,6 +22,7 @@ from .sampling_jit import (
     scores_of,
     signed_key,
 )
+from .triton_kernels import _release, _wait
 
 
 @triton.jit
@@ -76,6 +77,7 @@ def floor_kernel(
     gmax_ptr, floor_ptr, lfill_ptr, P,
     PMAX: tl.constexpr, GROUPS: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr, TOPK: tl.constexpr,
     LCAP: tl.constexpr, RLCAP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Per row: the (CAP + 1)-th largest of the chunks' group maxima of the scores, and the
     (RCAP + 1)-th of the raw logits'. Each of those groups holds a token at or above it, so more
@@ -83,6 +85,8 @@ def floor_kernel(
     above the least group maximum). Zeroes the row's list counts for list_kernel, or marks a list
     full from the start where its floor is -inf: every token, -inf ones too, lies at or above it
     (a grammar that allows few tokens), and listing them would be an atomic add per token."""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     base = gmax_ptr + row * P * 2 * GROUPS
     low = _kth_largest(base, P, CAP, PMAX, GROUPS)
@@ -127,12 +131,15 @@ def list_kernel(
     cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, lfill_ptr, below_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, TOPK: tl.constexpr, LCAP: tl.constexpr,
     RLCAP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Per chunk: the raw logits' exp-sum below the row's top raw logit, the total mass, the best
     score below the row's floor, and the tokens at or above its floors (`floor_kernel`) appended to
     the row's candidate lists (up to LCAP and RLCAP, the rest only counted). Those are the row's top
     tokens, more than the caps: decide_kernel and the top-k logprobs take them as they are, with no
     histogram and no second pass over the row."""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr + row * NF)
@@ -184,6 +191,7 @@ def hist_kernel(
     rhist_ptr, lfill_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
     LCAP: tl.constexpr, RLCAP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """For rows whose lists overflowed, per chunk: the histograms select_kernel cuts. Only buckets up
     to the cut's next one must be exact. More than the cap of tokens lie at or above the row's floor,
@@ -191,6 +199,8 @@ def hist_kernel(
     add into the chunk's own global histogram, so a block pays only for the few tokens it counts.
     (tl.histogram pays per call: it zeroes, syncs and reads back all its bins; this pass took 99 us
     with it at batch 64 on an H200, 60 us without.)"""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     if _overflows(lfill_ptr, row, LCAP, RLCAP, TOPK):
@@ -253,9 +263,12 @@ def select_kernel(
     hist_ptr, rhist_ptr, P, sel_ptr, fill_ptr, rnext_ptr, lfill_ptr,
     CAP: tl.constexpr, RCAP: tl.constexpr, PMAX: tl.constexpr, NB: tl.constexpr, TOPK: tl.constexpr,
     LCAP: tl.constexpr, RLCAP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """A row's candidates: its lists as they are, or where they overflowed, the deepest bucket that
     keeps them within their cap (sel[:, 6] says which, for gather_kernel)."""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     p = tl.arange(0, PMAX)
     over = _overflows(lfill_ptr, row, LCAP, RLCAP, TOPK)
@@ -325,10 +338,13 @@ def draw_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, P, sel_ptr, dec_ptr,
     after_ptr, count_ptr, mass_ptr, best_ptr, idx_ptr, CHECK: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Per chunk, for rows that may keep tokens past their candidates: the Gumbel argmax of the
     min_p-kept tokens (a draw with no top-k or top-p is that argmax), or, with CHECK, for rows
     whose argmax `decide_kernel` must check, the tokens and mass before it and the argmax after it."""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     prow = p_ptr + row * NF
@@ -380,11 +396,14 @@ def gather_kernel(
     rnext_ptr, cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, below_ptr, span_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, CAP: tl.constexpr, RCAP: tl.constexpr,
     TOPK: tl.constexpr, LCAP: tl.constexpr, RLCAP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """For rows whose lists overflowed: each chunk's candidates (bucket <= cut) into the row's list
     (rows LCAP and RLCAP apart, caps CAP and RCAP), and its best score left out. Buckets are a
     monotone function of a logit's key, so membership is one compare with the cut's lowest key; a
     chunk whose top (from stats_kernel) is below every list's lowest key reads nothing."""
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     lo_key = tl.full([], 2147483647, tl.int32)

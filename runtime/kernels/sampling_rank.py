@@ -14,6 +14,8 @@ import triton
 import triton.language as tl
 
 from .sampling_jit import NF, int_field
+from .triton_kernels import _release, _wait
+from .triton_ops import pdl_args
 
 RANKS_FIELD = 11  # SamplingTensors' "ranks"
 RANKS = tl.constexpr(RANKS_FIELD)
@@ -25,7 +27,10 @@ BLOCK = 1024
 def rank_kernel(
     logits_ptr, stride_l, V, p_ptr, tok_ptr, top_ptr, out_ptr, P, TOPK: tl.constexpr, TOPK_P2: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
+    _release(USE_PDL)  # the next kernel launches now and waits for this one's end
+    _wait(USE_PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
     if int_field(p_ptr + row * NF, RANKS) == 0:
@@ -67,6 +72,6 @@ def rank_counts(
     top = top_ids.contiguous() if top_ids is not None else tokens
     rank_kernel[(rows, parts)](
         logits, logits.stride(0), vocab, params.data, tokens, top, out, parts,
-        TOPK=topk, TOPK_P2=triton.next_power_of_2(max(topk, 1)), CHUNK=chunk, BLOCK=block,
+        TOPK=topk, TOPK_P2=triton.next_power_of_2(max(topk, 1)), CHUNK=chunk, BLOCK=block, **pdl_args(logits),
     )  # fmt: skip
     return out

@@ -47,6 +47,7 @@ from .sampling_passes import (
     select_kernel,
     stats_kernel,
 )
+from .triton_ops import pdl_args
 
 CHUNK = 4096  # logits per program in the row-parallel passes
 BLOCK = 256  # logits per loop iteration (fewer registers, more programs per SM than 512)
@@ -139,12 +140,17 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     sizes = dict(CHUNK=chunk, BLOCK=block, PMAX=pmax)
     caps = dict(CAP=CANDIDATES, RCAP=RAW_CANDIDATES, TOPK=num_top)
     lists = dict(LCAP=LISTED, RLCAP=RAW_LISTED)
-    # No FMA: penalties round as the torch definition does.
-    passes = dict(enable_fp_fusion=False, num_warps=PASS_WARPS)
-    per_row = dict(enable_fp_fusion=False, num_warps=FINAL_WARPS)
+    # No FMA: penalties round as the torch definition does. Every kernel after the first launches with
+    # programmatic dependent launch where the device has it: it starts as the one before drains and
+    # waits for its end before reading anything. The first may follow a copy (a guided step's mask),
+    # and a programmatic edge after a node that is not a kernel breaks a graph's capture.
     stats_kernel[grid](
-        *row_args, w.stats, w.sidx, w.gmax, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups, **passes
-    )
+        *row_args, w.stats, w.sidx, w.gmax, parts, CHUNK=chunk, BLOCK=block, GROUPS=groups,
+        enable_fp_fusion=False, num_warps=PASS_WARPS,
+    )  # fmt: skip
+    pdl = pdl_args(logits)
+    passes = dict(enable_fp_fusion=False, num_warps=PASS_WARPS, **pdl)
+    per_row = dict(enable_fp_fusion=False, num_warps=FINAL_WARPS, **pdl)
     floor_kernel[(rows,)](
         w.gmax, w.floors, w.lfill, parts, PMAX=pmax, GROUPS=groups, **caps, **lists, **passes
     )
