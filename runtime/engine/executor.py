@@ -37,6 +37,7 @@ from .sampling_rows import SamplingRows
 from .scheduler import ScheduledBatch, Scheduler
 from .sequence import Sequence
 from .steps import (
+    BatchTraits,
     InflightStep,
     StepRecord,
     decode_step,
@@ -100,6 +101,7 @@ class ExecutorCore:
             lambda key: (torch.zeros(*key, dtype=torch.int64, pin_memory=self.is_cuda), [(-1, 0, 0)] * key[0])
         )
         self._sampling_rows = SamplingRows(pinned=self.is_cuda)
+        self._traits = BatchTraits()
         # The last decode step's sequences and packed buffer, and per staging buffer the batch and
         # scheduler epoch whose block tables it holds: a steady batch stages by vector ops.
         self._last_decode: tuple[list | None, torch.Tensor | None] = (None, None)
@@ -253,9 +255,17 @@ class ExecutorCore:
         self._tables_of[id(packed)] = (seqs, epoch)  # the list itself: its id is not reused meanwhile
         for seq in seqs:
             seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending
-        guided = runner.guided is not None and any(s.guided is not None for s in seqs)
+        self._traits.of(seqs)  # decided once per batch list
+        guided = runner.guided is not None and self._traits.guided
         step = decode_step(
-            seqs, packed, rows, prev is not None, guided, runner.penalty_slots, self._sampling_rows
+            seqs,
+            packed,
+            rows,
+            prev is not None,
+            guided,
+            runner.penalty_slots,
+            self._sampling_rows,
+            self._traits,
         )
         if guided:
             runner.guided.enqueue(list(seqs), rows)

@@ -140,6 +140,38 @@ def _request_fields(p: SamplingParams) -> tuple[int, ...]:
     return fields
 
 
+@dataclass(slots=True)
+class BatchTraits:
+    """What a decode batch's parameters decide once per batch list (a steady batch keeps its list):
+    whether some row always needs the general sampler, the rows whose min_tokens may still hold, and
+    whether any row asks for top-k logprobs. At batch 256 with a SamplingParams per row, deciding
+    them every step was the largest part of a greedy step's host time on the H200."""
+
+    seqs: list[Sequence] | None = None  # held: its id is not reused while cached
+    always: bool = False
+    min_rows: list[Sequence] = field(default_factory=list)
+    top: bool = False
+    guided: bool = False  # some row follows a grammar
+
+    def of(self, seqs: list[Sequence]) -> tuple[bool, bool]:
+        """(needs the general sampler this step, wants top-k logprobs)."""
+        if self.seqs is not seqs:
+            always, decided = False, {}
+            for seq in seqs:
+                p = seq.params
+                hit = decided.get(id(p))
+                if hit is None:
+                    hit = decided[id(p)] = _general_for_any_row(p)
+                always = always or hit
+            self.seqs, self.always, self.top = seqs, always, wants_top_logprobs(seqs)
+            self.guided = any(s.guided is not None for s in seqs)
+            self.min_rows = [] if always else [s for s in seqs if s.params.min_tokens]
+        general = self.always or any(
+            len(s.output_ids) + s.num_pending < s.params.min_tokens for s in self.min_rows
+        )
+        return general, self.top
+
+
 def decode_step(
     seqs: list[Sequence],
     packed: torch.Tensor,
@@ -148,16 +180,21 @@ def decode_step(
     guided: bool,
     slots: PenaltySlots | None = None,
     kept: SamplingRows | None = None,
+    traits: BatchTraits | None = None,
 ) -> DecodeStep:
     """A decode step's payload: the greedy fast path unless some row needs the general sampler.
-    `kept`: the executor's rows of the last step, reused when the batch is the same."""
-    general = any_needs_general(seqs)
+    `kept`: the executor's rows of the last step, reused when the batch is the same; `traits`: its
+    parameters' decisions, likewise."""
+    if traits is not None:
+        general, top = traits.of(seqs)
+    else:
+        general, top = any_needs_general(seqs), wants_top_logprobs(seqs)
     sampling = None
     if general and kept is not None:
         sampling = kept.tensors(seqs, rows, slots)
     elif general:
         sampling = sampling_tensors(seqs, rows, slots)
-    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, wants_top_logprobs(seqs))
+    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, top)
 
 
 def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | None:

@@ -135,3 +135,24 @@ def test_a_steady_step_with_a_token_that_could_stop_a_row_takes_every_rows_path(
     for stop in ([42, 6, 7], [5, 2, 7]):  # b's stop id, then b's EOS
         assert not ExecutorCore._accept_steady(core, step(stop), StepRecord("decode", 3), None)
     assert [s.output_ids for s in (a, b, c)] == [[5], [6], [7]], "a refused step leaves every row as it was"
+
+
+def test_a_batchs_traits_are_decided_once_per_list_and_min_tokens_still_counts_each_step():
+    from fastpath.runtime.engine.steps import BatchTraits, any_needs_general, wants_top_logprobs
+
+    def seq(i, **kw):
+        return Sequence(i, [1, 2], SamplingParams(**{"temperature": 0.0, **kw}), 0, frozenset({2}), 64)
+
+    traits = BatchTraits()
+    plain, waiting = seq(0), seq(1, min_tokens=3)
+    batch = [plain, waiting]
+    for generated in range(5):
+        waiting.output_ids = [9] * generated
+        assert (
+            traits.of(batch)
+            == (any_needs_general(batch), wants_top_logprobs(batch))
+            == (generated < 3, False)
+        )
+    hot = [plain, seq(2, temperature=0.7, logprobs=2)]
+    assert traits.of(hot) == (True, True)  # a new list is decided anew
+    assert traits.of(batch) == (False, False)
