@@ -163,6 +163,8 @@ def _guided(req: SamplingFields) -> tuple[str, GuidedDecodingParams | None]:
     if len(given) > 1:
         raise RequestInvalid(f"{' and '.join(given)} each set a constraint; set one", next(iter(given)))
     key, spec = next(iter(given.items()))
+    options = {"backend": req.guided_decoding_backend, "whitespace_pattern": req.guided_whitespace_pattern}
+    spec = {**{k: v for k, v in options.items() if v is not None}, **spec}
     try:
         return key, GuidedDecodingParams(**spec)
     except ValueError as exc:

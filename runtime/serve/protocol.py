@@ -169,6 +169,9 @@ class SamplingFields(Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    # vLLM's older options for whichever constraint the request sets
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
     structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
 

@@ -3,6 +3,7 @@
 import json
 
 import jsonschema
+import openai
 import pytest
 from serve_helpers import client, running
 
@@ -79,3 +80,16 @@ def test_json_object(url):
         assert isinstance(json.loads(r.choices[0].text), dict)
     else:  # the random model may ramble past the bound; what it wrote still opens an object
         assert r.choices[0].text.lstrip().startswith("{")
+
+
+def test_vllms_older_guided_options_reach_the_constraint(url):
+    api = client(url)
+    body = {"guided_regex": "[a-z]{4}", "guided_decoding_backend": "auto"}
+    out = api.completions.create(model="tiny", prompt="word", max_tokens=8, extra_body=body)
+    assert len(out.choices[0].text) == 4 and out.choices[0].text.isalpha()
+    with pytest.raises(openai.BadRequestError) as err:
+        api.completions.create(
+            model="tiny", prompt="word", max_tokens=8,
+            extra_body={"guided_regex": "[a-z]{4}", "guided_decoding_backend": "outlines"},
+        )  # fmt: skip
+    assert "outlines" in str(err.value)
