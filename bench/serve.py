@@ -443,6 +443,13 @@ def started(pid: int) -> int:
         return 0
 
 
+def engine_pid(pid: int) -> int:
+    """The engine process of server `pid`, its first child past multiprocessing's resource tracker
+    (as server_cpu finds it behind several API servers); 0 when there is none."""
+    kids = [k for k in children(pid) if b"resource_tracker" not in _cmdline(k)]
+    return min(kids, key=started, default=0)
+
+
 def server_cpu(pid: int, servers: int = 1) -> tuple[float, float]:
     """CPU seconds of the API process(es), and of the engine process. With one API server, the server
     process is it and its children are the engine's; behind several, the server process supervises, its
@@ -479,6 +486,8 @@ def run_server(
     try:
         asyncio.run(drive(url, prompts[: max(args.concurrency)], args.output_len, max(args.concurrency)))
         for c in args.concurrency:
+            if "FASTPATH_PHASES_OUT" in env and (engine := engine_pid(proc.pid)):
+                os.kill(engine, signal.SIGUSR1)  # bench/phase_probe: only the timed run's steps count
             before, cpu0 = server_latencies(url), server_cpu(proc.pid, servers)
             timings, seconds = drive_from_processes(url, prompts, args.output_len, c, args.client_processes)
             cpu1 = server_cpu(proc.pid, servers)
