@@ -24,3 +24,29 @@ def tiny_text_checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(
         tmp_path_factory.mktemp("text") / "tiny-llama", resolve_random("random:tiny-llama", 0)
     )
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_text_checkpoint):
+    from fastpath.runtime.model.tokenizer import load_tokenizer
+
+    return load_tokenizer(tiny_text_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def decoders(tokenizer):
+    """One guided decoder per backend name, built as the engine builds it on a CPU device."""
+    import torch
+    from guided_cases import VOCAB
+
+    from fastpath.runtime.guided.backends import make_backend
+    from fastpath.runtime.guided.decoder import GuidedDecoder
+
+    made = {}
+
+    def get(name):
+        if name not in made:
+            made[name] = GuidedDecoder(make_backend(name, tokenizer, VOCAB), 4, torch.device("cpu"))
+        return made[name]
+
+    return get

@@ -5,6 +5,8 @@ import importlib.util
 
 import pytest
 
+VOCAB = 512  # random:tiny-llama's
+
 SCHEMAS = {
     "nested": {
         "type": "object",

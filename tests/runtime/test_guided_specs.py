@@ -5,35 +5,11 @@ import re
 
 import numpy as np
 import pytest
-import torch
-from guided_cases import BACKENDS, MALFORMED, SCHEMAS, UNCOMPILABLE
+from guided_cases import BACKENDS, MALFORMED, SCHEMAS, UNCOMPILABLE, VOCAB
 
 from fastpath.runtime.guided.backends import make_backend
-from fastpath.runtime.guided.decoder import GuidedDecoder
 from fastpath.runtime.guided.grammar_cache import GrammarCache
 from fastpath.runtime.guided.spec import GrammarError, parse_spec
-
-VOCAB = 512  # random:tiny-llama's
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_text_checkpoint):
-    from fastpath.runtime.model.tokenizer import load_tokenizer
-
-    return load_tokenizer(tiny_text_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def decoders(tokenizer):
-    """One decoder per installed backend, built as the engine builds it on a CPU device."""
-    made = {}
-
-    def get(name):
-        if name not in made:
-            made[name] = GuidedDecoder(make_backend(name, tokenizer, VOCAB), 4, torch.device("cpu"))
-        return made[name]
-
-    return get
 
 
 @pytest.mark.parametrize(("spec", "message"), MALFORMED, ids=[m for _, m in MALFORMED])

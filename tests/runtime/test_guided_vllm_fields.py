@@ -6,16 +6,12 @@ import pickle
 import re
 
 import pytest
-import torch
 from guided_cases import BACKENDS, PROMPTS
 
 from fastpath.runtime import LLM, GuidedDecodingParams, RequestError, SamplingParams, StructuredOutputsParams
-from fastpath.runtime.guided.backends import make_backend
-from fastpath.runtime.guided.decoder import GuidedDecoder
 from fastpath.runtime.guided.lark_ebnf import lark_to_ebnf, to_ebnf
 from fastpath.runtime.guided.spec import GrammarError, parse_spec
 
-VOCAB = 512  # random:tiny-llama's
 SCHEMA = {
     "type": "object",
     "properties": {"a": {"type": "integer"}, "b": {"type": "object", "properties": {"c": {}}}},
@@ -196,25 +192,6 @@ def test_lark_outside_the_subset_is_a_value_error_that_names_grammar_and_llguida
 
 
 # --- the backends, below the engine ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_text_checkpoint):
-    from fastpath.runtime.model.tokenizer import load_tokenizer
-
-    return load_tokenizer(tiny_text_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def decoders(tokenizer):
-    made = {}
-
-    def get(name):
-        if name not in made:
-            made[name] = GuidedDecoder(make_backend(name, tokenizer, VOCAB), 4, torch.device("cpu"))
-        return made[name]
-
-    return get
 
 
 def _accepts(decoder, tokenizer, spec, text):
