@@ -255,7 +255,7 @@ class ExecutorCore:
         self._tables_of[id(packed)] = (seqs, epoch)  # the list itself: its id is not reused meanwhile
         for seq in seqs:
             seq.num_computed = len(seq.prompt_ids) + len(seq.output_ids) + seq.num_pending
-        self._traits.of(seqs)  # decided once per batch list
+        decided = self._traits.of(seqs)  # once per batch list, but for rows under min_tokens
         guided = runner.guided is not None and self._traits.guided
         step = decode_step(
             seqs,
@@ -265,7 +265,7 @@ class ExecutorCore:
             guided,
             runner.penalty_slots,
             self._sampling_rows,
-            self._traits,
+            decided,
         )
         if guided:
             runner.guided.enqueue(list(seqs), rows)

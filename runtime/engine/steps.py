@@ -180,15 +180,12 @@ def decode_step(
     guided: bool,
     slots: PenaltySlots | None = None,
     kept: SamplingRows | None = None,
-    traits: BatchTraits | None = None,
+    decided: tuple[bool, bool] | None = None,
 ) -> DecodeStep:
     """A decode step's payload: the greedy fast path unless some row needs the general sampler.
-    `kept`: the executor's rows of the last step, reused when the batch is the same; `traits`: its
-    parameters' decisions, likewise."""
-    if traits is not None:
-        general, top = traits.of(seqs)
-    else:
-        general, top = any_needs_general(seqs), wants_top_logprobs(seqs)
+    `kept`: the executor's rows of the last step, reused when the batch is the same; `decided`: the
+    batch's (general sampler, top-k logprobs), from its BatchTraits."""
+    general, top = decided if decided is not None else (any_needs_general(seqs), wants_top_logprobs(seqs))
     sampling = None
     if general and kept is not None:
         sampling = kept.tensors(seqs, rows, slots)
