@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""What the GPU does between two decode graphs: a steady decode run traced (CUDA activity only),
+split into steps at the prologue's unpack kernel, each step's time between graphs broken down.
+
+    python bench/step_timeline.py --out DIR [--batch 64 256] [--sampling greedy penalties]
+
+bench/decode.py's "wall / replay" says how much longer a step takes than its graph replayed back to
+back; this says where that time goes on the device: the copies in and out, the unpack launch, and
+the idle gaps between them (where the stream waited for the host to enqueue the next operation).
+"launch lead" is how long before the graph began the host called cudaGraphLaunch: small or
+negative means the GPU waited on the host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import environment, markdown_table, write_outputs
+from decode import PROMPT_LEN, SAMPLED
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    start: float  # µs
+    end: float
+    kind: str  # unpack | h2d | d2h | memset | kernel
+
+
+def kind_of(name: str) -> str:
+    if "decode_unpack" in name:
+        return "unpack"
+    if "HtoD" in name:
+        return "h2d"
+    if "DtoH" in name:
+        return "d2h"
+    if "Memset" in name or "memset" in name:
+        return "memset"
+    return "kernel"
+
+
+def steps_of(ops: list[Op], launches: list[float]) -> list[dict[str, float]]:
+    """Per step (one unpack to the next): its period, its graph's span and kernels' busy time, and
+    the time from the end of its graph's last kernel to the next graph's first, by what filled it."""
+    ops = sorted(ops, key=lambda o: o.start)
+    marks = [i for i, o in enumerate(ops) if o.kind == "unpack"]
+    launches = sorted(launches)
+    out = []
+    for a, b in zip(marks, marks[1:], strict=False):
+        graph = [o for o in ops[a + 1 : b] if o.kind == "kernel"]
+        if not graph:
+            continue
+        first, last = graph[0], graph[-1]
+        nxt = next((o for o in ops[b + 1 :] if o.kind == "kernel"), None)
+        if nxt is None:
+            break
+        between = [o for o in ops[a + 1 :] if last.end <= o.start and o.end <= nxt.start]
+        busy: dict[str, float] = {}
+        cursor, idle = last.end, 0.0
+        for o in between:
+            idle += max(0.0, o.start - cursor)
+            busy[o.kind] = busy.get(o.kind, 0.0) + (o.end - max(o.start, cursor))
+            cursor = max(cursor, o.end)
+        idle += max(0.0, nxt.start - cursor)
+        kernel_busy, cursor = 0.0, first.start
+        for o in graph:
+            kernel_busy += max(0.0, o.end - max(o.start, cursor))
+            cursor = max(cursor, o.end)
+        before = [t for t in launches if t <= first.start]
+        row = {
+            "period": ops[b].start - ops[a].start,
+            "graph_span": last.end - first.start,
+            "graph_busy": kernel_busy,
+            "kernels": float(len(graph)),
+            "between": nxt.start - last.end,
+            "between_idle": idle,
+            "unpack_to_graph": first.start - ops[a].end,
+        }
+        for kind in ("h2d", "d2h", "unpack", "memset"):
+            row[f"between_{kind}"] = busy.get(kind, 0.0)
+        if before:
+            row["launch_lead"] = first.start - before[-1]
+        out.append(row)
+    return out
+
+
+def summary(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Medians over the middle half of the steps (the ramp at either end left out)."""
+    if not steps:
+        return {}
+    typical = statistics.median(s["kernels"] for s in steps)
+    steady = [s for s in steps if s["kernels"] == typical]
+    mid = steady[len(steady) // 4 : len(steady) - len(steady) // 4] or steady
+    keys = sorted(set().union(*(s.keys() for s in mid)))
+    return {k: statistics.median(s[k] for s in mid if k in s) for k in keys} | {"steps": float(len(mid))}
+
+
+def trace(llm, prompts, params) -> tuple[list[Op], list[float]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+    ops, launches = [], []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            ops.append(Op(e.time_range.start, e.time_range.end, kind_of(e.name)))
+        elif e.name == "cudaGraphLaunch":
+            launches.append(e.time_range.start)
+    return ops, launches
+
+
+COLUMNS = [
+    ("period", "µs/step"),
+    ("graph_span", "graph span"),
+    ("graph_busy", "kernels busy"),
+    ("between", "between graphs"),
+    ("between_d2h", "d2h"),
+    ("between_h2d", "h2d"),
+    ("between_unpack", "unpack"),
+    ("between_idle", "idle"),
+    ("unpack_to_graph", "unpack → graph"),
+    ("launch_lead", "launch lead"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--model", default="random:llama-1b")
+    ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--sampling", nargs="+", choices=["greedy", "penalties"], default=["greedy", "penalties"])
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/step_timeline.py needs a CUDA device")
+        return
+    os.environ.setdefault("FASTPATH_PROGRESS", "0")
+    from fastpath.runtime import LLM, SamplingParams
+
+    rows, payload = [], {"environment": environment(), "rows": []}
+    for batch in args.batch:
+        llm = LLM(args.model, device="cuda", max_batch_size=batch, max_seq_len=512)
+        vocab = llm.config.model.vocab_size
+        g = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
+        for kind in args.sampling:
+            extra = SAMPLED if kind == "penalties" else {"temperature": 0.0}
+            params = [
+                SamplingParams(max_tokens=args.tokens, ignore_eos=True, seed=i, **extra) for i in range(batch)
+            ]
+            llm.generate(prompts, params, use_tqdm=False)  # warm
+            ops, launches = trace(llm, prompts, params)
+            steps = steps_of(ops, launches)
+            med = summary(steps)
+            payload["rows"].append({"batch": batch, "sampling": kind, "median": med, "steps": steps})
+            rows.append(
+                [kind, batch, f"{med.get('steps', 0):.0f}"]
+                + [f"{med[k]:.1f}" if k in med else "-" for k, _ in COLUMNS]
+            )
+        del llm
+        torch.cuda.empty_cache()
+    table = markdown_table(["sampling", "batch", "steps"] + [h for _, h in COLUMNS], rows)
+    table += (
+        "\n\nMedians over the middle half of a traced run's steady decode steps, in µs. 'between graphs':"
+        " from a graph's last kernel to the next graph's first, split into copies, the unpack kernel and"
+        " idle stream time."
+    )
+    write_outputs(args.out, "step_timeline", payload, table)
+
+
+if __name__ == "__main__":
+    main()
