@@ -14,6 +14,7 @@ negative means the GPU waited on the host.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -53,7 +54,7 @@ def steps_of(ops: list[Op], launches: list[float]) -> list[dict[str, float]]:
     marks = [i for i, o in enumerate(ops) if o.kind == "unpack"]
     launches = sorted(launches)
     out = []
-    for a, b in zip(marks, marks[1:], strict=False):
+    for a, b in itertools.pairwise(marks):
         graph = [o for o in ops[a + 1 : b] if o.kind == "kernel"]
         if not graph:
             continue
