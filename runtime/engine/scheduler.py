@@ -272,9 +272,14 @@ class Scheduler:
                                   horizon=prev.horizon - 1)  # fmt: skip
         if not set(map(id, prev.seqs)).issuperset(map(id, self.running)):
             return None
-        # One pass, as cheap as it can be: this runs once per decode step for every sequence.
-        bs, seqs, growing, need = self.block_size, [], [], 0
-        horizon = 1 << 30
+        # One pass, as cheap as it can be: at a large batch some row crosses a block boundary nearly
+        # every step. A row within a block of its table's end takes its next block now (while blocks
+        # are free beyond what this step and the head of the queue need), so the steady run that
+        # follows lasts about a block's worth of steps, not until the next row's boundary.
+        bs, seqs, growing, ahead, need = self.block_size, [], [], [], 0
+        limits = base = grown = (
+            1 << 30
+        )  # steps until a length limit; until a boundary, without and with `ahead`
         for s in prev.seqs:
             if s.status is Status.FINISHED:
                 continue
@@ -290,11 +295,27 @@ class Scheduler:
                 need += short
                 room += short * bs
             # The steps after this one the sequence takes as it is: each adds a token to n.
-            horizon = min(horizon, s.max_seq_len - n - 1, s.max_new_tokens - generated - 1, room - n)
+            limits = min(limits, s.max_seq_len - n - 1, s.max_new_tokens - generated - 1)
+            base = min(base, room - n)
+            # (A row's last token is never fed, so its table never needs a slot for it.)
+            if room - n < bs and room < min(s.max_seq_len, len(s.prompt_ids) + s.max_new_tokens) - 1:
+                ahead.append(s)
+                grown = min(grown, room - n + bs)
+            else:
+                grown = min(grown, room - n)
         if not seqs or need > self.allocator.num_free:
             return None
+        reserve = -(-self.waiting[0].num_tokens // bs) if self.waiting else 0
+        if need + len(ahead) + reserve > self.allocator.num_free:
+            ahead, grown = [], base
         for s, short in growing:
             s.block_table.extend(self.allocator.allocate(short))
-        if growing:
+        for s in ahead:
+            s.block_table.extend(self.allocator.allocate(1))
+        if growing or ahead:
             self.epoch += 1
-        return ScheduledBatch("decode", seqs, samples=[True] * len(seqs), epoch=self.epoch, horizon=horizon)
+        if prev.phase == "decode" and len(seqs) == len(prev.seqs):
+            seqs = prev.seqs  # the same rows: the executor stages them from its last buffer
+        return ScheduledBatch(
+            "decode", seqs, samples=[True] * len(seqs), epoch=self.epoch, horizon=min(limits, grown)
+        )

@@ -3,7 +3,7 @@
 import pytest
 
 from fastpath.runtime import LLM, SamplingParams
-from fastpath.runtime.engine.scheduler import Scheduler
+from fastpath.runtime.engine.scheduler import ScheduledBatch, Scheduler
 from fastpath.runtime.engine.sequence import Sequence, Status
 from fastpath.runtime.runner.kv_cache import BlockAllocator
 
@@ -192,3 +192,81 @@ def test_a_prompt_larger_than_the_whole_cache_is_named():
         RuntimeError, match=r"KV cache too small: sequence 7 has 20 tokens, 3 blocks of 4 hold 12"
     ):
         sched.schedule()
+
+
+# --- a steady decode batch whose rows cross block boundaries at different steps ---------------------
+
+
+def _decoding(sched: Scheduler, lengths: list[int], max_tokens: int = 40) -> ScheduledBatch:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    seqs = []
+    for i, n in enumerate(lengths):
+        seq = Sequence(i, list(range(3, 3 + n)), params, 0, frozenset(), 256)
+        seq.status = Status.RUNNING
+        assert sched._grow(seq, n)
+        seq.num_computed = n
+        sched.running.append(seq)
+        seqs.append(seq)
+    return ScheduledBatch("decode", seqs, samples=[True] * len(seqs))
+
+
+def _run_steady(sched: Scheduler, batch: ScheduledBatch, steps: int) -> int:
+    """Decode `steps` steps (each token taken at once); how many took the pass over every row. Every
+    step, fast or not, must find the block its rows write to already in their tables."""
+    passes = 0
+    for _ in range(steps):
+        for s in batch.seqs:
+            s.output_ids.append(9)
+        passes += batch.horizon == 0
+        nxt = sched.continue_decode(batch)
+        assert nxt is not None and [s.seq_id for s in nxt.seqs] == [s.seq_id for s in batch.seqs]
+        for s in nxt.seqs:  # the step writes token n - 1
+            assert len(s.block_table) * sched.block_size >= s.num_tokens
+        batch = nxt
+    return passes
+
+
+def test_rows_take_their_next_block_ahead_so_staggered_boundaries_end_a_steady_run_once_a_block():
+    # Eight rows at eight different offsets in their blocks of 4: without blocks taken ahead, some
+    # row reaches a boundary at every step.
+    sched = Scheduler(BlockAllocator(200), 4, 8, 64)
+    batch = _decoding(sched, [5 + i for i in range(8)])
+    assert _run_steady(sched, batch, 32) <= 32 // 4 + 2
+    limit = -(-(12 + 40) // 4)  # the longest prompt plus max_tokens, in blocks
+    assert all(len(s.block_table) <= limit for s in sched.running)
+
+
+def test_a_row_takes_no_block_past_its_length_limit():
+    sched = Scheduler(BlockAllocator(200), 4, 8, 64)
+    # Prompts of 5, 6 and 7 tokens and 7 new ones: the last token is never fed, so the rows write
+    # 11, 12 and 13 tokens: 3, 3 and 4 blocks.
+    batch = _decoding(sched, [5, 6, 7], max_tokens=7)
+    _run_steady(sched, batch, 6)
+    assert [len(s.block_table) for s in batch.seqs] == [3, 3, 4]
+
+
+def _three_rows(free: int, queued: int = 0) -> tuple[Scheduler, ScheduledBatch]:
+    """Rows of 4, 7 and 8 tokens (blocks of 4), a token each taken: two need a block now, and all
+    three would take one ahead. `free` blocks left, and a queued prompt of `queued` tokens."""
+    sched = Scheduler(BlockAllocator(40), 4, 3, 64)
+    batch = _decoding(sched, [4, 7, 8])
+    sched.allocator.allocate(sched.allocator.num_free - free)
+    if queued:
+        sched.add(Sequence(9, list(range(3, 3 + queued)), LONG, 0, frozenset(), 256))
+    for s in batch.seqs:
+        s.output_ids.append(9)
+    return sched, batch
+
+
+def test_no_block_is_taken_ahead_from_what_the_step_or_the_queue_needs():
+    sched, batch = _three_rows(free=2)
+    nxt = sched.continue_decode(batch)
+    assert [len(s.block_table) for s in nxt.seqs] == [2, 2, 3] and sched.allocator.num_free == 0
+    assert nxt.horizon == 0, "row 1 is at its table's end"
+    sched, batch = _three_rows(free=5, queued=8)  # 2 now, 3 ahead, 2 for the queue's head: 7
+    nxt = sched.continue_decode(batch)
+    assert [len(s.block_table) for s in nxt.seqs] == [2, 2, 3] and sched.allocator.num_free == 3
+    sched, batch = _three_rows(free=5)
+    nxt = sched.continue_decode(batch)
+    assert [len(s.block_table) for s in nxt.seqs] == [3, 3, 4] and sched.allocator.num_free == 0
+    assert nxt.horizon == 4 and nxt.seqs is batch.seqs  # row 1: 8 tokens of 12 slots
