@@ -118,7 +118,8 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
 
     `paths` [B] int32, if given, says how each row was decided (for tests and profiling): 0 greedy,
     1 from its candidates, 2 by one parallel draw, 3 by the slow path; plus 4 when its top-k
-    logprobs took the slow path, and 8 when its candidates took a pass over the row.
+    logprobs took the slow path, 8 when its candidates took a pass over the row, and 16 when its
+    total mass did (a top-k the candidates fell short of).
     """
     rows, vocab = logits.shape
     if LISTED < CANDIDATES or RAW_LISTED < RAW_CANDIDATES:
@@ -156,7 +157,7 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     )
     list_kernel[grid](
         *row_args, w.stats, w.floors, parts, w.zpart, w.cand, w.cidx, w.rcand, w.ridx, w.lfill, w.below,
-        **sizes, TOPK=num_top, **lists, **passes,
+        **sizes, TOPK=num_top, **lists, MASS_K=CANDIDATES, **passes,
     )  # fmt: skip
     hist_kernel[grid](
         *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.lfill, **sizes, NB=BUCKETS, TOPK=num_top, **lists,
