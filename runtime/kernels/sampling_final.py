@@ -9,6 +9,7 @@ import triton.language as tl
 
 from .sampling_jit import (
     NF,
+    RANKS,
     SEL,
     fixed_mass,
     fixed_mass_float,
@@ -295,9 +296,9 @@ def decide_kernel(
 def final_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, sidx_ptr,
     zpart_ptr, P, sel_ptr, dec_ptr, big_p_ptr, after_ptr, count_ptr, mass_ptr, best_ptr, idx_ptr,
-    rcand_ptr, ridx_ptr, span_ptr, tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr,
+    rcand_ptr, ridx_ptr, span_ptr, tok_ptr, lp_ptr, top_ids_ptr, top_lp_ptr, rank_ptr,
     BLOCK: tl.constexpr, PMAX: tl.constexpr, RCAP: tl.constexpr, RLCAP: tl.constexpr, TOPK: tl.constexpr,
-    NPIV: tl.constexpr,
+    NPIV: tl.constexpr, RANK_LIST: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """The token of each row: decide_kernel's, or its checked argmax, or the slow path's from there;
@@ -332,6 +333,10 @@ def final_kernel(
     tl.store(tok_ptr + row, token.to(tl.int64))
     raw = tl.load(logits_ptr + row.to(tl.int64) * stride_l + token).to(tl.float32)
     tl.store(lp_ptr + row, raw - lse)
+    if RANK_LIST:  # before _top_logprobs, whose slow path rewrites the list
+        tl.store(
+            rank_ptr + row, _listed_rank(prow, sel_ptr, row, rcand_ptr, ridx_ptr, token, raw, RLCAP, TOPK)
+        )
     if TOPK > 0:
         slow = _top_logprobs(
             row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top_raw, lse, P, sel_ptr,
@@ -348,6 +353,26 @@ def final_kernel(
         tl.store(entry, tl.load(entry) + 1)
         word = bits_ptr + slot * stride_b + (token >> 5)
         tl.store(word, tl.load(word) | (tl.full([], 1, tl.int32) << (token & 31).to(tl.int32)))
+
+
+@triton.jit
+def _listed_rank(
+    prow, sel_ptr, row, rcand_ptr, ridx_ptr, token, raw, RLCAP: tl.constexpr, TOPK: tl.constexpr
+):  # fmt: skip
+    """How many raw logits beat the token, where the row's list of top raw logits provably holds
+    them all: it did not overflow, so it holds every token at or above its floor, and the token is
+    one of them. Else -1 (sampling_rank.py counts over the row)."""
+    if TOPK == 0:  # list_kernel kept no raw list
+        return tl.full([], -1, tl.int32)
+    whole = (tl.load(sel_ptr + row * SEL + 6) == 0) & (int_field(prow, RANKS) != 0)
+    j = tl.arange(0, RLCAP)
+    valid = j < tl.where(
+        whole, tl.load(sel_ptr + row * SEL + 3), 0
+    )  # (the interpreter refuses block & scalar)
+    idx = tl.load(ridx_ptr + row * RLCAP + j, mask=valid, other=-1)
+    x = tl.load(rcand_ptr + row * RLCAP + j, mask=valid, other=float("-inf"))
+    member = tl.sum((idx == token).to(tl.int32), 0) > 0
+    return tl.where(member, tl.sum((valid & (x > raw)).to(tl.int32), 0), -1)
 
 
 @triton.jit

@@ -99,13 +99,16 @@ def gumbel(seed, counter, cols):
 
 # A row's selection state (sampling_triton's `sel`): 0 cut, 1 candidates kept, 2 top-k logprobs' cut,
 # 3 their candidates, 4 members of the bucket after that cut, 5 the path (`sample`'s `paths`),
-# 6 whether gather_kernel passed over the row (its lists did not hold the candidates).
+# 6 whether gather_kernel passed over the row (its lists did not hold the candidates), 7 whether
+# decide_kernel summed its total mass.
 SEL_FIELDS = 8
 SEL = tl.constexpr(SEL_FIELDS)
 
 # A row's parameters: SamplingTensors' fields, in its order; float ones hold float32 bits.
 NFIELDS = 12
 NF = tl.constexpr(NFIELDS)
+RANKS_FIELD = 11  # "ranks": the row asked for logprobs, so its token's rank is counted
+RANKS = tl.constexpr(RANKS_FIELD)
 
 
 @triton.jit

@@ -112,7 +112,17 @@ class _Scratch:
         )
 
 
-def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: int = BLOCK, paths=None):
+def sample(
+    logits,
+    p,
+    entries,
+    bits,
+    num_top: int,
+    chunk: int = CHUNK,
+    block: int = BLOCK,
+    paths=None,
+    listed_ranks=None,
+):
     """(tokens, logprobs, top_ids | None, top_logprobs | None) of logits [B, V]: sampling.py's
     definition, and each token counted in its row's slot of the penalty table.
 
@@ -120,6 +130,10 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     1 from its candidates, 2 by one parallel draw, 3 by the slow path; plus 4 when its top-k
     logprobs took the slow path, 8 when its candidates took a pass over the row, and 16 when its
     total mass did (a top-k the candidates fell short of).
+
+    `listed_ranks` [B] int32, if given, takes each row's count of raw logits above its token where
+    its list of top raw logits holds them (rows whose `ranks` field is set), else -1: what
+    sampling_rank.rank_counts then needs no pass over the row for.
     """
     rows, vocab = logits.shape
     if LISTED < CANDIDATES or RAW_LISTED < RAW_CANDIDATES:
@@ -190,8 +204,9 @@ def sample(logits, p, entries, bits, num_top: int, chunk: int = CHUNK, block: in
     draw_kernel[grid](*draw, CHECK=True, **sizes, **passes)
     final_kernel[(rows,)](
         *row_args, w.stats, w.sidx, w.zpart, parts, w.sel, w.dec, w.big_p, w.after, *w.draw, w.rcand, w.ridx,
-        w.span, w.tokens, w.logprobs, w.top_ids, w.top_lp, BLOCK=block, PMAX=pmax, RCAP=RAW_CANDIDATES,
-        RLCAP=RAW_LISTED, TOPK=num_top, NPIV=PIVOTS, **per_row,
+        w.span, w.tokens, w.logprobs, w.top_ids, w.top_lp, w.tokens if listed_ranks is None else listed_ranks,
+        BLOCK=block, PMAX=pmax, RCAP=RAW_CANDIDATES, RLCAP=RAW_LISTED, TOPK=num_top, NPIV=PIVOTS,
+        RANK_LIST=listed_ranks is not None, **per_row,
     )  # fmt: skip
     if paths is not None:
         paths.copy_(w.sel[:, 5])

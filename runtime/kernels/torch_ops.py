@@ -52,12 +52,10 @@ class TorchOps:
         return tokens, logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
 
     def sample(self, logits, params, entries, bits, num_top):
-        """The general sampler (kernels/sampling.py): (tokens, logprobs, top_ids, top_logprobs)."""
-        return sample_reference(logits, params, entries, bits, num_top)
-
-    def rank_counts(self, logits, params, tokens, top_ids):
-        """How many logits beat each row's token (kernels/sampling_rank.py): [B, 1], every row."""
-        return rank_counts_reference(logits, tokens)
+        """The general sampler (kernels/sampling.py): (tokens, logprobs, top_ids, top_logprobs, and
+        how many logits beat each row's token: [B, 1], every row)."""
+        tokens, logprobs, top_ids, top_lp = sample_reference(logits, params, entries, bits, num_top)
+        return tokens, logprobs, top_ids, top_lp, rank_counts_reference(logits, tokens)
 
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)

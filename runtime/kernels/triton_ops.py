@@ -116,16 +116,15 @@ class TritonOps(TorchOps):
         return tokens, logprobs
 
     def sample(self, logits, params, entries, bits, num_top):
-        """The general sampler as fused kernels, no sort of the vocabulary (sampling_triton.py)."""
+        """The general sampler as fused kernels, no sort of the vocabulary (sampling_triton.py), then
+        per-part counts of the logits above each token in rows that asked for logprobs
+        (sampling_rank.py): most rows' counts come from the sampler's list of top raw logits."""
+        from .sampling_rank import rank_counts
         from .sampling_triton import sample
 
-        return sample(logits, params, entries, bits, num_top)
-
-    def rank_counts(self, logits, params, tokens, top_ids):
-        """Per-part counts of the logits above each token, in rows that asked for logprobs."""
-        from .sampling_rank import rank_counts
-
-        return rank_counts(logits, params, tokens, top_ids)
+        known = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+        tokens, logprobs, top_ids, top_lp = sample(logits, params, entries, bits, num_top, listed_ranks=known)
+        return tokens, logprobs, top_ids, top_lp, rank_counts(logits, params, tokens, top_ids, known=known)
 
     @staticmethod
     def _streams(x) -> bool:

@@ -164,7 +164,4 @@ def sample(
     """
     if params is None:
         return Sampled(*ops.greedy(logits))  # a greedy token ranks first: nothing beats the argmax
-    tokens, logprobs, top_ids, top_lp = ops.sample(
-        logits, params, penalties.entries, penalties.bits, TOP_LOGPROBS if top else 0
-    )
-    return Sampled(tokens, logprobs, top_ids, top_lp, ops.rank_counts(logits, params, tokens, top_ids))
+    return Sampled(*ops.sample(logits, params, penalties.entries, penalties.bits, TOP_LOGPROBS if top else 0))

@@ -46,6 +46,7 @@ def params(rows: int, **cols) -> SamplingTensors:
 
 SEEN_PATHS: set[int] = set()
 SEEN_GATHERS: set[int] = set()  # 0: candidates from hist_kernel's lists, 1: from a pass over the row
+LISTED_RANKS: set[bool] = set()  # whether an asking row's rank came from the list of top raw logits
 ANY = {2, 3}  # a draw over the whole row: accepted at once, or by the slow path
 
 
@@ -60,8 +61,22 @@ def compare(name, logits, p, num_top=0, paths=None, gather=None, summed=None) ->
     tb.bits.copy_(ta.bits)
     ref = sample_reference(logits, p, ta.entries, ta.bits, num_top)
     took = torch.zeros(rows, dtype=torch.int32)
+    # Ranks, in the rows that ask (two of three): from the sampler's list of top raw logits where it
+    # holds them, else from the top-k when the token is among them, else by a pass over the row.
+    asks = torch.arange(rows) % 3 != 1
+    flagged = SamplingTensors(p.data.clone())
+    flagged.data[:, sampling_rank.RANKS_FIELD] = asks.long()
+    known = torch.full((rows,), -7, dtype=torch.int32)
     got = sampling_triton.sample(
-        logits, p, tb.entries, tb.bits, num_top, chunk=CHUNK, block=BLOCK, paths=took
+        logits,
+        flagged,
+        tb.entries,
+        tb.bits,
+        num_top,
+        chunk=CHUNK,
+        block=BLOCK,
+        paths=took,
+        listed_ranks=known,
     )
     good = True
     gathers, sums = ((took >> 3) & 1).tolist(), (took >> 4).tolist()
@@ -82,15 +97,20 @@ def compare(name, logits, p, num_top=0, paths=None, gather=None, summed=None) ->
     if num_top:
         good &= check(f"{name}: top ids", torch.equal(ref[2], got[2]), f"{ref[2]} != {got[2]}")
         good &= check(f"{name}: top logprobs", torch.allclose(ref[3], got[3], atol=1e-4))
-    # Ranks, in the rows that ask (two of three): from the top-k when the token is among them.
-    asks = torch.arange(rows) % 3 != 1
-    flagged = SamplingTensors(p.data.clone())
-    flagged.data[:, sampling_rank.RANKS_FIELD] = asks.long()
-    counts = sampling_rank.rank_counts(
-        logits, flagged, got[0], got[2] if num_top else None, chunk=CHUNK, block=BLOCK // 2
-    )
-    ranks, want = counts.sum(1).long()[asks], rank_counts_reference(logits, got[0])[:, 0].long()[asks]
-    good &= check(f"{name}: ranks", torch.equal(ranks, want), f"{ranks.tolist()} != {want.tolist()}")
+    want = rank_counts_reference(logits, got[0])[:, 0].long()
+    listed = known >= 0
+    good &= check(f"{name}: listed ranks", (known[~asks] == -1).all() and torch.equal(known[listed].long(), want[listed]),
+                  f"{known.tolist()} against {want.tolist()}")  # fmt: skip
+    LISTED_RANKS.update(listed[asks].tolist())
+    top = got[2] if num_top else None
+    for given in (known, None):
+        counts = sampling_rank.rank_counts(
+            logits, flagged, got[0], top, chunk=CHUNK, block=BLOCK // 2, known=given
+        )
+        ranks = counts.sum(1).long()[asks]
+        good &= check(
+            f"{name}: ranks", torch.equal(ranks, want[asks]), f"{ranks.tolist()} != {want[asks].tolist()}"
+        )
     return good
 
 
@@ -249,6 +269,9 @@ def main() -> bool:
         good &= compare("peaked rows, one busy chunk", peak, p, paths=[1, ANY, 0], gather=[1] * 3)
     good &= check("both whole-row paths ran", {2, 3} <= SEEN_PATHS, f"paths seen: {sorted(SEEN_PATHS)}")
     good &= check("both ways to gather ran", sorted(SEEN_GATHERS) == [0, 1], f"seen: {sorted(SEEN_GATHERS)}")
+    good &= check(
+        "ranks came from the list and not", sorted(LISTED_RANKS) == [False, True], f"seen: {LISTED_RANKS}"
+    )
     return good
 
 

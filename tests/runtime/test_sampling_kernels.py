@@ -28,6 +28,7 @@ POINTERS = dict(
     rnext_ptr="*i32", cand_ptr="*fp32", cidx_ptr="*i32", rcand_ptr="*fp32", ridx_ptr="*i32", below_ptr="*fp32",
     span_ptr="*i64", tok_ptr="*i64", lp_ptr="*fp32", top_ids_ptr="*i64", top_lp_ptr="*fp32", dec_ptr="*i32",
     after_ptr="*i64", count_ptr="*i32", mass_ptr="*i64", best_ptr="*fp32", idx_ptr="*i32", big_p_ptr="*fp64",
+    rank_ptr="*i32",
 )  # fmt: skip
 
 
@@ -50,6 +51,7 @@ def test_fused_sampler_compiles_for_the_h200_and_its_passes_do_not_spill(top, tm
     )  # fmt: skip
     groups = S.bound_groups(pmax, S.BLOCK)
     consts = {**shapes, "TOPK": top, "NPIV": S.PIVOTS, "CHECK": bool(top), "GROUPS": groups}
+    consts |= {"MASS_K": S.CANDIDATES, "RANK_LIST": True}
     kernels = (
         S.stats_kernel,
         S.floor_kernel,
