@@ -12,7 +12,6 @@ from .sampling_jit import (
     RANKS,
     SEL,
     fixed_mass,
-    fixed_mass_float,
     float_field,
     float_key,
     gumbel,
@@ -150,20 +149,6 @@ def _draw_slow(
 
 
 @triton.jit
-def _total_mass(
-    row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, BLOCK: tl.constexpr
-):  # fmt: skip
-    """The row's total mass in one pass, for a row whose top_k let list_kernel skip it but whose
-    candidates fell short of the top k (a cut through ties)."""
-    z = tl.zeros([BLOCK], tl.float64)
-    for start in range(0, V, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        _inb, _x, s = scores(row, cols, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b)
-        z += fixed_mass_float(s, top).to(tl.float64)
-    return tl.sum(z, 0).to(tl.int64)
-
-
-@triton.jit
 def _row_stats(stat_ptr, sidx_ptr, zpart_ptr, row, P, V, PMAX: tl.constexpr):
     """The passes' per-chunk results merged: top raw logit, its log-sum-exp, top score, its first
     token, and the total mass."""
@@ -253,14 +238,6 @@ def decide_kernel(
     token = first
     state = tl.zeros([], tl.int32)
     big_p = tl.full([], 1e300, tl.float64)
-    # A negative total: list_kernel skipped the mass, which only a top-k past the candidates needs.
-    summed = (total < 0) & (float_field(prow, 0) > 0) & (top_p < 1.0) & (k <= V)
-    summed = summed & (k > tl.load(sel_ptr + row * SEL + 1))
-    if summed:
-        total = _total_mass(
-            row, V, logits_ptr, stride_l, prow, ent_ptr, stride_e, bits_ptr, stride_b, top, BLOCK
-        )
-    tl.store(sel_ptr + row * SEL + 7, summed.to(tl.int32))
     if float_field(prow, 0) > 0:
         decided, token, z_lo, n = _from_candidates(
             row, V, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, top, total, k, top_p, min_q, int_field(prow, 7),
@@ -304,7 +281,7 @@ def final_kernel(
     """The token of each row: decide_kernel's, or its checked argmax, or the slow path's from there;
     then its logprob, the top-k logprobs, and its count in the penalty table. Paths (sel[:, 5]): 0
     greedy, 1 candidates, 2 one parallel draw, 3 the slow path; +4 the top-k logprobs' slow path;
-    +8 the candidates took gather_kernel's pass over the row; +16 the total mass took decide_kernel's."""
+    +8 the candidates took gather_kernel's pass over the row."""
     _release(USE_PDL)  # the next kernel launches now and waits for this one's end
     _wait(USE_PDL)
     row = tl.program_id(0)
@@ -343,10 +320,7 @@ def final_kernel(
             rcand_ptr, ridx_ptr, span_ptr, top_ids_ptr, top_lp_ptr, BLOCK, PMAX, RCAP, RLCAP, TOPK, NPIV,
         )  # fmt: skip
         state = state + tl.where(slow, 4, 0)
-    tl.store(
-        sel_ptr + row * SEL + 5,
-        state + 8 * tl.load(sel_ptr + row * SEL + 6) + 16 * tl.load(sel_ptr + row * SEL + 7),
-    )
+    tl.store(sel_ptr + row * SEL + 5, state + 8 * tl.load(sel_ptr + row * SEL + 6))
     slot = int_field(prow, 9)
     if slot != 0:
         entry = ent_ptr + slot * stride_e + token

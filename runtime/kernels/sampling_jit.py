@@ -99,8 +99,7 @@ def gumbel(seed, counter, cols):
 
 # A row's selection state (sampling_triton's `sel`): 0 cut, 1 candidates kept, 2 top-k logprobs' cut,
 # 3 their candidates, 4 members of the bucket after that cut, 5 the path (`sample`'s `paths`),
-# 6 whether gather_kernel passed over the row (its lists did not hold the candidates), 7 whether
-# decide_kernel summed its total mass.
+# 6 whether gather_kernel passed over the row (its lists did not hold the candidates).
 SEL_FIELDS = 8
 SEL = tl.constexpr(SEL_FIELDS)
 

@@ -130,26 +130,19 @@ def list_kernel(
     logits_ptr, stride_l, V, p_ptr, ent_ptr, stride_e, bits_ptr, stride_b, stat_ptr, floor_ptr, P, zpart_ptr,
     cand_ptr, cidx_ptr, rcand_ptr, ridx_ptr, lfill_ptr, below_ptr,
     CHUNK: tl.constexpr, BLOCK: tl.constexpr, PMAX: tl.constexpr, TOPK: tl.constexpr, LCAP: tl.constexpr,
-    RLCAP: tl.constexpr, MASS_K: tl.constexpr,
+    RLCAP: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """Per chunk: the raw logits' exp-sum below the row's top raw logit, the total mass, the best
     score below the row's floor, and the tokens at or above its floors (`floor_kernel`) appended to
     the row's candidate lists (up to LCAP and RLCAP, the rest only counted). Those are the row's top
     tokens, more than the caps: decide_kernel and the top-k logprobs take them as they are, with no
-    histogram and no second pass over the row.
-
-    The total mass only bounds top-p's share where the candidates may not hold the top k: a row with
-    top_p 1, or a top_k of at most MASS_K (the candidates' usual count), skips it and stores -1;
-    decide_kernel sums it in a pass of its own in the rare step that needs it after all."""
+    histogram and no second pass over the row."""
     _release(USE_PDL)  # the next kernel launches now and waits for this one's end
     _wait(USE_PDL)
     row = tl.program_id(0)
     part = tl.program_id(1)
-    prow = p_ptr + row * NF
-    inv_t, rep, pres, freq, slot, ban = row_terms(prow)
-    k = int_field(prow, 6)
-    mass = (float_field(prow, 0) > 0) & (float_field(prow, 1) < 1.0) & ((k <= 0) | (k >= V) | (k > MASS_K))
+    inv_t, rep, pres, freq, slot, ban = row_terms(p_ptr + row * NF)
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     low = tl.load(floor_ptr + row * 2 + 0)
     rlow = tl.load(floor_ptr + row * 2 + 1)
@@ -168,8 +161,7 @@ def list_kernel(
         inb, x, s = scores_of(
             row, cols, V, logits_ptr, stride_l, inv_t, rep, pres, freq, slot, ban, ent_ptr, stride_e, bits_ptr, stride_b,
         )  # fmt: skip
-        if mass:
-            z += fixed_mass_float(s, top).to(tl.float64)
+        z += fixed_mass_float(s, top).to(tl.float64)
         r += tl.where(x == float("-inf"), 0.0, tl.exp(x - top_raw))  # a NaN logit stays NaN, as in torch
         above = inb & (signed_key(s) >= low)
         below = tl.maximum(below, tl.where(inb & ~above, s, float("-inf")))
@@ -189,7 +181,7 @@ def list_kernel(
                 )  # fmt: skip
                 rfull = rfull | (at >= RLCAP)
     tl.store(stat_ptr + (row * P + part) * 3 + 1, tl.sum(r, 0))
-    tl.store(zpart_ptr + row * P + part, tl.where(mass, tl.sum(z, 0).to(tl.int64), -1))
+    tl.store(zpart_ptr + row * P + part, tl.sum(z, 0).to(tl.int64))
     tl.store(below_ptr + row * P + part, tl.max(below, 0))
 
 

@@ -128,8 +128,7 @@ def sample(
 
     `paths` [B] int32, if given, says how each row was decided (for tests and profiling): 0 greedy,
     1 from its candidates, 2 by one parallel draw, 3 by the slow path; plus 4 when its top-k
-    logprobs took the slow path, 8 when its candidates took a pass over the row, and 16 when its
-    total mass did (a top-k the candidates fell short of).
+    logprobs took the slow path, and 8 when its candidates took a pass over the row.
 
     `listed_ranks` [B] int32, if given, takes each row's count of raw logits above its token where
     its list of top raw logits holds them (rows whose `ranks` field is set), else -1: what
@@ -171,7 +170,7 @@ def sample(
     )
     list_kernel[grid](
         *row_args, w.stats, w.floors, parts, w.zpart, w.cand, w.cidx, w.rcand, w.ridx, w.lfill, w.below,
-        **sizes, TOPK=num_top, **lists, MASS_K=CANDIDATES, **passes,
+        **sizes, TOPK=num_top, **lists, **passes,
     )  # fmt: skip
     hist_kernel[grid](
         *row_args, w.stats, w.floors, parts, w.hist, w.rhist, w.lfill, **sizes, NB=BUCKETS, TOPK=num_top, **lists,
