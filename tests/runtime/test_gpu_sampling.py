@@ -7,8 +7,8 @@ from oracle import hf_model
 from test_sampling_controls import token_ids
 
 from fastpath.runtime import LLM, SamplingParams
-from fastpath.runtime.kernels import sampling_triton
-from fastpath.runtime.kernels.sampling import PROMPT_BIT, sample_reference
+from fastpath.runtime.kernels import sampling_rank, sampling_triton
+from fastpath.runtime.kernels.sampling import PROMPT_BIT, rank_counts_reference, sample_reference
 from fastpath.runtime.runner.penalties import PenaltyTable
 from fastpath.runtime.runner.sampler import SamplingTensors
 
@@ -72,10 +72,12 @@ def test_fused_sampler_equals_its_definition_on_cuda(vocab):
         presence=[0.5] * rows,
         frequency=[0.5] * rows,
     )  # fmt: skip
+    p.data[:, sampling_rank.RANKS_FIELD] = 1  # every row asks for its token's rank
     ta, tb = _table(rows, vocab, "cuda"), _table(rows, vocab, "cuda")
     ref = sample_reference(logits, p, ta.entries, ta.bits, 20)
     paths = torch.zeros(rows, dtype=torch.int32, device="cuda")
-    got = sampling_triton.sample(logits, p, tb.entries, tb.bits, 20, paths=paths)
+    known = torch.full((rows,), -7, dtype=torch.int32, device="cuda")
+    got = sampling_triton.sample(logits, p, tb.entries, tb.bits, 20, paths=paths, listed_ranks=known)
     # Token choices compare floats from exp and log, whose last bits differ between torch and
     # Triton's fast versions: a row may flip where two draws tie to those bits, almost never.
     same = (ref[0] == got[0]).float().mean().item()
@@ -87,6 +89,13 @@ def test_fused_sampler_equals_its_definition_on_cuda(vocab):
     assert all(int(paths[r]) == 1 for r in bench_rows), (
         f"the bench's rows take the fast path: {paths.tolist()}"
     )
+    # Ranks: from the list of top raw logits where it holds them (exact), else by the rank kernel.
+    want = rank_counts_reference(logits, got[0])[:, 0].int()
+    listed = known >= 0
+    assert bool((known[~listed] == -1).all()) and torch.equal(known[listed], want[listed])
+    assert sum(bool(listed[r]) for r in bench_rows) >= len(bench_rows) // 2, f"listed: {listed.tolist()}"
+    counts = sampling_rank.rank_counts(logits, p, got[0], got[2], known=known)
+    assert torch.equal(counts.sum(1).int(), want)
 
 
 def _engine(**kw):
