@@ -280,29 +280,34 @@ class Scheduler:
         limits = base = grown = (
             1 << 30
         )  # steps until a length limit; until a boundary, without and with `ahead`
+        finished = Status.FINISHED
         for s in prev.seqs:
-            if s.status is Status.FINISHED:
+            if s.status is finished:
                 continue
-            generated = len(s.output_ids) + s.num_pending
-            n = len(s.prompt_ids) + generated
-            if n >= s.max_seq_len or generated >= s.max_new_tokens:
-                continue
+            n = len(s.prompt_ids) + len(s.output_ids) + s.num_pending
+            end = s.length_limit
+            if n >= end:
+                continue  # its last token is in flight
             seqs.append(s)
-            room = len(s.block_table) * bs
-            short = -(-n // bs) - len(s.block_table)
-            if short > 0:
+            blocks = len(s.block_table)
+            room = blocks * bs
+            if n > room:
+                short = -(-n // bs) - blocks
                 growing.append((s, short))
                 need += short
                 room += short * bs
             # The steps after this one the sequence takes as it is: each adds a token to n.
-            limits = min(limits, s.max_seq_len - n - 1, s.max_new_tokens - generated - 1)
-            base = min(base, room - n)
+            if end - n - 1 < limits:
+                limits = end - n - 1
+            head = room - n
+            if head < base:
+                base = head
             # (A row's last token is never fed, so its table never needs a slot for it.)
-            if room - n < bs and room < min(s.max_seq_len, len(s.prompt_ids) + s.max_new_tokens) - 1:
+            if head < bs and room < end - 1:
                 ahead.append(s)
-                grown = min(grown, room - n + bs)
-            else:
-                grown = min(grown, room - n)
+                head += bs
+            if head < grown:
+                grown = head
         if not seqs or need > self.allocator.num_free:
             return None
         reserve = -(-self.waiting[0].num_tokens // bs) if self.waiting else 0
@@ -310,8 +315,8 @@ class Scheduler:
             ahead, grown = [], base
         for s, short in growing:
             s.block_table.extend(self.allocator.allocate(short))
-        for s in ahead:
-            s.block_table.extend(self.allocator.allocate(1))
+        for s, block in zip(ahead, self.allocator.allocate(len(ahead)), strict=True):
+            s.block_table.append(block)
         if growing or ahead:
             self.epoch += 1
         if prev.phase == "decode" and len(seqs) == len(prev.seqs):

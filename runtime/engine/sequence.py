@@ -43,6 +43,11 @@ class Sequence:
     first_token_at: float | None = None  # time.monotonic() when its first output token was read back
     scheduled_at: float | None = None  # time.monotonic() when the scheduler first gave it a batch slot
     sampling_row: tuple[int, ...] | None = None  # its packed sampling fields (engine/steps.py), cached
+    # The most tokens it will hold: its prompt plus max_tokens, within max_seq_len.
+    length_limit: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.length_limit = min(self.max_seq_len, len(self.prompt_ids) + self.max_new_tokens)
 
     @property
     def max_new_tokens(self) -> int:
