@@ -277,9 +277,8 @@ class Scheduler:
         # are free beyond what this step and the head of the queue need), so the steady run that
         # follows lasts about a block's worth of steps, not until the next row's boundary.
         bs, seqs, growing, ahead, need = self.block_size, [], [], [], 0
-        limits = base = grown = (
-            1 << 30
-        )  # steps until a length limit; until a boundary, without and with `ahead`
+        # Steps until a length limit; until a block boundary, without and with the blocks ahead.
+        limits = base = grown = 1 << 30
         finished = Status.FINISHED
         for s in prev.seqs:
             if s.status is finished:

@@ -340,9 +340,8 @@ def _listed_rank(
         return tl.full([], -1, tl.int32)
     whole = (tl.load(sel_ptr + row * SEL + 6) == 0) & (int_field(prow, RANKS) != 0)
     j = tl.arange(0, RLCAP)
-    valid = j < tl.where(
-        whole, tl.load(sel_ptr + row * SEL + 3), 0
-    )  # (the interpreter refuses block & scalar)
+    # (A count, not `& whole`: the interpreter refuses a block and a scalar mixed.)
+    valid = j < tl.where(whole, tl.load(sel_ptr + row * SEL + 3), 0)
     idx = tl.load(ridx_ptr + row * RLCAP + j, mask=valid, other=-1)
     x = tl.load(rcand_ptr + row * RLCAP + j, mask=valid, other=float("-inf"))
     member = tl.sum((idx == token).to(tl.int32), 0) > 0
