@@ -63,6 +63,19 @@ SAMPLED = dict(
 )  # fmt: skip
 
 
+def phase_workload(llm, batch: int, kind: str, tokens: int) -> tuple[list[list[int]], list]:
+    """host_phases.py's and step_timeline.py's requests: `batch` random prompts of PROMPT_LEN tokens,
+    greedy or ("penalties") SAMPLED, each with its own seed and `tokens` new tokens."""
+    from fastpath.runtime import SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    vocab = llm.config.model.vocab_size
+    prompts = [torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
+    extra = SAMPLED if kind == "penalties" else {"temperature": 0.0}
+    params = [SamplingParams(max_tokens=tokens, ignore_eos=True, seed=i, **extra) for i in range(batch)]
+    return prompts, params
+
+
 def weight_bytes(llm) -> int:
     seen, total = set(), 0
     for p in llm.executor.model.parameters():

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
-from decode import PROMPT_LEN, SAMPLED
+from decode import phase_workload
 from phases import PHASES, instrument, label
 
 
@@ -39,20 +39,14 @@ def main() -> None:
     spent: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
     instrument(spent, calls)
-    from fastpath.runtime import LLM, SamplingParams
+    from fastpath.runtime import LLM
 
     cuda = torch.cuda.is_available()
     rows = []
     for batch in args.batch:
         llm = LLM(args.model, device="cuda" if cuda else "cpu", max_batch_size=batch, max_seq_len=512)
-        vocab = llm.config.model.vocab_size
-        g = torch.Generator().manual_seed(0)
-        prompts = [torch.randint(0, vocab, (PROMPT_LEN,), generator=g).tolist() for _ in range(batch)]
         for kind in args.sampling:
-            extra = SAMPLED if kind == "penalties" else {"temperature": 0.0}
-            params = [
-                SamplingParams(max_tokens=args.tokens, ignore_eos=True, seed=i, **extra) for i in range(batch)
-            ]
+            prompts, params = phase_workload(llm, batch, kind, args.tokens)
             llm.generate(prompts, params, use_tqdm=False)  # warm
             spent.clear()
             calls.clear()
