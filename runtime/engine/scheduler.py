@@ -176,9 +176,8 @@ class Scheduler:
                 continue
             if s.guided is not None:
                 return None
-            generated = len(s.output_ids) + s.num_pending
-            n = len(s.prompt_ids) + generated
-            if n >= s.max_seq_len or generated >= s.max_new_tokens:
+            n = len(s.prompt_ids) + len(s.output_ids) + s.num_pending
+            if n >= s.length_limit:
                 continue  # its last token is in flight: it samples nothing more
             riders.append((s, n))
         budget = self.max_num_batched_tokens - len(riders)

@@ -43,7 +43,8 @@ class Sequence:
     first_token_at: float | None = None  # time.monotonic() when its first output token was read back
     scheduled_at: float | None = None  # time.monotonic() when the scheduler first gave it a batch slot
     sampling_row: tuple[int, ...] | None = None  # its packed sampling fields (engine/steps.py), cached
-    # The most tokens it will hold: its prompt plus max_tokens, within max_seq_len.
+    # The most tokens it will hold: its prompt plus max_tokens, within max_seq_len (fixed at
+    # construction, as its prompt, params and max_seq_len are).
     length_limit: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -82,9 +83,6 @@ class Sequence:
             return self.output_ids[start - n : end - n]
         return self.prompt_ids[start:] + self.output_ids[: end - n]
 
-    def can_generate_more(self) -> bool:
-        return self.num_generated < self.max_new_tokens and self.num_tokens < self.max_seq_len
-
     def accept(
         self, token: int, logprob: float, top: tuple[list[int], list[float]] | None = None, rank: int = 1
     ) -> None:
@@ -107,8 +105,5 @@ class Sequence:
             if token in self.eos_ids and not p.ignore_eos:
                 self.finish_reason = "stop"
                 return
-        # Inlined max_new_tokens and num_known: this runs for every sequence on every step.
-        n = len(self.output_ids)
-        limit = p.max_tokens if p.max_tokens is not None else self.max_seq_len
-        if n >= limit or len(self.prompt_ids) + n >= self.max_seq_len:
+        if len(self.prompt_ids) + len(self.output_ids) >= self.length_limit:
             self.finish_reason = "length"

@@ -181,8 +181,8 @@ def test_a_guided_request_waits_for_the_full_scheduler():
 
 def test_a_sequence_at_its_last_token_does_not_ride():
     sched = _scheduler()
-    done = _seq(0, 6)
-    done.params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)  # output + pending = 2
+    last = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)  # output + pending = 2
+    done = Sequence(0, list(range(3, 9)), last, 0, frozenset(), 256)
     prev = _in_flight(sched, [done, _seq(1, 3)])
     sched.add(_seq(2, 5))
     batch = sched.admit_beside(prev)
