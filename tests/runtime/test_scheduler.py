@@ -141,8 +141,15 @@ def test_mixed_batches_refuse_a_token_budget_smaller_than_the_batch():
 LONG = SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True)
 
 
-def _running(sched: Scheduler, seq_id: int, prompt: int, computed: int, generated: int = 0) -> Sequence:
-    seq = Sequence(seq_id, list(range(3, 3 + prompt)), LONG, 0, frozenset(), 256)
+def _running(
+    sched: Scheduler,
+    seq_id: int,
+    prompt: int,
+    computed: int,
+    generated: int = 0,
+    params: SamplingParams = LONG,
+) -> Sequence:
+    seq = Sequence(seq_id, list(range(3, 3 + prompt)), params, 0, frozenset(), 256)
     seq.output_ids = [9] * generated
     seq.status = Status.RUNNING
     assert sched._grow(seq, computed + (generated > 0))
@@ -199,14 +206,7 @@ def test_a_prompt_larger_than_the_whole_cache_is_named():
 
 def _decoding(sched: Scheduler, lengths: list[int], max_tokens: int = 40) -> ScheduledBatch:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    seqs = []
-    for i, n in enumerate(lengths):
-        seq = Sequence(i, list(range(3, 3 + n)), params, 0, frozenset(), 256)
-        seq.status = Status.RUNNING
-        assert sched._grow(seq, n)
-        seq.num_computed = n
-        sched.running.append(seq)
-        seqs.append(seq)
+    seqs = [_running(sched, i, prompt=n, computed=n, params=params) for i, n in enumerate(lengths)]
     return ScheduledBatch("decode", seqs, samples=[True] * len(seqs))
 
 
