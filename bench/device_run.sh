@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|step-timeline|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|linear|decode-greedy|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|step-timeline|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -50,6 +50,10 @@ for step in "$@"; do
     kernel-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_runtime.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 | tee "$OUT/gpu_kernel_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     decode-sampling) timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --batch 8 64 256 --long-context 0 --name decode-sampling --out "$OUT" 2>&1 | tail -12 ;;
     # #18's table: batch 1 to 256 and 8k-token contexts beside the torch.compile peer, sampled rows too.
+    linear) timeout 300 python3 bench/linear.py --out "$OUT" ${LINEAR_ARGS:-} 2>&1 | tail -10 ;;
+    decode-greedy)  # #18: greedy rows only, batch 1 to 64, no peer (the small-M kernel's batches)
+      timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch ${GREEDY_BATCHES:-1 8 16 32 64} \
+        --long-context 0 --name decode-greedy --out "$OUT" 2>&1 | tail -12 ;;
     decode-18) timeout 520 python3 bench/decode.py --quick --no-hf --variants fused --batch 1 8 64 256 --long-context 8192 \
       --stack-dump-s 240 --name decode-18 --out "$OUT" 2>&1 | tail -24 ;;
     decode-generated)  # #18: the compiled llama_1b package against native, 5 alternating runs a batch

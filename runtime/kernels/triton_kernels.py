@@ -231,54 +231,102 @@ def argmax_lse_final_kernel(
     tl.store(logprobs_ptr + row, -tl.log(total))
 
 
-def _small_m_configs():
+def small_m_configs(block_m: int):
+    """Configs for gemm_small_m_kernel at BLOCK_M rows; split-K keeps enough programs streaming the
+    narrow matrices (o_proj, down_proj) when a wide tile of N leaves too few."""
+    shapes = [
+        (16, 256, 1, 4, 4),
+        (32, 256, 1, 4, 4),
+        (32, 256, 2, 4, 4),
+        (64, 128, 1, 4, 4),
+        (64, 128, 2, 4, 4),
+        (64, 256, 4, 4, 3),
+        (32, 512, 1, 4, 3),
+        (32, 128, 4, 4, 4),
+    ]
+    if block_m >= 64:  # a 64-row tile of x per step: fewer, narrower weight tiles in flight
+        shapes = [(bn, bk, s, w, max(2, st - 1)) for bn, bk, s, w, st in shapes if bn * bk <= 8192]
     return [
-        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=s)
-        for bn, bk, w, s in [
-            (16, 256, 4, 4),
-            (16, 512, 4, 3),
-            (32, 256, 4, 4),
-            (32, 512, 8, 3),
-            (64, 128, 4, 4),
-            (64, 256, 8, 3),
-        ]
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s}, num_warps=w, num_stages=st)
+        for bn, bk, s, w, st in shapes
     ]
 
 
-@_tuned(_small_m_configs(), ["N", "K"])
+SMALL_M_BLOCKS = (16, 32, 64)
+SMALL_M_MAX_SPLIT = {bm: max(c.kwargs["SPLIT_K"] for c in small_m_configs(bm)) for bm in SMALL_M_BLOCKS}
+
+
+@triton.jit
+def _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
+
+
 @triton.jit
 def gemm_small_m_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+    x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
-    """y[M, N] = x[M, K] @ w[N, K]^T for 2 <= M <= 16: one pass over w on the tensor cores, rows padded to 16.
+    """y[M, N] = x[M, K] @ w[N, K]^T for 2 <= M <= BLOCK_M <= 64: one pass over w on the tensor cores.
 
+    Program (n, s) covers BLOCK_N outputs over the s-th of SPLIT_K ranges of K. With SPLIT_K > 1 each
+    writes its fp32 partial to part_ptr and counts itself in count_ptr[n]; the last to arrive sums the
+    partials in split order, so the result does not depend on which program finished last
+    (deterministic), and sets the count back to zero for the next launch or graph replay.
     As in gemv_kernel, the first tile of w is loaded before the wait for x's writer.
     """
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, 16)
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
     n_mask = rn < N
-    rk = tl.arange(0, BLOCK_K)
+    m_mask = rm < M
+    per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+    k_lo = pid_s * per * BLOCK_K
+    k_hi = tl.minimum(K, k_lo + per * BLOCK_K)
+    rk = k_lo + tl.arange(0, BLOCK_K)
     w = tl.load(
-        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0
+        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & (rk < k_hi)[None, :], other=0.0
     )
     _release(USE_PDL)
     _wait(USE_PDL)
     x = tl.load(
-        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk < K)[None, :], other=0.0
+        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & (rk < k_hi)[None, :], other=0.0
     )
-    acc = tl.dot(x, tl.trans(w), tl.zeros([16, BLOCK_N], dtype=tl.float32))
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    acc = tl.dot(x, tl.trans(w), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
+        k_mask = rk < k_hi
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
         )
         x = tl.load(
-            x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & k_mask[None, :], other=0.0
+            x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
         )
         acc = tl.dot(x, tl.trans(w), acc)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out = acc.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=(rm[:, None] < M) & n_mask[None, :])
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT_K > 1:
+        tile = rm[:, None] * N + rn[None, :]
+        tl.store(part_ptr + pid_s * M * N + tile, acc, mask=out_mask)
+        # Every thread's partial is stored before the one release that counts this program in.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            acc = tl.load(part_ptr + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
+            for s in range(1, SPLIT_K):
+                acc += tl.load(part_ptr + s * M * N + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+            _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_BIAS)
+    else:
+        _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_BIAS)
+
+
+# One autotuner per row tile: each keeps its own best config per (N, K).
+gemm_small_m_tuned = {
+    bm: gemm_small_m_kernel
+    if INTERPRET
+    else triton.autotune(configs=small_m_configs(bm), key=["N", "K"])(gemm_small_m_kernel)
+    for bm in SMALL_M_BLOCKS
+}

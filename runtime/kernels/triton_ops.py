@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from . import triton_kernels as K
 from .torch_ops import TorchOps
 
-GEMV_MAX_M = 16  # decode-sized batches stream the weights once; larger ones are real GEMMs for cuBLAS
+GEMV_MAX_M = 64  # up to 64 rows a linear streams its weight once (bench/linear.py); past that, cuBLAS
 
 
 def _pow2(n: int) -> int:
@@ -52,6 +52,9 @@ def pdl_args(x: torch.Tensor) -> dict:
 class TritonOps(TorchOps):
     name = "triton"
 
+    def __init__(self) -> None:
+        self._counts: dict[tuple, torch.Tensor] = {}
+
     def describe(self, device: torch.device) -> str:
         on, why = pdl_available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
         return f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}"
@@ -79,15 +82,37 @@ class TritonOps(TorchOps):
             return F.linear(x, weight, bias)
         if x.shape[0] == 1:
             return self._gemv(x, weight, bias)
+        return self.small_m(x, weight, bias)
+
+    def small_m(self, x, weight, bias=None, config: dict | None = None):
+        """x @ weight^T for 2 <= M <= 64 rows in one pass over the weight; `config` (BLOCK_N, BLOCK_K,
+        SPLIT_K, num_warps, num_stages) bypasses autotuning, for the benches and the interpreter checks."""
         x = x.contiguous()
         m, (n, k) = x.shape[0], weight.shape
+        block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
         y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+        split = K.SMALL_M_MAX_SPLIT[block_m] if config is None else config["SPLIT_K"]
+        parts = torch.empty(split * m * n if split > 1 else 1, device=x.device, dtype=torch.float32)
+        kernel = K.gemm_small_m_tuned[block_m] if config is None else K.gemm_small_m_kernel
+        if config is None:
+            config = K.untuned_args(K.small_m_configs(block_m))
         # No PDL here: it made batch 8 28% slower (bench/results/round9/ab_step-call1.md).
-        K.gemm_small_m_kernel[_grid(n)](
-            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, **K.untuned_args(K._small_m_configs()),
+        kernel[_small_m_grid(n)](
+            x, weight, bias if bias is not None else weight, y, parts, self._arrivals(weight, n), m, n, k,
+            x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, **config,
         )  # fmt: skip
         return y
+
+    def _arrivals(self, weight, n: int) -> torch.Tensor:
+        """Split-K's per-tile arrival counts for this weight: zero between launches (the last program of a
+        tile resets its count), so one buffer per weight serves every launch and graph replay."""
+        key = (weight.data_ptr(), weight.device)
+        counts = self._counts.get(key)
+        if counts is None or counts.numel() < triton_cdiv(n, 16):
+            counts = self._counts[key] = torch.zeros(
+                triton_cdiv(n, 16), device=weight.device, dtype=torch.int32
+            )
+        return counts
 
     def greedy(self, logits):
         rows, vocab = logits.shape
@@ -171,3 +196,7 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def _grid(n: int):
     return lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),)
+
+
+def _small_m_grid(n: int):
+    return lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])

@@ -42,6 +42,15 @@ def ops() -> bool:
         ref, got = t.linear(x, w, b).float(), f.linear(x, w, b).float()
         # Sums in another order than the CPU GEMM: equal to fp16 rounding, not bit for bit.
         good &= check(f"linear m={m} k={k}", float((ref - got).norm() / ref.norm()) < 1e-3)
+    # Past 16 rows, and split-K: 1100 columns in 5 tiles of 256 over 2 or 4 ranges (the last of 4 holds
+    # none), each range's partial summed by the program that arrives last, which leaves its count at zero.
+    for m, split in ((33, 1), (64, 2), (7, 4), (40, 4)):
+        x, w, b = rand(m, 1100, gen=gen), rand(80, 1100, scale=0.05, gen=gen), rand(80, gen=gen)
+        config = {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": split}
+        ref, got = t.linear(x, w, b).float(), f.small_m(x, w, b, config=config).float()
+        rest = f._arrivals(w, 80)
+        fine = float((ref - got).norm() / ref.norm()) < 1e-3 and not rest.any()
+        good &= check(f"linear m={m} split_k={split}", fine)
     x, r, w = rand(5, 300), rand(5, 300), rand(300, scale=0.1) + 1
     for res in (None, r):
         (a, sa), (c, sc) = t.add_rms_norm(x, res, w, 1e-5), f.add_rms_norm(x, res, w, 1e-5)

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""The decode step's linears on their own: each of the 1.24B Llama's weight shapes at M rows, streamed
+from HBM as in a step (one weight per layer, more than L2 holds), in a CUDA graph replayed back to back.
+
+Side by side, per (M, linear): cuBLAS (`F.linear`), fastpath's `TritonOps.linear` as the engine runs
+it (autotuned), and every config of the small-M kernel at M's row tile, so the autotuner's pick can be
+checked against the best. Bandwidth is the weight's bytes over the time, against device copy bandwidth.
+
+    python bench/linear.py --out DIR [--m 1 8 16 32 64 128] [--layers 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import copy_bandwidth, environment, markdown_table, replay_seconds, write_outputs
+
+
+def shapes(config) -> dict[str, tuple[int, int]]:
+    """(N, K) of each linear a decode step runs, fused as the engine fuses them."""
+    h, dim = config.hidden_size, config.head_dim
+    qkv = (config.num_heads + 2 * config.num_kv_heads) * dim
+    return {
+        "qkv": (qkv, h),
+        "o": (h, config.num_heads * dim),
+        "gate_up": (2 * config.intermediate_size, h),
+        "down": (h, config.intermediate_size),
+        "lm_head": (config.vocab_size, h),
+    }
+
+
+def time_linears(fn, xs: torch.Tensor, weights: list[torch.Tensor], replays: int) -> float:
+    """Seconds per linear: `fn(x, w)` for every weight in turn, captured once, replayed."""
+    for w in weights:  # warm-up: compiles and autotunes outside the capture
+        fn(xs, w)
+    torch.cuda.synchronize()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for w in weights:
+            fn(xs, w)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph.replay()
+    return replay_seconds(graph, replays) / len(weights)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--name", default="linear")
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 8, 16, 32, 64, 128])
+    ap.add_argument("--layers", type=int, default=16, help="distinct weights per shape (the model's layers)")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--linears", nargs="+", default=None, help="a subset of qkv o gate_up down lm_head")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/linear.py needs a CUDA device")
+        return
+    from fastpath.runtime.kernels import triton_kernels as K
+    from fastpath.runtime.kernels import triton_ops
+    from fastpath.runtime.model.presets import PRESETS
+
+    config = PRESETS["llama-1b"]
+    ops = triton_ops.TritonOps()
+    bw = copy_bandwidth()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, table = [], []
+    for name, (n, k) in shapes(config).items():
+        if args.linears and name not in args.linears:
+            continue
+        copies = 2 if name == "lm_head" else args.layers  # one lm_head is already 10x L2
+        weights = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02
+            for _ in range(copies)
+        ]
+        for m in args.m:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+            impls = {"cuBLAS": lambda x, w: F.linear(x, w), "fastpath": ops.linear}
+            if 2 <= m <= triton_ops.GEMV_MAX_M:
+                block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
+                for c in K.small_m_configs(block_m):
+                    cfg = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                    label = "{BLOCK_N}x{BLOCK_K} split {SPLIT_K} w{num_warps} s{num_stages}".format(**cfg)
+                    impls[label] = lambda x, w, cfg=cfg: ops.small_m(x, w, config=cfg)
+            for impl, fn in impls.items():
+                try:
+                    seconds = time_linears(fn, x, weights, args.replays)
+                except Exception as exc:  # one config that fails to compile must not end the run
+                    print(f"{name} m={m} {impl}: {type(exc).__name__}: {exc}"[:300])
+                    continue
+                rate = n * k * 2 / seconds
+                rows.append(
+                    {
+                        "linear": name,
+                        "n": n,
+                        "k": k,
+                        "m": m,
+                        "impl": impl,
+                        "us": seconds * 1e6,
+                        "bytes_per_s": rate,
+                    }
+                )
+                table.append(
+                    [
+                        m,
+                        name,
+                        f"{n}x{k}",
+                        impl,
+                        f"{seconds * 1e6:.1f}",
+                        f"{rate / 1e12:.2f}",
+                        f"{rate / bw:.0%}",
+                    ]
+                )
+            print(
+                f"{name} m={m}: "
+                + ", ".join(f"{r['impl']} {r['us']:.1f}" for r in rows if r["m"] == m and r["linear"] == name)
+            )
+        del weights
+        torch.cuda.empty_cache()
+    summary = step_summary(rows, config.num_layers)
+    md = markdown_table(["M", "linear", "N x K", "impl", "µs", "TB/s", "of copy bw"], table)
+    md = (
+        f"Copy bandwidth {bw / 1e12:.2f} TB/s.\n\nThe step's linears ({config.num_layers} layers and the LM head), "
+        "µs per step:\n\n"
+        + markdown_table(["M", "cuBLAS", "fastpath", "best config each"], summary)
+        + "\n\n"
+        + md
+    )
+    write_outputs(
+        args.out, args.name, {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "rows": rows}, md
+    )
+
+
+def step_summary(rows: list[dict], layers: int) -> list[list[object]]:
+    """Per M, the step's linears summed: each layer's four and the LM head once."""
+    out = []
+    for m in sorted({r["m"] for r in rows}):
+        here = [r for r in rows if r["m"] == m]
+        times = {}
+        for r in here:
+            times.setdefault(r["linear"], {})[r["impl"]] = r["us"]
+        count = {name: 1 if name == "lm_head" else layers for name in times}
+
+        def total(pick, times=times, count=count):
+            vals = [pick(t) for t in times.values()]
+            return None if None in vals else sum(v * count[name] for v, name in zip(vals, times, strict=True))
+
+        cells = [
+            total(lambda t: t.get("cuBLAS")),
+            total(lambda t: t.get("fastpath")),
+            total(lambda t: min(t.values())),
+        ]
+        out.append([m, *(f"{c:.0f}" if c is not None else "—" for c in cells)])
+    return out
+
+
+if __name__ == "__main__":
+    main()
