@@ -59,6 +59,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=16, help="distinct weights per shape (the model's layers)")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--linears", nargs="+", default=None, help="a subset of qkv o gate_up down lm_head")
+    ap.add_argument(
+        "--pdl", action="store_true", help="each small-M config also with programmatic dependent launch"
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/linear.py needs a CUDA device")
@@ -83,12 +86,14 @@ def main() -> None:
         for m in args.m:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
             impls = {"cuBLAS": lambda x, w: F.linear(x, w), "fastpath": ops.linear}
-            if 2 <= m <= triton_ops.GEMV_MAX_M:
+            if 2 <= m <= max(K.SMALL_M_BLOCKS):
                 block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
-                for c in K.small_m_configs(block_m):
-                    cfg = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+                for cfg in K.small_m_configs(block_m, k):
                     label = "{BLOCK_N}x{BLOCK_K} split {SPLIT_K} w{num_warps} s{num_stages}".format(**cfg)
-                    impls[label] = lambda x, w, cfg=cfg: ops.small_m(x, w, config=cfg)
+                    for pdl in (False, True) if args.pdl else (False,):
+                        impls[label + (" pdl" if pdl else "")] = lambda x, w, cfg=cfg, pdl=pdl: ops.small_m(
+                            x, w, config=cfg, pdl=pdl
+                        )
             for impl, fn in impls.items():
                 try:
                     seconds = time_linears(fn, x, weights, args.replays)

@@ -231,29 +231,33 @@ def argmax_lse_final_kernel(
     tl.store(logprobs_ptr + row, -tl.log(total))
 
 
-def small_m_configs(block_m: int):
-    """Configs for gemm_small_m_kernel at BLOCK_M rows; split-K keeps enough programs streaming the
-    narrow matrices (o_proj, down_proj) when a wide tile of N leaves too few."""
+def small_m_configs(block_m: int, k: int) -> list[dict]:
+    """Candidate launch configs of gemm_small_m_kernel at BLOCK_M rows and K columns (bench/linear.py
+    times each). The one-tile splits give every program a single tile of K, as the batch-1 GEMV does:
+    the most loads in flight at once, and under PDL the whole tile read before the wait."""
+    tiles = lambda bk: -(-k // bk)  # noqa: E731
     shapes = [
-        (16, 256, 1, 4, 4),
-        (32, 256, 1, 4, 4),
-        (32, 256, 2, 4, 4),
-        (64, 128, 1, 4, 4),
-        (64, 128, 2, 4, 4),
-        (64, 256, 4, 4, 3),
-        (32, 512, 1, 4, 3),
-        (32, 128, 4, 4, 4),
-    ]
+        (16, 256, 1, 4, 4), (32, 256, 1, 4, 4), (64, 128, 1, 4, 4), (32, 128, 4, 4, 4), (64, 256, 4, 4, 3),
+        (16, 256, tiles(256), 4, 1), (16, 512, tiles(512), 4, 1), (32, 256, tiles(256), 4, 1),
+    ]  # fmt: skip
     if block_m >= 64:  # a 64-row tile of x per step: fewer, narrower weight tiles in flight
-        shapes = [(bn, bk, s, w, max(2, st - 1)) for bn, bk, s, w, st in shapes if bn * bk <= 8192]
+        shapes = [(bn, bk, s, w, max(1, st - 1)) for bn, bk, s, w, st in shapes if bn * bk <= 8192]
     return [
-        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s}, num_warps=w, num_stages=st)
-        for bn, bk, s, w, st in shapes
+        dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=s, num_warps=w, num_stages=st) for bn, bk, s, w, st in shapes
     ]
+
+
+def small_m_config(m: int, n: int, k: int) -> dict:
+    """The config the engine launches (bench/results/round16: the fastest in a graph of 16 layers'
+    weights streamed from HBM)."""
+    if n >= 8192:  # gate_up, the LM head: enough programs along N
+        return dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4)
+    if k >= 8192:  # down_proj: 128 tiles of N, each over 4 ranges of K
+        return dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4)
+    return dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=1, num_warps=4, num_stages=4)
 
 
 SMALL_M_BLOCKS = (16, 32, 64)
-SMALL_M_MAX_SPLIT = {bm: max(c.kwargs["SPLIT_K"] for c in small_m_configs(bm)) for bm in SMALL_M_BLOCKS}
 
 
 @triton.jit
@@ -321,12 +325,3 @@ def gemm_small_m_kernel(
             _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_BIAS)
     else:
         _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_BIAS)
-
-
-# One autotuner per row tile: each keeps its own best config per (N, K).
-gemm_small_m_tuned = {
-    bm: gemm_small_m_kernel
-    if INTERPRET
-    else triton.autotune(configs=small_m_configs(bm), key=["N", "K"])(gemm_small_m_kernel)
-    for bm in SMALL_M_BLOCKS
-}

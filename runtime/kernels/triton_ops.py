@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from . import triton_kernels as K
 from .torch_ops import TorchOps
 
-GEMV_MAX_M = 64  # up to 64 rows a linear streams its weight once (bench/linear.py); past that, cuBLAS
+GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
 
 
 def _pow2(n: int) -> int:
@@ -84,22 +84,22 @@ class TritonOps(TorchOps):
             return self._gemv(x, weight, bias)
         return self.small_m(x, weight, bias)
 
-    def small_m(self, x, weight, bias=None, config: dict | None = None):
+    def small_m(self, x, weight, bias=None, config: dict | None = None, pdl: bool = False):
         """x @ weight^T for 2 <= M <= 64 rows in one pass over the weight; `config` (BLOCK_N, BLOCK_K,
-        SPLIT_K, num_warps, num_stages) bypasses autotuning, for the benches and the interpreter checks."""
+        SPLIT_K, num_warps, num_stages) and `pdl` override the engine's choice, for bench/linear.py."""
         x = x.contiguous()
         m, (n, k) = x.shape[0], weight.shape
         block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
+        config = config or K.small_m_config(m, n, k)
+        # PDL off by default: round 9 measured batch 8 28% slower with it (bench/results/round9/ab_step-call1.md).
         y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        split = K.SMALL_M_MAX_SPLIT[block_m] if config is None else config["SPLIT_K"]
+        split = config["SPLIT_K"]
         parts = torch.empty(split * m * n if split > 1 else 1, device=x.device, dtype=torch.float32)
-        kernel = K.gemm_small_m_tuned[block_m] if config is None else K.gemm_small_m_kernel
-        if config is None:
-            config = K.untuned_args(K.small_m_configs(block_m))
-        # No PDL here: it made batch 8 28% slower (bench/results/round9/ab_step-call1.md).
-        kernel[_small_m_grid(n)](
+        grid = (triton_cdiv(n, config["BLOCK_N"]), split)
+        K.gemm_small_m_kernel[grid](
             x, weight, bias if bias is not None else weight, y, parts, self._arrivals(weight, n), m, n, k,
             x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, **config,
+            **(self._pdl(x) if pdl else {}),
         )  # fmt: skip
         return y
 
@@ -196,7 +196,3 @@ def triton_cdiv(a: int, b: int) -> int:
 
 def _grid(n: int):
     return lambda meta: (triton_cdiv(n, meta["BLOCK_N"]),)
-
-
-def _small_m_grid(n: int):
-    return lambda meta: (triton_cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])

@@ -90,8 +90,22 @@ def decode_attention() -> bool:
             context_lens_host=lens, block_size=block, sliding_window=window, capturing=True,
         )  # fmt: skip
         ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
-        got = TritonDecodeAttention().forward(q, k, v, meta, 0.25).float()
+        lib = TritonDecodeAttention()
+        got = lib.forward(q, k, v, meta, 0.25).float()
         good &= check(f"triton_decode window={window}", float((got - ref).norm() / ref.norm()) < 2e-3)
+        # 4 splits a sequence above, merged by the last to arrive; it leaves every count at zero.
+        good &= check(f"triton_decode counts reset window={window}", not lib._counts.any())
+        # One page a sequence: one split, written without the merge.
+        short = [1, 16, 9, 3]
+        one = AttentionMetadata(
+            "decode", torch.zeros(4, dtype=torch.int64), tables[:, :1].contiguous(), torch.tensor(short, dtype=torch.int32),
+            context_lens_host=short, block_size=block, sliding_window=window, capturing=True,
+        )  # fmt: skip
+        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), one, 0.25)
+        got = lib.forward(q, k, v, one, 0.25).float()
+        good &= check(
+            f"triton_decode one split window={window}", float((got - ref).norm() / ref.norm()) < 2e-3
+        )
     return good
 
 

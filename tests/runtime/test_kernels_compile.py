@@ -1,0 +1,81 @@
+"""The decode kernels compiled for the H200 without a GPU: what the interpreter lets through fails here."""
+
+import importlib.util
+import subprocess
+
+import pytest
+
+POINTERS = dict(
+    x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", y_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+def test_small_m_kernel_compiles_for_the_h200_at_every_config(block_m, tmp_path):
+    """What the interpreter lets through (a tile shape the tensor cores cannot take, an atomic's
+    semantics) fails here, ahead of device time."""
+    from triton import compile as compile_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fastpath.runtime.kernels import triton_kernels as K
+
+    kernel = K.gemm_small_m_kernel
+    for i, config in enumerate(K.small_m_configs(block_m, 8192)):
+        launch = {name: config.pop(name) for name in ("num_warps", "num_stages")}
+        consts = dict(config, BLOCK_M=block_m, HAS_BIAS=False, USE_PDL=True)
+        signature = {n: "constexpr" if n in consts else POINTERS.get(n, "i32") for n in kernel.arg_names}
+        source = ASTSource(kernel, signature, constexprs=consts)
+        compiled = compile_kernel(source, target=GPUTarget("cuda", 90, 32), options=launch)
+        ptx = tmp_path / f"small_m_{block_m}_{i}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        if config["SPLIT_K"] > 1:
+            assert "atom" in compiled.asm["ptx"], "split-K counts its programs with an atomic"
+        cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
+ATTENTION_POINTERS = dict(
+    q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", tables_ptr="*i32", lens_ptr="*i32", acc_ptr="*fp32",
+    ml_ptr="*fp32", count_ptr="*i32", out_ptr="*bf16", scale="fp32",
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("splits", [1, 8])
+def test_decode_attention_compiles_for_the_h200_with_and_without_the_merge(splits, tmp_path):
+    """The decode attention kernel merges its splits itself (the last to arrive), or with one split
+    writes its output directly: both compile for sm_90."""
+    from triton import compile as compile_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fastpath.runtime.attention.triton_decode import _load_kernels
+
+    kernel = _load_kernels()
+    consts = dict(
+        GROUP=4,
+        GROUP_PAD=16,
+        HEAD_DIM=64,
+        BLOCK=16,
+        PAGES_PER_SPLIT=2,
+        NUM_SPLITS=splits,
+        WINDOW=0,
+        USE_PDL=True,
+    )
+    signature = {
+        n: "constexpr" if n in consts else ATTENTION_POINTERS.get(n, "i32") for n in kernel.arg_names
+    }
+    compiled = compile_kernel(
+        ASTSource(kernel, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32)
+    )
+    assert ("atom" in compiled.asm["ptx"]) == (splits > 1)
+    ptx = tmp_path / "split.ptx"
+    ptx.write_text(compiled.asm["ptx"])
+    cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
