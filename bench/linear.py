@@ -92,7 +92,7 @@ def main() -> None:
                     label = "{BLOCK_N}x{BLOCK_K} split {SPLIT_K} w{num_warps} s{num_stages}".format(**cfg)
                     for pdl in (False, True) if args.pdl else (False,):
                         impls[label + (" pdl" if pdl else "")] = lambda x, w, cfg=cfg, pdl=pdl: ops.small_m(
-                            x, w, config=cfg, pdl=pdl
+                            x, w, None, cfg, pdl
                         )
             for impl, fn in impls.items():
                 try:

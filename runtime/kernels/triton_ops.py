@@ -82,16 +82,18 @@ class TritonOps(TorchOps):
             return F.linear(x, weight, bias)
         if x.shape[0] == 1:
             return self._gemv(x, weight, bias)
-        return self.small_m(x, weight, bias)
+        config = K.small_m_config(x.shape[0], *weight.shape)
+        if config is None:
+            return F.linear(x, weight, bias)
+        config = dict(config)
+        return self.small_m(x, weight, bias, config=config, pdl=config.pop("pdl"))
 
-    def small_m(self, x, weight, bias=None, config: dict | None = None, pdl: bool = False):
-        """x @ weight^T for 2 <= M <= 64 rows in one pass over the weight; `config` (BLOCK_N, BLOCK_K,
-        SPLIT_K, num_warps, num_stages) and `pdl` override the engine's choice, for bench/linear.py."""
+    def small_m(self, x, weight, bias, config: dict, pdl: bool = False):
+        """x @ weight^T for 2 <= M <= 64 rows in one pass over the weight, launched with `config`
+        (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) and, if `pdl`, programmatic dependent launch."""
         x = x.contiguous()
         m, (n, k) = x.shape[0], weight.shape
         block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
-        config = config or K.small_m_config(m, n, k)
-        # PDL off by default: round 9 measured batch 8 28% slower with it (bench/results/round9/ab_step-call1.md).
         y = torch.empty(m, n, device=x.device, dtype=x.dtype)
         split = config["SPLIT_K"]
         parts = torch.empty(split * m * n if split > 1 else 1, device=x.device, dtype=torch.float32)

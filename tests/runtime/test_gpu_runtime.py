@@ -320,10 +320,11 @@ def test_small_m_linear_is_close_to_cublas_and_deterministic_under_split_k(m):
     ref = torch.nn.functional.linear(x, w).float()
     block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
     for cfg in K.small_m_configs(block_m, 8192):
-        runs = [ops.small_m(x, w, config=cfg) for _ in range(3)]
-        assert float((runs[0].float() - ref).norm() / ref.norm()) < 1e-2, cfg
-        assert all(torch.equal(runs[0], r) for r in runs[1:]), cfg
-        assert not ops._arrivals(w, 2048).any(), cfg
+        for pdl in (False, True):
+            runs = [ops.small_m(x, w, None, cfg, pdl) for _ in range(3)]
+            assert float((runs[0].float() - ref).norm() / ref.norm()) < 1e-2, (cfg, pdl)
+            assert all(torch.equal(runs[0], r) for r in runs[1:]), (cfg, pdl)
+            assert not ops._arrivals(w, 2048).any(), (cfg, pdl)
     tuned = ops.linear(x, w)
     assert float((tuned.float() - ref).norm() / ref.norm()) < 1e-2
 
