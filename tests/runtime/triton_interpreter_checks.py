@@ -99,9 +99,7 @@ def decode_attention() -> bool:
         lib = TritonDecodeAttention()
         got = lib.forward(q, k, v, meta, 0.25).float()
         good &= check(f"triton_decode window={window}", float((got - ref).norm() / ref.norm()) < 2e-3)
-        # 4 splits a sequence above, merged by the last to arrive; it leaves every count at zero.
-        good &= check(f"triton_decode counts reset window={window}", not lib._counts.any())
-        # One page a sequence: one split, written without the merge.
+        # One page a sequence: one split, its output written by the split kernel with no merge.
         short = [1, 16, 9, 3]
         one = AttentionMetadata(
             "decode", torch.zeros(4, dtype=torch.int64), tables[:, :1].contiguous(), torch.tensor(short, dtype=torch.int32),
