@@ -54,7 +54,7 @@ for step in "$@"; do
     decode-greedy)  # #18: greedy rows only, batch 1 to 64, no peer (the small-M kernel's batches)
       timeout 300 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch ${GREEDY_BATCHES:-1 8 16 32 64} \
         --long-context 0 --name decode-greedy --out "$OUT" 2>&1 | tail -12 ;;
-    decode-18) timeout 520 python3 bench/decode.py --quick --no-hf --variants fused --batch 1 8 64 256 --long-context 8192 \
+    decode-18) timeout 520 python3 bench/decode.py --quick --no-hf --variants fused --batch 1 8 64 256 --long-context ${LONG_CONTEXT:-8192} \
       --stack-dump-s 240 --name decode-18 --out "$OUT" 2>&1 | tail -24 ;;
     decode-generated)  # #18: the compiled llama_1b package against native, 5 alternating runs a batch
       python3 -m pip install -q --no-build-isolation --no-deps ./generated/llama-1b >>"$log" 2>&1 || echo "llama_1b build failed" | tee -a "$log"
