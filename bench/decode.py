@@ -51,6 +51,7 @@ from common import (
     wall,
     write_outputs,
 )
+from gpu_clocks import ClockLog
 
 from fastpath.runtime.model.presets import resolve_random
 
@@ -146,6 +147,23 @@ def replay_time(llm, batch: int, kind: str, replays: int = 50) -> float | None:
         return replay_seconds(graph, replays)
 
 
+def sustained_replay_time(llm, batch: int, kind: str, seconds: float = 1.0) -> float | None:
+    """The step's graph replayed back to back for about `seconds`, timed in chunks: the median chunk of
+    the second half, once the GPU's clock and power have settled under the load (the replay column is
+    a burst of 50 right after the engine's runs)."""
+    graphs = llm.executor.runner.graphs
+    rows = graphs.bucket(batch) if graphs is not None else None
+    if rows is None or (rows, kind) not in graphs.graphs:
+        return None
+    graph = graphs.graphs[(rows, kind)].graph
+    chunks, spent = [], 0.0
+    with torch.cuda.stream(llm.executor.runner.execution_stream):
+        while spent < seconds or len(chunks) < 4:
+            chunks.append(replay_seconds(graph, 25))
+            spent += chunks[-1] * 25
+    return statistics.median(chunks[len(chunks) // 2 :])
+
+
 def hf_step_time(model: str, batch: int, short: int, long: int) -> float:
     import transformers
 
@@ -215,6 +233,7 @@ def main() -> None:
     short, long, repeats = (8, 40, 3) if args.quick else (16, 144, 3)
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     gib = 2.0 if args.device == "cuda" else 0.125
+    clocks = ClockLog.start(torch.cuda.current_device()) if args.device == "cuda" else ClockLog()
     bw = copy_bandwidth(gib, device=args.device)
     peak = matmul_peak(8192 if args.device == "cuda" else 512, device=args.device)
     results = {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "matmul_flop_per_s": peak, "rows": []}
@@ -233,10 +252,11 @@ def main() -> None:
 
     def measure(llm, name, tp, variant, batch, sampling, prompt_len=PROMPT_LEN):
         rank_bytes = weight_bytes(llm)
-        step, diff, counted, host = engine_step_time(
-            llm, batch, short, long, repeats, sampled=sampling == "penalties", prompt_len=prompt_len
-        )
         label = name if sampling == "greedy" else f"{name}, sampled with penalties"
+        with clocks.phase(f"{label} b{batch} engine"):
+            step, diff, counted, host = engine_step_time(
+                llm, batch, short, long, repeats, sampled=sampling == "penalties", prompt_len=prompt_len
+            )
         context = prompt_len + (short + long) // 2
         row = {"engine": label, "batch": batch, "step_s": step, "diff_step_s": diff, "tp": tp}
         row["counted_mean_step_s"] = counted
@@ -246,6 +266,11 @@ def main() -> None:
         # A tensor-parallel graph replayed on rank 0 alone waits forever in its all-reduce for the others.
         kind = "greedy" if sampling == "greedy" else "general"
         row["replay_s"] = replay_time(llm, batch, kind) if tp == 1 else None
+        if tp == 1 and args.device == "cuda":
+            with clocks.phase(f"{label} b{batch} replay"):
+                row["replay_sustained_s"] = sustained_replay_time(llm, batch, kind)
+            row["clocks_engine"] = clocks.summary(f"{label} b{batch} engine")
+            row["clocks_replay"] = clocks.summary(f"{label} b{batch} replay")
         row["allreduce"] = llm.parallel.tp.allreduce_path if llm.parallel is not None else None
         results["rows"].append(row)
         print(f"{label} batch {batch} context {context}: {step * 1e6:.0f} us/step counted, {diff * 1e6:.0f} us/step"
@@ -327,6 +352,17 @@ def main() -> None:
             table += "\n\nAlternating runs:\n\n" + markdown_table(
                 ["engine", "batch", "runs", "median µs/step", "spread µs", "native median", "native spread", "vs native"], alt
             )  # fmt: skip
+        settled = [r for r in results["rows"] if r.get("replay_sustained_s")]
+        if settled:
+            mhz = lambda c, k: f"{c[k]:.0f}" if c else "-"  # noqa: E731
+            table += "\n\nThe replay settled, and the GPU's clocks (nvidia-smi, medians):\n\n" + markdown_table(
+                ["engine", "batch", "replay µs (50, burst)", "replay µs (~1 s, settled)", "µs/step / settled",
+                 "SM MHz: engine", "SM MHz: replay", "W: engine", "W: replay"],
+                [[r["engine"], r["batch"], f"{r['replay_s'] * 1e6:.0f}", f"{r['replay_sustained_s'] * 1e6:.0f}",
+                  f"{r['step_s'] / r['replay_sustained_s']:.2f}",
+                  mhz(r["clocks_engine"], "sm_mhz"), mhz(r["clocks_replay"], "sm_mhz"),
+                  mhz(r["clocks_engine"], "power_w"), mhz(r["clocks_replay"], "power_w")] for r in settled],
+            )  # fmt: skip
         paths = sorted({r["allreduce"] for r in results["rows"] if r.get("allreduce")})
         table += "".join(f"\n\nTensor-parallel all-reduce: {p}." for p in paths)
         results["model"] = args.model
@@ -407,6 +443,7 @@ def main() -> None:
             torch.cuda.empty_cache()
             results["rows"].append({"engine": "HF transformers generate (eager)", "batch": b, "step_s": step})
             print(f"hf batch {b}: {step * 1e6:.0f} us/step", flush=True)
+    clocks.close()
     report()
 
 

@@ -9,11 +9,16 @@ back; this says where that time goes on the device: the copies in and out, the u
 the idle gaps between them (where the stream waited for the host to enqueue the next operation).
 "launch lead" is how long before the graph began the host called cudaGraphLaunch: small or
 negative means the GPU waited on the host.
+
+The same graph is then traced replayed back to back (as decode.py's replay column times it), so the
+graph's span inside the engine loop and alone compare under the same tracing; the kernels whose
+time differs most between the two are listed by name.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import statistics
@@ -33,6 +38,7 @@ class Op:
     start: float  # µs
     end: float
     kind: str  # unpack | h2d | d2h | memset | kernel
+    name: str = ""
 
 
 def kind_of(name: str) -> str:
@@ -92,6 +98,52 @@ def steps_of(ops: list[Op], launches: list[float]) -> list[dict[str, float]]:
     return out
 
 
+def loop_graphs(ops: list[Op]) -> list[list[Op]]:
+    """Each traced step's graph kernels in launch order (from one unpack kernel to the next)."""
+    ops = sorted(ops, key=lambda o: o.start)
+    marks = [i for i, o in enumerate(ops) if o.kind == "unpack"]
+    return [[o for o in ops[a + 1 : b] if o.kind == "kernel"] for a, b in itertools.pairwise(marks)]
+
+
+def replay_graphs(ops: list[Op], per_graph: int) -> list[list[Op]]:
+    """Back-to-back replays' kernels cut into graphs of `per_graph` kernels each."""
+    kernels = sorted((o for o in ops if o.kind == "kernel"), key=lambda o: o.start)
+    return [kernels[i : i + per_graph] for i in range(0, len(kernels) - per_graph + 1, per_graph)]
+
+
+def span_and_busy(graph: list[Op]) -> tuple[float, float]:
+    busy, cursor = 0.0, graph[0].start
+    for o in graph:
+        busy += max(0.0, o.end - max(o.start, cursor))
+        cursor = max(cursor, o.end)
+    return graph[-1].end - graph[0].start, busy
+
+
+def middle(graphs: list[list[Op]], size: int) -> list[list[Op]]:
+    """The graphs of `size` kernels, the first and last quarter left out (ramp and tail)."""
+    same = [g for g in graphs if len(g) == size]
+    return same[len(same) // 4 : len(same) - len(same) // 4] or same
+
+
+def kernel_deltas(loop: list[list[Op]], alone: list[list[Op]], top: int = 6) -> list[dict]:
+    """Per kernel name, its median time a step inside the engine loop and replayed alone (µs), the
+    names whose time grew most in the loop first."""
+    totals: dict[str, list[float]] = {}
+    for i in range(len(loop[0])):
+        name = loop[0][i].name
+        in_loop = statistics.median(g[i].end - g[i].start for g in loop)
+        replayed = statistics.median(g[i].end - g[i].start for g in alone)
+        t = totals.setdefault(name, [0.0, 0.0, 0])
+        t[0] += in_loop
+        t[1] += replayed
+        t[2] += 1
+    rows = [
+        {"kernel": n, "launches": c, "loop_us": a, "alone_us": b, "grown_us": a - b}
+        for n, (a, b, c) in totals.items()
+    ]
+    return sorted(rows, key=lambda r: -r["grown_us"])[:top]
+
+
 def summary(steps: list[dict[str, float]]) -> dict[str, float]:
     """Medians over the middle half of the steps (the ramp at either end left out)."""
     if not steps:
@@ -103,19 +155,33 @@ def summary(steps: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(s[k] for s in mid if k in s) for k in keys} | {"steps": float(len(mid))}
 
 
-def trace(llm, prompts, params) -> tuple[list[Op], list[float]]:
+def trace(fn) -> tuple[list[Op], list[float]]:
+    """fn() traced, CUDA activity only: its device operations, and when the host launched graphs."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate(prompts, params, use_tqdm=False)
+        fn()
         torch.cuda.synchronize()
     ops, launches = [], []
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            ops.append(Op(e.time_range.start, e.time_range.end, kind_of(e.name)))
+            ops.append(Op(e.time_range.start, e.time_range.end, kind_of(e.name), e.name))
         elif e.name == "cudaGraphLaunch":
             launches.append(e.time_range.start)
     return ops, launches
+
+
+def replays(llm, batch: int, kind: str, count: int):
+    """A function replaying the decode graph the engine ran `batch` rows of `kind` in, back to back."""
+    runner = llm.executor.runner
+    graph = runner.graphs.graphs[(runner.graphs.bucket(batch), kind)].graph
+
+    def run():
+        with torch.cuda.stream(runner.execution_stream):
+            for _ in range(count):
+                graph.replay()
+
+    return run
 
 
 COLUMNS = [
@@ -129,6 +195,8 @@ COLUMNS = [
     ("between_idle", "idle"),
     ("unpack_to_graph", "unpack → graph"),
     ("launch_lead", "launch lead"),
+    ("replay_span", "replay span"),
+    ("replay_busy", "replay busy"),
 ]
 
 
@@ -146,28 +214,49 @@ def main() -> None:
     os.environ.setdefault("FASTPATH_PROGRESS", "0")
     from fastpath.runtime import LLM
 
-    rows, payload = [], {"environment": environment(), "rows": []}
+    rows, grown, payload = [], [], {"environment": environment(), "rows": []}
     for batch in args.batch:
         llm = LLM(args.model, device="cuda", max_batch_size=batch, max_seq_len=512)
         for kind in args.sampling:
             prompts, params = phase_workload(llm, batch, kind, args.tokens)
             llm.generate(prompts, params, use_tqdm=False)  # warm
-            ops, launches = trace(llm, prompts, params)
+            ops, launches = trace(functools.partial(llm.generate, prompts, params, use_tqdm=False))
             steps = steps_of(ops, launches)
             med = summary(steps)
-            payload["rows"].append({"batch": batch, "sampling": kind, "median": med, "steps": steps})
+            size = int(med.get("kernels", 0))
+            loop = middle(loop_graphs(ops), size)
+            graph_kind = "greedy" if kind == "greedy" else "general"
+            alone = middle(replay_graphs(trace(replays(llm, batch, graph_kind, 40))[0], size), size)
+            deltas = kernel_deltas(loop, alone) if loop and alone else []
+            if alone:
+                spans = [span_and_busy(g) for g in alone]
+                med["replay_span"] = statistics.median(s for s, _ in spans)
+                med["replay_busy"] = statistics.median(b for _, b in spans)
+            payload["rows"].append(
+                {"batch": batch, "sampling": kind, "median": med, "steps": steps, "kernels_grown": deltas}
+            )
             rows.append(
                 [kind, batch, f"{med.get('steps', 0):.0f}"]
                 + [f"{med[k]:.1f}" if k in med else "-" for k, _ in COLUMNS]
             )
+            grown.extend(
+                [kind, batch, d["kernel"][:60], d["launches"], f"{d['loop_us']:.1f}", f"{d['alone_us']:.1f}",
+                 f"{d['grown_us']:+.1f}"]
+                for d in deltas
+            )  # fmt: skip
         del llm
         torch.cuda.empty_cache()
     table = markdown_table(["sampling", "batch", "steps"] + [h for _, h in COLUMNS], rows)
     table += (
         "\n\nMedians over the middle half of a traced run's steady decode steps, in µs. 'between graphs':"
         " from a graph's last kernel to the next graph's first, split into copies, the unpack kernel and"
-        " idle stream time."
+        " idle stream time. 'replay span' and 'replay busy': the same graph replayed back to back under"
+        " the same tracing."
     )
+    table += "\n\n" + markdown_table(
+        ["sampling", "batch", "kernel", "launches", "loop µs", "alone µs", "grown µs"], grown
+    )
+    table += "\n\nPer kernel name, its summed median time a step in the engine loop and replayed alone."
     write_outputs(args.out, "step_timeline", payload, table)
 
 
