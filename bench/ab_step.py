@@ -8,10 +8,7 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, not attention": also programmatic dependent launch between the per-token kernels (norms,
   RoPE, SiLU-mul, the batch-1 GEMVs, greedy sampling), so a GEMV's weight stream starts while the
   kernel before it drains;
-- "PDL": the decode attention kernels launched that way too (all of FASTPATH_PDL=1), and
-  down_proj reading silu(gate) * up from gate_up at 2-16 rows (no SiLU-mul launch), as the engine runs;
-- "PDL, SiLU-mul apart": the SiLU-mul its own launch at every batch (round 16's engine);
-- "PDL, SiLU-mul folded from batch 1": folded into the batch-1 GEMV as well.
+- "PDL": the decode attention kernels launched that way too (all of FASTPATH_PDL=1).
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
@@ -33,14 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
-FOLD = (2, 16)  # triton_ops.SILU_FOLD as the engine has it
-VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, rows that fold the SiLU-mul)
-    "per-field prologue, no PDL": (False, False, False, FOLD),
-    "one-launch prologue, no PDL": (True, False, False, FOLD),
-    "PDL, not attention": (True, True, False, FOLD),
-    "PDL": (True, True, True, FOLD),
-    "PDL, SiLU-mul apart": (True, True, True, (1, 0)),
-    "PDL, SiLU-mul folded from batch 1": (True, True, True, (1, 16)),
+VARIANTS = {  # (prologue in one launch, PDL, PDL for attention)
+    "per-field prologue, no PDL": (False, False, False),
+    "one-launch prologue, no PDL": (True, False, False),
+    "PDL, not attention": (True, True, False),
+    "PDL": (True, True, True),
 }
 
 
@@ -65,8 +59,7 @@ def main() -> None:
     rows = []
     for rnd in range(args.rounds):
         for name in args.variants:
-            one_launch, pdl, pdl_attention, fold = VARIANTS[name]
-            triton_ops.SILU_FOLD = fold
+            one_launch, pdl, pdl_attention = VARIANTS[name]
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
             triton_decode.PDL = pdl_attention
             os.environ["FASTPATH_PDL"] = "1" if pdl else "0"

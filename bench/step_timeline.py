@@ -125,22 +125,29 @@ def middle(graphs: list[list[Op]], size: int) -> list[list[Op]]:
     return same[len(same) // 4 : len(same) - len(same) // 4] or same
 
 
-def kernel_deltas(loop: list[list[Op]], alone: list[list[Op]], top: int = 6) -> list[dict]:
-    """Per kernel name, its median time a step inside the engine loop and replayed alone (µs), the
-    names whose time grew most in the loop first."""
-    totals: dict[str, list[float]] = {}
-    for i in range(len(loop[0])):
-        name = loop[0][i].name
-        in_loop = statistics.median(g[i].end - g[i].start for g in loop)
-        replayed = statistics.median(g[i].end - g[i].start for g in alone)
-        t = totals.setdefault(name, [0.0, 0.0, 0])
-        t[0] += in_loop
-        t[1] += replayed
-        t[2] += 1
-    rows = [
-        {"kernel": n, "launches": c, "loop_us": a, "alone_us": b, "grown_us": a - b}
-        for n, (a, b, c) in totals.items()
-    ]
+def kernel_deltas(loop: list[list[Op]], alone: list[Op], replays: int, top: int = 6) -> list[dict]:
+    """Per kernel name, its time a step inside the engine loop (median over steps) and replayed alone
+    (the replays' total over their count), µs, the names whose time grew most in the loop first.
+    Summed by name, not matched launch by launch: the two traces need not list a graph's kernels in
+    the same order. Under PDL a kernel's traced time includes its wait for the one before it."""
+
+    def by_name(ops) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for o in ops:
+            t = out.setdefault(o.name, [0.0, 0.0])
+            t[0] += o.end - o.start
+            t[1] += 1
+        return out
+
+    steps = [by_name(g) for g in loop]
+    replayed = by_name(o for o in alone if o.kind == "kernel")
+    rows = []
+    for name in set().union(*steps) | set(replayed):
+        in_loop = statistics.median(s.get(name, [0.0, 0.0])[0] for s in steps)
+        launches = statistics.median(s.get(name, [0.0, 0.0])[1] for s in steps)
+        solo = replayed.get(name, [0.0, 0.0])
+        rows.append({"kernel": name, "launches": launches, "launches_alone": solo[1] / replays,
+                     "loop_us": in_loop, "alone_us": solo[0] / replays, "grown_us": in_loop - solo[0] / replays})  # fmt: skip
     return sorted(rows, key=lambda r: -r["grown_us"])[:top]
 
 
@@ -169,6 +176,9 @@ def trace(fn) -> tuple[list[Op], list[float]]:
         elif e.name == "cudaGraphLaunch":
             launches.append(e.time_range.start)
     return ops, launches
+
+
+REPLAYS = 40
 
 
 def replays(llm, batch: int, kind: str, count: int):
@@ -226,8 +236,9 @@ def main() -> None:
             size = int(med.get("kernels", 0))
             loop = middle(loop_graphs(ops), size)
             graph_kind = "greedy" if kind == "greedy" else "general"
-            alone = middle(replay_graphs(trace(replays(llm, batch, graph_kind, 40))[0], size), size)
-            deltas = kernel_deltas(loop, alone) if loop and alone else []
+            alone_ops = trace(replays(llm, batch, graph_kind, REPLAYS))[0]
+            alone = middle(replay_graphs(alone_ops, size), size)
+            deltas = kernel_deltas(loop, alone_ops, REPLAYS) if loop and alone else []
             if alone:
                 spans = [span_and_busy(g) for g in alone]
                 med["replay_span"] = statistics.median(s for s, _ in spans)
@@ -240,8 +251,8 @@ def main() -> None:
                 + [f"{med[k]:.1f}" if k in med else "-" for k, _ in COLUMNS]
             )
             grown.extend(
-                [kind, batch, d["kernel"][:60], d["launches"], f"{d['loop_us']:.1f}", f"{d['alone_us']:.1f}",
-                 f"{d['grown_us']:+.1f}"]
+                [kind, batch, d["kernel"][:60], f"{d['launches']:g} / {d['launches_alone']:g}",
+                 f"{d['loop_us']:.1f}", f"{d['alone_us']:.1f}", f"{d['grown_us']:+.1f}"]
                 for d in deltas
             )  # fmt: skip
         del llm
@@ -254,9 +265,12 @@ def main() -> None:
         " the same tracing."
     )
     table += "\n\n" + markdown_table(
-        ["sampling", "batch", "kernel", "launches", "loop µs", "alone µs", "grown µs"], grown
+        ["sampling", "batch", "kernel", "launches: loop / alone", "loop µs", "alone µs", "grown µs"], grown
     )
-    table += "\n\nPer kernel name, its summed median time a step in the engine loop and replayed alone."
+    table += (
+        "\n\nPer kernel name, its time a step in the engine loop (median) and replayed alone (mean). Under"
+        " PDL a kernel's traced time includes its wait for the kernel before it."
+    )
     write_outputs(args.out, "step_timeline", payload, table)
 
 

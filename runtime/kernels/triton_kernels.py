@@ -39,19 +39,6 @@ def _release(USE_PDL: tl.constexpr):
 
 
 @triton.jit
-def _load_x(ptrs, mask, K, SILU_MUL: tl.constexpr):
-    """A tile of a linear's input. With SILU_MUL the input is silu(gate) * up, computed here from the
-    gate | up row (up K columns after gate), rounded where silu_mul_kernel rounds: the same bits."""
-    if SILU_MUL:
-        g = tl.load(ptrs, mask=mask, other=0.0)
-        u = tl.load(ptrs + K, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
-        return (act.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
-    return tl.load(ptrs, mask=mask, other=0.0)
-
-
-@triton.jit
 def add_rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, stride_x, stride_r, stride_o, stride_s, n_cols, eps,
     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False,
@@ -173,15 +160,15 @@ def _gemv_configs():
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_PDL: tl.constexpr = False, SILU_MUL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """y[N] = w[N, K] @ x[K] for one decode row: streams w once, no split-K, no atomics (deterministic).
-    With SILU_MUL, x is silu(gate) * up of a gate | up row of 2K (down_proj after gate_up_proj).
 
     The first tile of w is loaded before waiting for the kernel that writes x, so under programmatic
     dependent launch the weight stream starts while that kernel still runs.
-    Folding the RMSNorm before it into this kernel measured slower on the H200 (docs/performance.md):
-    every program redoing the norm costs more than the launch it saves.
+    Folding the RMSNorm before it (or the SiLU-mul before down_proj) into this kernel measured slower
+    on the H200 (docs/performance.md): every program redoing the norm costs more than the launch it saves.
+    The SiLU-mul folded into the small-M kernel's loads cost batch 8 about 230 µs a step (round 17).
     """
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
@@ -191,7 +178,7 @@ def gemv_kernel(
     )
     _release(USE_PDL)
     _wait(USE_PDL)
-    x = _load_x(x_ptr + rk, rk < K, K, SILU_MUL)
+    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
     acc = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -199,7 +186,7 @@ def gemv_kernel(
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
         )
-        x = _load_x(x_ptr + rk, k_mask, K, SILU_MUL)
+        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
         acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
@@ -289,10 +276,9 @@ def _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_
 def gemm_small_m_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr = False, SILU_MUL: tl.constexpr = False,
+    SPLIT_K: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     """y[M, N] = x[M, K] @ w[N, K]^T for 2 <= M <= BLOCK_M <= 64: one pass over w on the tensor cores.
-    With SILU_MUL, x is silu(gate) * up of gate | up rows of 2K, as in gemv_kernel.
 
     Program (n, s) covers BLOCK_N outputs over the s-th of SPLIT_K ranges of K. With SPLIT_K > 1 each
     writes its fp32 partial to part_ptr and counts itself in count_ptr[n]; the last to arrive sums the
@@ -315,8 +301,8 @@ def gemm_small_m_kernel(
     )
     _release(USE_PDL)
     _wait(USE_PDL)
-    x = _load_x(
-        x_ptr + rm[:, None] * stride_xm + rk[None, :], m_mask[:, None] & (rk < k_hi)[None, :], K, SILU_MUL
+    x = tl.load(
+        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & (rk < k_hi)[None, :], other=0.0
     )
     acc = tl.dot(x, tl.trans(w), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32))
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
@@ -325,8 +311,8 @@ def gemm_small_m_kernel(
         w = tl.load(
             w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
         )
-        x = _load_x(
-            x_ptr + rm[:, None] * stride_xm + rk[None, :], m_mask[:, None] & k_mask[None, :], K, SILU_MUL
+        x = tl.load(
+            x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
         )
         acc = tl.dot(x, tl.trans(w), acc)
     out_mask = m_mask[:, None] & n_mask[None, :]

@@ -13,10 +13,6 @@ from . import triton_kernels as K
 from .torch_ops import TorchOps
 
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
-# Rows (from, to) at which down_proj reads silu(gate) * up straight from gate_up, with no silu_mul
-# launch between them. Batch 1's GEMV keeps the launch: each of its narrow programs would re-read
-# the whole gate | up row (bench/ab_step.py's variants measure both).
-SILU_FOLD = (2, GEMV_MAX_M)
 
 
 def _pow2(n: int) -> int:
@@ -92,26 +88,11 @@ class TritonOps(TorchOps):
         config = dict(config)
         return self.small_m(x, weight, bias, config=config, pdl=config.pop("pdl"))
 
-    def silu_mul_linear(self, gate_up, weight):
-        m = gate_up.shape[0]
-        if not (self._streams(gate_up) and SILU_FOLD[0] <= m <= SILU_FOLD[1]):
-            return super().silu_mul_linear(gate_up, weight)
-        if m == 1:
-            return self._gemv(gate_up, weight, None, silu_mul=True)
-        config = K.small_m_config(m, *weight.shape)
-        if config is None:
-            return super().silu_mul_linear(gate_up, weight)
-        config = dict(config)
-        return self.small_m(gate_up, weight, None, config=config, pdl=config.pop("pdl"), silu_mul=True)
-
-    def small_m(self, x, weight, bias, config: dict, pdl: bool = False, silu_mul: bool = False):
+    def small_m(self, x, weight, bias, config: dict, pdl: bool = False):
         """x @ weight^T for 2 <= M <= 64 rows in one pass over the weight, launched with `config`
-        (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) and, if `pdl`, programmatic dependent launch.
-        With `silu_mul`, x is gate | up (2K columns) and the product is silu(gate) * up @ weight^T."""
+        (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) and, if `pdl`, programmatic dependent launch."""
         x = x.contiguous()
         m, (n, k) = x.shape[0], weight.shape
-        if x.shape[1] != (2 * k if silu_mul else k):
-            raise ValueError(f"small_m: x has {x.shape[1]} columns for a weight of {k}, silu_mul={silu_mul}")
         block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
         y = torch.empty(m, n, device=x.device, dtype=x.dtype)
         split = config["SPLIT_K"]
@@ -120,7 +101,7 @@ class TritonOps(TorchOps):
         K.gemm_small_m_kernel[grid](
             x, weight, bias if bias is not None else weight, y, parts, self._arrivals(weight, n), m, n, k,
             x.stride(0), weight.stride(0), y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=block_m, **config,
-            SILU_MUL=silu_mul, **(self._pdl(x) if pdl else {}),
+            **(self._pdl(x) if pdl else {}),
         )  # fmt: skip
         return y
 
@@ -177,13 +158,13 @@ class TritonOps(TorchOps):
         # fp32 stays on cuBLAS: the parity tests compare it with HF's exact fp32 path.
         return x.dim() == 2 and x.shape[0] <= GEMV_MAX_M and x.dtype != torch.float32
 
-    def _gemv(self, x, weight, bias, silu_mul: bool = False):
+    def _gemv(self, x, weight, bias):
         x = x.contiguous()
         n, k = weight.shape
         y = torch.empty(1, n, device=x.device, dtype=x.dtype)
         K.gemv_kernel[_grid(n)](
             x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
-            HAS_BIAS=bias is not None, SILU_MUL=silu_mul, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
+            HAS_BIAS=bias is not None, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
         )  # fmt: skip
         return y
 

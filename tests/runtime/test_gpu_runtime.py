@@ -329,22 +329,6 @@ def test_small_m_linear_is_close_to_cublas_and_deterministic_under_split_k(m):
     assert float((tuned.float() - ref).norm() / ref.norm()) < 1e-2
 
 
-@pytest.mark.parametrize("m", [1, 2, 8, 16])
-def test_down_proj_reading_gate_up_gives_the_bits_of_silu_mul_then_the_linear(m):
-    """The SiLU-mul folded into down_proj's loads (the small-M kernel, and the batch-1 GEMV's variant):
-    bit for bit what the silu_mul kernel followed by the same linear gives."""
-    from fastpath.runtime.kernels.triton_ops import TritonOps
-
-    ops = TritonOps()
-    g = torch.Generator(device="cuda").manual_seed(100 + m)
-    gate_up = torch.randn(m, 2 * 8192, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(2048, 8192, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    apart = ops.linear(ops.silu_mul(gate_up), w)
-    folded = ops._gemv(gate_up, w, None, silu_mul=True) if m == 1 else ops.silu_mul_linear(gate_up, w)
-    assert torch.equal(folded, apart)
-    assert not ops._arrivals(w, 2048).any()
-
-
 def test_one_billion_parameter_llama_runs_with_graphs():
     llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
     out = llm.generate(
