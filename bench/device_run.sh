@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|linear|decode-greedy|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|step-timeline|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|linear|decode-greedy|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -80,6 +80,9 @@ for step in "$@"; do
     sampler) timeout 420 python3 bench/sampler.py --out "$OUT" --variants ${SAMPLER_VARIANTS:-4096x512x4 2048x512x4} ${SAMPLER_ARGS:-} 2>&1 | tail -30 ;;
     profile-general) timeout 200 python3 bench/profile_step.py --kind general --batch 8 64 --out "$OUT" 2>&1 | tail -30 ;;
     host-phases) timeout 240 python3 bench/host_phases.py --out "$OUT" --batch 64 256 2>&1 | tail -8 ;;
+    step-timeline-pdl)  # #18: batch 256's loop against its replay with programmatic dependent launch off, then on
+      FASTPATH_PDL=0 timeout 150 python3 bench/step_timeline.py --out "$OUT" --batch 256 --sampling greedy --name step_timeline_nopdl 2>&1 | tail -12
+      timeout 150 python3 bench/step_timeline.py --out "$OUT" --batch 256 --sampling greedy --name step_timeline_pdl 2>&1 | tail -12 ;;
     step-timeline) timeout 240 python3 bench/step_timeline.py --out "$OUT" ${TIMELINE_ARGS:-} 2>&1 | tail -8 ;;
     host-profile) timeout 150 python3 bench/host_profile.py --out "$OUT" 2>&1 | grep -v "^$" | head -60 ;;
     serve-64) timeout 300 python3 bench/serve.py --out "$OUT" --requests 256 --concurrency 64 2>&1 | tail -9 ;;

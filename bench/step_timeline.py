@@ -216,6 +216,7 @@ def main() -> None:
     ap.add_argument("--model", default="random:llama-1b")
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--name", default="step_timeline", help="the output files' stem")
     ap.add_argument("--sampling", nargs="+", choices=["greedy", "penalties"], default=["greedy", "penalties"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -271,7 +272,7 @@ def main() -> None:
         "\n\nPer kernel name, its time a step in the engine loop (median) and replayed alone (mean). Under"
         " PDL a kernel's traced time includes its wait for the kernel before it."
     )
-    write_outputs(args.out, "step_timeline", payload, table)
+    write_outputs(args.out, args.name, payload, table)
 
 
 if __name__ == "__main__":
