@@ -133,13 +133,21 @@ def kv_bytes_per_token(model: str) -> int:
     return cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, bf16
 
 
-def replay_time(llm, batch: int, kind: str, replays: int = 50) -> float | None:
-    """The step's graph replayed back to back, host work left out: what the GPU alone takes."""
+def decode_graph(llm, batch: int, kind: str) -> torch.cuda.CUDAGraph | None:
+    """The decode graph the engine runs `batch` rows of `kind` ("greedy" or "general") in; None when
+    it runs them without one."""
     graphs = llm.executor.runner.graphs
     rows = graphs.bucket(batch) if graphs is not None else None
     if rows is None or (rows, kind) not in graphs.graphs:
         return None
-    graph = graphs.graphs[(rows, kind)].graph
+    return graphs.graphs[(rows, kind)].graph
+
+
+def replay_time(llm, batch: int, kind: str, replays: int = 50) -> float | None:
+    """The step's graph replayed back to back, host work left out: what the GPU alone takes."""
+    graph = decode_graph(llm, batch, kind)
+    if graph is None:
+        return None
     stream = llm.executor.runner.execution_stream
     with torch.cuda.stream(stream):
         for _ in range(3):
@@ -151,11 +159,9 @@ def sustained_replay_time(llm, batch: int, kind: str, seconds: float = 1.0) -> f
     """The step's graph replayed back to back for about `seconds`, timed in chunks: the median chunk of
     the second half, once the GPU's clock and power have settled under the load (the replay column is
     a burst of 50 right after the engine's runs)."""
-    graphs = llm.executor.runner.graphs
-    rows = graphs.bucket(batch) if graphs is not None else None
-    if rows is None or (rows, kind) not in graphs.graphs:
+    graph = decode_graph(llm, batch, kind)
+    if graph is None:
         return None
-    graph = graphs.graphs[(rows, kind)].graph
     chunks, spent = [], 0.0
     with torch.cuda.stream(llm.executor.runner.execution_stream):
         while spent < seconds or len(chunks) < 4:

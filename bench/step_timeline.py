@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
-from decode import phase_workload
+from decode import decode_graph, phase_workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +76,11 @@ def steps_of(ops: list[Op], launches: list[float]) -> list[dict[str, float]]:
             busy[o.kind] = busy.get(o.kind, 0.0) + (o.end - max(o.start, cursor))
             cursor = max(cursor, o.end)
         idle += max(0.0, nxt.start - cursor)
-        kernel_busy, cursor = 0.0, first.start
-        for o in graph:
-            kernel_busy += max(0.0, o.end - max(o.start, cursor))
-            cursor = max(cursor, o.end)
+        span, kernel_busy = span_and_busy(graph)
         before = [t for t in launches if t <= first.start]
         row = {
             "period": ops[b].start - ops[a].start,
-            "graph_span": last.end - first.start,
+            "graph_span": span,
             "graph_busy": kernel_busy,
             "kernels": float(len(graph)),
             "between": nxt.start - last.end,
@@ -183,11 +180,10 @@ REPLAYS = 40
 
 def replays(llm, batch: int, kind: str, count: int):
     """A function replaying the decode graph the engine ran `batch` rows of `kind` in, back to back."""
-    runner = llm.executor.runner
-    graph = runner.graphs.graphs[(runner.graphs.bucket(batch), kind)].graph
+    graph = decode_graph(llm, batch, kind)
 
     def run():
-        with torch.cuda.stream(runner.execution_stream):
+        with torch.cuda.stream(llm.executor.runner.execution_stream):
             for _ in range(count):
                 graph.replay()
 
