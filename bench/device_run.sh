@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|linear|decode-greedy|decode|decode-18|decode-generated|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|bf16-tests|quick-tests] [ab-step|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|sampler|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -60,6 +60,10 @@ for step in "$@"; do
       python3 -m pip install -q --no-build-isolation --no-deps ./generated/llama-1b >>"$log" 2>&1 || echo "llama_1b build failed" | tee -a "$log"
       timeout 400 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch 1 8 64 --long-context 0 \
         --package llama_1b --alternate 5 --name decode-generated --out "$OUT" 2>&1 | tail -12 ;;
+    guided-threads)  # the C++ fill over 1, 2, 4 and 8 threads in one engine, batch 16, spin; then the guided GPU tests on 4
+      timeout 300 python3 bench/guided.py --quick --modes spin --batch 16 --fill-threads 1 2 4 8 --name guided-threads --out "$OUT" 2>&1 | tail -6
+      FASTPATH_GUIDED_FILL_THREADS=4 timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread \
+        tests/runtime/test_gpu_guided.py tests/runtime/test_guided_gpu.py 2>&1 | tee "$OUT/gpu_guided_tests.log" | grep -E "FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     guided-3)  # #18's guided rows, three consecutive runs, batch 16, spin
       for i in 1 2 3; do
         timeout 200 python3 bench/guided.py --quick --modes spin --batch 16 --name "guided-run-$i" --out "$OUT" 2>&1 | tail -4

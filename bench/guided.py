@@ -2,6 +2,7 @@
 """Per-step decode latency with and without guided decoding, per host-dispatch mode, in one run.
 
     python bench/guided.py --out DIR [--tokenizer DIR] [--backends xgrammar llguidance] [--quick]
+                           [--fill-threads 1 4 8]
 
 The model is the random 1.2B Llama; the tokenizer a byte-level BPE trained here on a synthetic
 corpus (32k tokens unless --tokenizer gives one), so the grammar backend computes real masks. Guided requests
@@ -10,10 +11,17 @@ The grammar work runs in a host callback captured in the decode graph; its wake-
 what the dispatch mode changes.
 
 Columns: greedy steps free and guided (the overhead the issue targets) and the host time inside
-the fill callback; the guided path with the backend's calls taken out (callback, copies, mask); and
-the same pair with temperature 1.0, which runs the general sampler. "Host" gives each backend's fill
-alone on this host: xgrammar row by row (the engine's way) and through its thread pool, llguidance
-through its parallel call (the engine's way for it).
+the fill callback (mean, and p50/p90/max over the guided steps); the guided path with the backend's
+calls taken out (callback, copies, mask); and the same with temperature 1.0, which runs the general
+sampler. With --fill-threads, the guided columns are measured once per thread count of the C++
+fill, in the same engine (GuidedFill.set_threads); the free and no-grammar columns once. "Host"
+gives each backend's fill alone on this host: xgrammar row by row (the engine's way) and through its
+thread pool, llguidance through its parallel call (the engine's way for it).
+
+The fill's cost is the grammar state's: in this regex, a row four letters into "name"'s [a-z]{1,8}
+costs about 650 µs (xgrammar checks 8k tokens there), any other about 3 µs. A step's fill is as
+long as its expensive rows, spread over the fill's threads; it is hidden while it is shorter than
+the forward it runs beside.
 """
 
 from __future__ import annotations
@@ -71,6 +79,30 @@ def step_time(
         _, counted_short, _, steps_short = run(short)
         steps.append((counted_long - counted_short) / max(steps_long - steps_short, 1))
     return statistics.median(steps)
+
+
+def percentiles(durations_us: list[float]) -> dict[str, float]:
+    """p50, p90 and max of the fills' durations; zeros when there were none."""
+    if not durations_us:
+        return {"p50": 0.0, "p90": 0.0, "max": 0.0}
+    ordered = sorted(durations_us)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p50": pick(0.5), "p90": pick(0.9), "max": ordered[-1]}
+
+
+@contextmanager
+def fill_log(guided):
+    """The native fill's decode-step durations (µs) while the block runs; empty for the Python fill."""
+    durations: list[float] = []
+    filler = guided.filler
+    if not hasattr(filler, "step_durations_us"):
+        yield durations
+        return
+    steps = filler.steps
+    yield durations
+    new = filler.steps - steps
+    if new:
+        durations.extend(filler.step_durations_us()[-new:])  # the ring keeps the last 4096
 
 
 @contextmanager
@@ -156,26 +188,46 @@ def host_line(g, batches: list[int]) -> dict:
     return host
 
 
-def measure(llm, grammar: str, mode: str, b: int, timing: tuple[int, int, int]) -> tuple[dict, list]:
-    """One row: free and guided steps, greedy and sampled, and the guided path without grammar work."""
+def measure(
+    llm, grammar: str, mode: str, b: int, timing: tuple[int, int, int], fill_threads: list[int] | None = None
+) -> tuple[list[dict], list[list]]:
+    """Rows for one batch: free and guided steps, greedy and sampled, and the guided path without
+    grammar work; one row per fill thread count (None: the engine's own)."""
     backend = llm.executor.dispatcher.backend
     ring = llm.executor.dispatcher.info().get("ring", "none")
     g = llm.executor.guided
     free = step_time(llm, b, False, *timing)
-    fills0, fill_s0 = g.fills, g.fill_seconds
-    guided = step_time(llm, b, True, *timing)
-    fill_us = (g.fill_seconds - fill_s0) / max(g.fills - fills0, 1) * 1e6
     sampled = step_time(llm, b, False, *timing, temperature=1.0)
-    guided_sampled = step_time(llm, b, True, *timing, temperature=1.0)
     with without_grammar_work(g):
         plumbing = step_time(llm, b, True, *timing)
-    r = {"grammar": grammar, "mode": mode, "backend": backend, "ring": ring, "batch": b, "free_s": free,
-         "guided_s": guided, "host_fill_us": fill_us, "free_sampled_s": sampled,
-         "guided_sampled_s": guided_sampled, "guided_no_grammar_s": plumbing}  # fmt: skip
-    row = [grammar, mode, backend, ring, b, f"{free * 1e6:.0f}", f"{guided * 1e6:.0f}", f"{guided / free - 1:+.1%}",
-           f"{fill_us:.0f}", f"{plumbing * 1e6:.0f}", f"{sampled * 1e6:.0f}", f"{guided_sampled * 1e6:.0f}",
-           f"{guided_sampled / sampled - 1:+.1%}"]  # fmt: skip
-    return r, row
+        plumbing_sampled = step_time(llm, b, True, *timing, temperature=1.0)
+    records, rows = [], []
+    for threads in fill_threads or [None]:
+        if threads is not None:
+            g.filler.set_threads(threads)
+        fills0, fill_s0 = g.fills, g.fill_seconds
+        with fill_log(g) as durations:
+            guided = step_time(llm, b, True, *timing)
+        fill_us = (g.fill_seconds - fill_s0) / max(g.fills - fills0, 1) * 1e6
+        with fill_log(g) as durations_sampled:
+            guided_sampled = step_time(llm, b, True, *timing, temperature=1.0)
+        spread, spread_sampled = percentiles(durations), percentiles(durations_sampled)
+        r = {"grammar": grammar, "mode": mode, "backend": backend, "ring": ring, "batch": b,
+             "fill_threads": g.fill_threads, "free_s": free, "guided_s": guided, "host_fill_us": fill_us,
+             "fill_us": spread, "free_sampled_s": sampled, "guided_sampled_s": guided_sampled,
+             "fill_sampled_us": spread_sampled, "guided_no_grammar_s": plumbing,
+             "guided_sampled_no_grammar_s": plumbing_sampled}  # fmt: skip
+        row = [grammar, mode, backend, ring, b, g.fill_threads, f"{free * 1e6:.0f}", f"{guided * 1e6:.0f}",
+               f"{guided / free - 1:+.1%}", f"{fill_us:.0f}", _spread(spread), f"{plumbing * 1e6:.0f}",
+               f"{sampled * 1e6:.0f}", f"{guided_sampled * 1e6:.0f}", f"{guided_sampled / sampled - 1:+.1%}",
+               _spread(spread_sampled), f"{plumbing_sampled * 1e6:.0f}"]  # fmt: skip
+        records.append(r)
+        rows.append(row)
+    return records, rows
+
+
+def _spread(p: dict[str, float]) -> str:
+    return f"{p['p50']:.0f} / {p['p90']:.0f} / {p['max']:.0f}"
 
 
 def main() -> None:
@@ -187,6 +239,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--name", default="guided", help="the output files' stem")
+    ap.add_argument(
+        "--fill-threads",
+        type=int,
+        nargs="+",
+        help="measure the guided columns once per C++ fill thread count (default: the engine's own)",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/guided.py needs a CUDA device; none is visible")
@@ -203,11 +261,13 @@ def main() -> None:
             if mode == args.modes[0]:
                 payload["host"][grammar] = host_line(llm.executor.guided, args.batch)
                 print(f"host ({grammar}):", payload["host"][grammar], flush=True)
+            threads = args.fill_threads if llm.executor.guided.fill == "native" else None
             for b in args.batch:
-                r, row = measure(llm, grammar, mode, b, timing)
-                payload["rows"].append(r)
-                rows.append(row)
-                print(row, flush=True)
+                records, table_rows = measure(llm, grammar, mode, b, timing, threads)
+                payload["rows"].extend(records)
+                rows.extend(table_rows)
+                for row in table_rows:
+                    print(row, flush=True)
             llm.close()
             del llm
             gc.collect()
@@ -218,14 +278,18 @@ def main() -> None:
         "backend",
         "ring",
         "batch",
+        "fill threads",
         "free µs/step",
         "guided µs/step",
         "overhead",
         "host fill µs/step",
+        "fill p50 / p90 / max µs",
         "guided, no grammar work",
         "free, sampled",
         "guided, sampled",
         "overhead, sampled",
+        "fill p50 / p90 / max µs, sampled",
+        "guided, sampled, no grammar work",
     ]
     table = markdown_table(headers, rows) + f"\n\nHost: {payload['host']}\n"
     write_outputs(args.out, args.name, payload, table)

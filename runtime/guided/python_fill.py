@@ -46,7 +46,9 @@ class PythonFill:
         self._tokens, self._mask, self._flags = tokens.numpy(), mask.numpy(), flags.numpy()
         self._plans: deque[list[Any]] = deque()
         self.fills = 0
+        self.steps = 0  # run_step calls
         self.step_seconds = 0.0  # inside run_step
+        self._durations: deque[float] = deque(maxlen=4096)  # µs, the last run_step calls'
 
     def enqueue(self, plan: list[Any]) -> None:
         self._plans.append(plan)
@@ -63,7 +65,14 @@ class PythonFill:
             if row is not None and row.live:
                 row.accept(tokens[r])
         self.fill(plan)
-        self.step_seconds += time.perf_counter() - start
+        took = time.perf_counter() - start
+        self.step_seconds += took
+        self.steps += 1
+        self._durations.append(took * 1e6)
+
+    def step_durations_us(self) -> list[float]:
+        """How long each of the last 4096 decode steps' fills took, oldest first."""
+        return list(self._durations)
 
     def fill(self, plan: list[Any]) -> None:
         """Row r constrained <=> flags[r] == 1; a free row's mask words are stale and ignored."""

@@ -152,3 +152,27 @@ def test_a_bad_fill_thread_count_is_refused_by_name(tiny_text_checkpoint, monkey
             max_batch_size=8,
             guided_backend="xgrammar",
         )
+
+
+def test_a_fill_records_each_decode_steps_duration_and_takes_a_new_thread_count_between_runs(llm):
+    """The bench reads a step's fill time from `step_durations_us`; `set_threads` resizes the pool
+    between generations without changing a token."""
+    filler = llm.executor.guided.filler
+    params = [_guided({"regex": "[a-z]{2,6}!"}, seed) for seed in range(4)]
+    prompts = (PROMPTS * 4)[: len(params)]
+    steps = filler.steps
+    one = llm.generate(prompts, params)
+    new = filler.steps - steps
+    durations = filler.step_durations_us()
+    assert new > 0 and len(durations) == min(filler.steps, 4096)
+    assert all(d > 0 for d in durations[-new:])
+    try:
+        filler.set_threads(3)
+        assert llm.executor.guided.fill_threads == 3
+        many = llm.generate(prompts, params)
+    finally:
+        filler.set_threads(1)
+    assert llm.executor.guided.fill_threads == 1
+    assert [o.outputs[0].token_ids for o in one] == [o.outputs[0].token_ids for o in many]
+    with pytest.raises(ValueError, match="threads must be 1 to 64, not 0"):
+        filler.set_threads(0)

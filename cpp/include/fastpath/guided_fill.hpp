@@ -91,10 +91,17 @@ class GuidedRow {
                                tvm_ffi_abi::int_arg(row), tvm_ffi_abi::bool_arg(false)};
     bool constrained = false;
     std::string error;
-    if (api_->call_bool(api_->fill_next_token_bitmask, args, 4, &constrained, &error)) return true;
+    const std::int64_t start = now_ns();
+    const bool ok = api_->call_bool(api_->fill_next_token_bitmask, args, 4, &constrained, &error);
+    last_fill_ns_.store(now_ns() - start);
+    if (ok) return true;
     fail(error, true);
     return false;
   }
+
+  // How long the last fill took. A matcher's cost is its grammar state's, and a state (inside a
+  // bounded repetition, say) lasts several tokens: the next fill likely costs about the same.
+  std::int64_t last_fill_ns() const { return last_fill_ns_.load(); }
 
   bool live() const { return !failed_.load() && !terminated_.load(); }
   bool terminated() const { return terminated_.load(); }
@@ -124,6 +131,7 @@ class GuidedRow {
   std::shared_ptr<const MatcherApi> api_;
   void* matcher_;
   std::atomic<std::int64_t> accepted_{0};
+  std::atomic<std::int64_t> last_fill_ns_{0};
   std::atomic<bool> terminated_{false};
   std::atomic<bool> failed_{false};
   std::atomic<bool> internal_{false};
@@ -136,15 +144,18 @@ using RowPlan = std::vector<std::shared_ptr<GuidedRow>>;  // null: a free row
 // Worker threads that share one step's rows with the calling thread. The caller never waits for a
 // worker to wake: it takes rows itself, and waits only for rows a worker has already taken, so a
 // pool whose threads are slow to wake (or gone, after a fork) costs what one thread does.
+// A futex wake-up takes tens of microseconds: a worker spins for `spin_ns` after a job before it
+// sleeps (a prefill's fill and the next decode step's come that close), and the caller spins on a
+// row still running, which is on the step's path, for up to kCallerSpinNs before it sleeps.
 class RowPool {
  public:
-  explicit RowPool(int workers) {
+  explicit RowPool(int workers, std::int64_t spin_ns = kDefaultSpinNs) : spin_ns_(spin_ns) {
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
   }
   ~RowPool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
+      stop_.store(true);
     }
     wake_.notify_all();
     for (auto& t : threads_) {
@@ -154,6 +165,9 @@ class RowPool {
   }
   RowPool(const RowPool&) = delete;
   RowPool& operator=(const RowPool&) = delete;
+
+  static constexpr std::int64_t kDefaultSpinNs = 200'000;
+  static constexpr std::int64_t kCallerSpinNs = 2'000'000;  // longer than one expensive row
 
   std::size_t workers() const { return threads_.size(); }
 
@@ -165,12 +179,14 @@ class RowPool {
       n_ = n;
       next_.store(0);
       done_.store(0);
-      ++epoch_;
+      epoch_.fetch_add(1);
     }
     wake_.notify_all();
     work(job, n);
+    const auto finished = [&] { return done_.load() == n && active_.load() == 0; };
+    for (const std::int64_t until = now_ns() + kCallerSpinNs; !finished() && now_ns() < until;) cpu_relax();
     std::unique_lock<std::mutex> lock(mu_);
-    idle_.wait(lock, [&] { return done_.load() == n && active_ == 0; });
+    idle_.wait(lock, finished);
     job_ = nullptr;  // a worker that wakes now finds nothing to do
   }
 
@@ -184,32 +200,38 @@ class RowPool {
 
   void loop() {
     std::uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-      wake_.wait(lock, [&] { return stop_ || epoch_ != seen; });
-      if (stop_) return;
-      seen = epoch_;
+      for (const std::int64_t until = now_ns() + spin_ns_;
+           epoch_.load() == seen && !stop_.load() && now_ns() < until;) {
+        cpu_relax();
+      }
+      std::unique_lock<std::mutex> lock(mu_);
+      wake_.wait(lock, [&] { return stop_.load() || epoch_.load() != seen; });
+      if (stop_.load()) return;
+      seen = epoch_.load();
       if (job_ == nullptr) continue;
       const auto* job = job_;
       const std::size_t n = n_;
-      ++active_;
+      active_.fetch_add(1);
       lock.unlock();
       work(*job, n);
       lock.lock();
-      --active_;
+      active_.fetch_sub(1);
       idle_.notify_all();
     }
   }
 
+  const std::int64_t spin_ns_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable wake_;
   std::condition_variable idle_;
-  const std::function<void(std::size_t)>* job_ = nullptr;
-  std::size_t n_ = 0;
-  std::uint64_t epoch_ = 0;
-  int active_ = 0;  // workers inside work(): run() may not return (and end job) while any is
-  bool stop_ = false;
+  const std::function<void(std::size_t)>* job_ = nullptr;  // under mu_
+  std::size_t n_ = 0;                                       // under mu_
+  std::atomic<std::uint64_t> epoch_{0};  // written under mu_, so a sleeper's wait cannot miss it
+  // Workers inside work(): run() may not return (and end job) while any is. Written under mu_.
+  std::atomic<int> active_{0};
+  std::atomic<bool> stop_{false};
   std::atomic<std::size_t> next_{0};
   std::atomic<std::size_t> done_{0};
 };
@@ -233,7 +255,17 @@ class GuidedFill {
   }
 
   std::int64_t max_rows() const { return max_rows_; }
-  int threads() const { return pool_ ? static_cast<int>(pool_->workers()) + 1 : 1; }
+  int threads() const {
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    return pool_ ? static_cast<int>(pool_->workers()) + 1 : 1;
+  }
+
+  // Spreads later fills over `threads` threads; waits for a fill in progress.
+  void set_threads(int threads) {
+    std::unique_ptr<RowPool> pool = threads > 1 ? std::make_unique<RowPool>(threads - 1) : nullptr;
+    std::lock_guard<std::mutex> lock(pool_mu_);
+    pool_.swap(pool);
+  }
 
   // The caller's thread (Python's): plans the callback is done with are dropped here, so the last
   // reference to a matcher is never let go on a callback thread.
@@ -273,9 +305,11 @@ class GuidedFill {
       return;
     }
     fill(plan, /*accept_first=*/true);
-    busy_ns_.fetch_add(now_ns() - start);
+    const std::int64_t took = now_ns() - start;
+    busy_ns_.fetch_add(took);
     std::lock_guard<std::mutex> lock(mu_);
     spent_.push_back(std::move(plan));
+    durations_[steps_++ % kDurations] = took;
   }
 
   // Row r constrained <=> flags[r] == 1; a free row's mask words are stale and ignored. With
@@ -296,8 +330,18 @@ class GuidedFill {
         failed.push_back("row " + std::to_string(r) + ": " + why);
       }
     };
+    std::lock_guard<std::mutex> pool_lock(pool_mu_);
     if (pool_ && n > 1) {
-      pool_->run(n, row);
+      // Longest first: one row's fill can cost 200x another's (3 us against 650 in the bench's
+      // grammar), and an expensive row taken last would set the step's time alone.
+      std::vector<std::size_t> order(n);
+      std::vector<std::int64_t> cost(n, 0);
+      for (std::size_t r = 0; r < n; ++r) {
+        order[r] = r;
+        if (plan[r]) cost[r] = plan[r]->last_fill_ns();
+      }
+      std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return cost[a] > cost[b]; });
+      pool_->run(n, [&](std::size_t i) { row(order[i]); });
       std::sort(failed.begin(), failed.end());  // the order rows finished in is not the rows' order
     } else {
       for (std::size_t r = 0; r < n; ++r) row(r);
@@ -319,6 +363,21 @@ class GuidedFill {
     std::lock_guard<std::mutex> lock(mu_);
     return plans_.size();
   }
+  // How long each of the last (up to kDurations) decode steps' fills took, oldest first.
+  std::vector<double> step_durations_us() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<double> out;
+    const std::int64_t kept = std::min<std::int64_t>(steps_, kDurations);
+    for (std::int64_t i = steps_ - kept; i < steps_; ++i) out.push_back(durations_[i % kDurations] * 1e-3);
+    return out;
+  }
+
+  std::int64_t steps() const {  // run_step calls
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_;
+  }
+
+  static constexpr std::int64_t kDurations = 4096;
 
  private:
   std::shared_ptr<void> owner_;
@@ -332,8 +391,11 @@ class GuidedFill {
   std::deque<RowPlan> spent_;
   std::vector<std::string> errors_;
   std::int64_t missing_plans_ = 0;
+  std::int64_t steps_ = 0;                           // run_step calls, under mu_
+  std::vector<std::int64_t> durations_ = std::vector<std::int64_t>(kDurations);  // ns, a ring
   std::atomic<std::int64_t> fills_{0};
   std::atomic<std::int64_t> busy_ns_{0};
+  mutable std::mutex pool_mu_;     // held by a fill, so set_threads never frees a pool in use
   std::unique_ptr<RowPool> pool_;  // last: its threads stop before the buffers they write go
 };
 

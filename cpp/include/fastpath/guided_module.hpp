@@ -115,6 +115,19 @@ inline void define_fill(py::module_& m) {
           py::arg("rows"), "Fill these rows now, on this thread (a prefill's rows).")
       .def_property_readonly("fills", &GuidedFill::fills)
       .def_property_readonly("threads", &GuidedFill::threads)
+      .def(
+          "set_threads",
+          [](GuidedFill& f, int threads) {
+            if (threads < 1 || threads > 64) {
+              throw py::value_error("GuidedFill.set_threads: threads must be 1 to 64, not " + std::to_string(threads));
+            }
+            py::gil_scoped_release unlocked;  // it may wait for a fill in progress
+            f.set_threads(threads);
+          },
+          py::arg("threads"), "Spread later fills over this many threads (this one and a pool).")
+      .def_property_readonly("steps", &GuidedFill::steps, "Decode steps filled (run_step calls).")
+      .def("step_durations_us", &GuidedFill::step_durations_us,
+           "How long each of the last 4096 decode steps' fills took, oldest first.")
       .def_property_readonly("step_seconds", &GuidedFill::step_seconds)
       .def_property_readonly("missing_plans", &GuidedFill::missing_plans)
       .def_property_readonly("queued", &GuidedFill::queued);
