@@ -60,10 +60,8 @@ for step in "$@"; do
       python3 -m pip install -q --no-build-isolation --no-deps ./generated/llama-1b >>"$log" 2>&1 || echo "llama_1b build failed" | tee -a "$log"
       timeout 400 python3 bench/decode.py --quick --no-hf --no-compile-peer --variants fused --sampling greedy --batch 1 8 64 --long-context 0 \
         --package llama_1b --alternate 5 --name decode-generated --out "$OUT" 2>&1 | tail -12 ;;
-    guided-threads)  # the C++ fill over 1, 2, 4 and 8 threads in one engine, batch 16, spin; then the guided GPU tests on 4
-      timeout 300 python3 bench/guided.py --quick --modes spin --batch 16 --fill-threads 1 2 4 8 --name guided-threads --out "$OUT" 2>&1 | tail -6
-      FASTPATH_GUIDED_FILL_THREADS=4 timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread \
-        tests/runtime/test_gpu_guided.py tests/runtime/test_guided_gpu.py 2>&1 | tee "$OUT/gpu_guided_tests.log" | grep -E "FAILED|ERROR|passed|failed|^E " | tail -20 ;;
+    guided-threads)  # the C++ fill over 1, 4 and 8 threads in one engine, batch 16, spin (round 18's call 1 also swept 2 and ran the guided GPU tests)
+      timeout 300 python3 bench/guided.py --quick --modes spin --batch 16 --fill-threads ${FILL_THREADS:-1 4 8} --name guided-threads --out "$OUT" 2>&1 | tail -6 ;;
     guided-3)  # #18's guided rows, three consecutive runs, batch 16, spin
       for i in 1 2 3; do
         timeout 200 python3 bench/guided.py --quick --modes spin --batch 16 --name "guided-run-$i" --out "$OUT" 2>&1 | tail -4

@@ -97,7 +97,7 @@ class Sequence:
                 k = p.logprobs
                 self.top_logprobs.append(top if len(top[0]) == k else (top[0][:k], top[1][:k]))
         # Under min_tokens the sampler bans stop tokens, except where a grammar allowed nothing else
-        # (runner/sampler.py, grammar_before_min_tokens): a guided row's stop token then ends it.
+        # (kernels/guided_mask.py): a guided row's stop token then ends it.
         if len(self.output_ids) > p.min_tokens or p.min_tokens == 0 or self.guided is not None:
             if token in p.stop_token_ids:
                 self.finish_reason, self.stop_reason = "stop", token

@@ -9,8 +9,9 @@ step's row plan from a queue the host fills, in launch order, before each launch
 The callback is C++ (guided_fill.hpp) where the dispatch extension and xgrammar allow it: it never
 takes the GIL, so it runs beside the engine's Python thread. Otherwise it is Python: with xgrammar,
 its calls hold the GIL (matcher_calls.py says why); with llguidance, one parallel call per step
-fills every row off the GIL (llguidance_backend.py). The C++ fill can spread a step's rows over
-several threads (FASTPATH_GUIDED_FILL_THREADS, default 1: not yet measured faster on a GPU host).
+fills every row off the GIL (llguidance_backend.py). The C++ fill spreads a step's rows over
+threads (FASTPATH_GUIDED_FILL_THREADS; by default half the usable CPUs, at most 8): one row can cost
+200 times another, and the fill is hidden only while it is shorter than the forward beside it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from .backends import check_name, make_backend, resolve_backend
 from .grammar_cache import GrammarCache
+from .matcher_calls import usable_cpus
 from .native_fill import matcher_api, matcher_handle
 from .python_fill import PythonFill, PythonRow
 from .spec import GuidedSpec, parse_spec
@@ -34,8 +36,12 @@ FILL_THREADS_ENV = "FASTPATH_GUIDED_FILL_THREADS"
 
 
 def fill_threads() -> int:
-    """The C++ fill's thread count from the environment: 1 (this thread only) unless set to 2 to 64."""
-    raw = os.environ.get(FILL_THREADS_ENV, "1")
+    """The C++ fill's thread count: FASTPATH_GUIDED_FILL_THREADS (1 to 64), else half the CPUs this
+    process may use, at most 8. On the H200's 16-CPU host a batch-16 guided step's fill took a mean
+    554 µs on one thread and 208 on eight (docs/performance.md, round 18)."""
+    raw = os.environ.get(FILL_THREADS_ENV)
+    if raw is None:
+        return min(8, max(1, usable_cpus() // 2))
     try:
         threads = int(raw)
     except ValueError:
@@ -100,9 +106,6 @@ class GuidedDecoder:
         self.host_rows = torch.zeros(max_rows, dtype=torch.int32, pin_memory=pinned)  # 1: row is constrained
         self.device_mask = torch.full((max_rows, self.words), -1, dtype=torch.int32, device=device)
         self.device_rows = torch.zeros(max_rows, dtype=torch.int32, device=device)
-        cols = torch.arange(vocab_size, device=device)
-        self._word = cols // 32
-        self._bit = (cols % 32).to(torch.int32)
         self.calls = backend.calls
         self._extension = extension
         # The C++ fill calls xgrammar's matchers through tvm-ffi; any other backend fills from Python.
@@ -189,11 +192,3 @@ class GuidedDecoder:
                 for token in seq.output_ids[state.row.accepted :]:
                     state.row.accept(token)
         self.filler.fill([None if s.guided is None else s.guided.row for s in seqs])
-
-    # --- on the device ------------------------------------------------------------------------------
-
-    def apply(self, logits: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """logits with every token a constrained row's mask forbids set to -inf (pure tensor ops: capturable)."""
-        n = logits.shape[0]
-        forbidden = ((mask[:n, self._word] >> self._bit) & 1 == 0) & (rows[:n, None] != 0)
-        return logits.masked_fill(forbidden, float("-inf"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .guided_mask import guided_mask_reference
 from .sampling import rank_counts_reference, sample_reference
 
 
@@ -56,6 +57,11 @@ class TorchOps:
         how many logits beat each row's token: [B, 1], every row)."""
         tokens, logprobs, top_ids, top_lp = sample_reference(logits, params, entries, bits, num_top)
         return tokens, logprobs, top_ids, top_lp, rank_counts_reference(logits, tokens)
+
+    def guided_mask(self, logits, mask, flags, params, entries, slots_col, min_tokens_col):
+        """(logits with each constrained row's forbidden tokens at -inf, params with min_tokens lifted
+        where a grammar allows only stop tokens; None for greedy): kernels/guided_mask.py."""
+        return guided_mask_reference(logits, mask, flags, params, entries, slots_col, min_tokens_col)
 
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)

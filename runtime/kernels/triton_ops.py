@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from . import triton_kernels as K
+from .guided_mask_triton import guided_mask
 from .torch_ops import TorchOps
 
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
@@ -115,6 +116,9 @@ class TritonOps(TorchOps):
                 triton_cdiv(n, 16), device=weight.device, dtype=torch.int32
             )
         return counts
+
+    def guided_mask(self, logits, mask, flags, params, entries, slots_col, min_tokens_col):
+        return guided_mask(logits, mask, flags, params, entries, slots_col, min_tokens_col)
 
     def greedy(self, logits):
         rows, vocab = logits.shape

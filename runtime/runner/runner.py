@@ -31,7 +31,7 @@ from .graphs import DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
 from .penalties import PenaltySlots, PenaltyTable
 from .prefill_graphs import PrefillGraphs, token_buckets
-from .sampler import Sampled, SamplingTensors, grammar_before_min_tokens, sample
+from .sampler import MIN_TOKENS_COLUMN, SLOTS_COLUMN, Sampled, SamplingTensors, sample
 from .step_inputs import DecodeStep, PrefillStep
 
 log = logging.getLogger("fastpath.runner")
@@ -291,10 +291,19 @@ class ModelRunner:
         logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
         if joined is not None:
             joined()
-            logits = self.guided.apply(logits, self.guided.device_mask, self.guided.device_rows)
-            if sampling is not None:
-                sampling = grammar_before_min_tokens(logits, sampling, self.penalties.entries)
+            logits, sampling = self._guided_logits(
+                logits, self.guided.device_mask, self.guided.device_rows, sampling
+            )
         return sample(logits, sampling, self.model.ops, self.penalties, top)
+
+    def _guided_logits(self, logits, mask, rows, sampling: SamplingTensors | None):
+        """The step's bitmask applied to its logits (forbidden tokens at -inf), and, for the general
+        sampler, min_tokens lifted on rows whose grammar allows stop tokens only (kernels/guided_mask.py)."""
+        params = None if sampling is None else sampling.data
+        logits, params = self.model.ops.guided_mask(
+            logits, mask, rows, params, self.penalties.entries, SLOTS_COLUMN, MIN_TOKENS_COLUMN
+        )
+        return logits, None if params is None else SamplingTensors(params)
 
     def _guided_mask_async(self, fed_tokens: torch.Tensor):
         """Start the bitmask work for this step; returns the join to call before the logits are masked."""
@@ -352,9 +361,7 @@ class ModelRunner:
                 n, g = len(guided), self.guided
                 mask = g.host_mask[:n].to(self.device, non_blocking=True)
                 rows = g.host_rows[:n].to(self.device, non_blocking=True)
-                logits = g.apply(logits, mask, rows)
-                if sampling is not None:
-                    sampling = grammar_before_min_tokens(logits, sampling, self.penalties.entries)
+                logits, sampling = self._guided_logits(logits, mask, rows, sampling)
             return sample(logits, sampling, self.model.ops, self.penalties, step.top_logprobs)
 
     def take_pending(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kernels.sampling import STOP_BIT, uniform_noise
+from ..kernels.sampling import uniform_noise
 
 __all__ = ["TOP_LOGPROBS", "Sampled", "SamplingTensors", "sample", "uniform_noise"]
 
@@ -112,25 +112,7 @@ for _i, _name in enumerate(FIELDS):
     setattr(SamplingTensors, _name, _field(_i, _name in FLOAT_FIELDS))
 
 
-_SLOTS, _MIN_TOKENS = FIELDS.index("slots"), FIELDS.index("min_tokens")
-
-
-def grammar_before_min_tokens(
-    logits: torch.Tensor, params: SamplingTensors, entries: torch.Tensor
-) -> SamplingTensors:
-    """`params` with min_tokens lifted on the rows whose (guided) logits allow stop tokens only.
-
-    min_tokens bans a row's stop tokens; where a grammar has ended, they are all it allows, so the
-    ban left no token at all and the row sampled one outside its grammar (and ran unconstrained from
-    there). The grammar comes first: such a row may end. Pure tensor ops, so a graph captures it.
-    """
-    n = logits.shape[0]
-    rows = params.data[:n]
-    stop = (entries.index_select(0, rows[:, _SLOTS]) & STOP_BIT) != 0
-    other = ((logits > float("-inf")) & ~stop).any(-1)
-    data = params.data.clone()
-    data[:n, _MIN_TOKENS] = torch.where(other, rows[:, _MIN_TOKENS], 0)
-    return SamplingTensors(data)
+SLOTS_COLUMN, MIN_TOKENS_COLUMN = FIELDS.index("slots"), FIELDS.index("min_tokens")
 
 
 @dataclass(slots=True)

@@ -127,7 +127,6 @@ def test_a_fill_spread_over_threads_gives_the_one_thread_tokens(tiny_text_checkp
         str(tiny_text_checkpoint), device="cpu", max_seq_len=320, max_batch_size=8, guided_backend="xgrammar"
     )
     assert (pooled.executor.guided.fill, pooled.executor.guided.fill_threads) == ("native", 3)
-    assert llm.executor.guided.fill_threads == 1
     specs = [{"json_schema": schema} for schema in SCHEMAS.values()] + [{"regex": "[a-z]{2,6}!"}, None]
     params = [_guided(spec, seed) if spec else SamplingParams(max_tokens=30, seed=seed, temperature=1.0)
               for seed, spec in enumerate(specs * 2)]  # fmt: skip
@@ -166,13 +165,25 @@ def test_a_fill_records_each_decode_steps_duration_and_takes_a_new_thread_count_
     durations = filler.step_durations_us()
     assert new > 0 and len(durations) == min(filler.steps, 4096)
     assert all(d > 0 for d in durations[-new:])
+    before = filler.threads
     try:
         filler.set_threads(3)
         assert llm.executor.guided.fill_threads == 3
         many = llm.generate(prompts, params)
     finally:
-        filler.set_threads(1)
-    assert llm.executor.guided.fill_threads == 1
+        filler.set_threads(before)
+    assert llm.executor.guided.fill_threads == before
     assert [o.outputs[0].token_ids for o in one] == [o.outputs[0].token_ids for o in many]
     with pytest.raises(ValueError, match="threads must be 1 to 64, not 0"):
         filler.set_threads(0)
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 1), (5, 2), (16, 8), (64, 8)])
+def test_the_fill_takes_half_the_usable_cpus_up_to_eight_unless_told(monkeypatch, cpus, threads):
+    from fastpath.runtime.guided import decoder
+
+    monkeypatch.delenv(decoder.FILL_THREADS_ENV, raising=False)
+    monkeypatch.setattr(decoder, "usable_cpus", lambda: cpus)
+    assert decoder.fill_threads() == threads
+    monkeypatch.setenv(decoder.FILL_THREADS_ENV, "3")
+    assert decoder.fill_threads() == 3

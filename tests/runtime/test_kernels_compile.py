@@ -78,3 +78,38 @@ def test_decode_attention_compiles_for_the_h200_with_one_split_and_with_several(
     ptx.write_text(compiled.asm["ptx"])
     cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
     subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
+GUIDED_POINTERS = dict(
+    logits_ptr="*bf16", mask_ptr="*i32", flags_ptr="*i32", params_ptr="*i64", entries_ptr="*i32",
+    other_ptr="*i32", out_ptr="*i64",
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("has_params", [False, True])
+def test_guided_mask_kernels_compile_for_the_h200(has_params, tmp_path):
+    """The bitmask kernel for greedy and for the general sampler's rows, and the min_tokens lift."""
+    from triton import compile as compile_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fastpath.runtime.kernels import guided_mask_triton as G
+
+    cases = [(G.guided_mask_kernel, dict(SLOTS_COL=9, HAS_PARAMS=has_params, BLOCK=G.BLOCK))]
+    if has_params:
+        consts = dict(FIELDS=12, MIN_TOKENS_COL=10, FIELDS_POW2=16, BLOCKS_POW2=32)
+        cases.append((G.lift_min_tokens_kernel, consts))
+    for i, (kernel, consts) in enumerate(cases):
+        signature = {
+            n: "constexpr" if n in consts else GUIDED_POINTERS.get(n, "i32") for n in kernel.arg_names
+        }
+        compiled = compile_kernel(
+            ASTSource(kernel, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32)
+        )
+        ptx = tmp_path / f"guided_{i}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
+        subprocess.run(cmd, capture_output=True, text=True, check=True)

@@ -83,6 +83,44 @@ def ops() -> bool:
     return good
 
 
+def guided_mask() -> bool:
+    """The bitmask and the min_tokens lift: constrained and free rows, a partial last block, padding
+    rows past n in the parameters, a row whose grammar allows only its stop tokens, and greedy."""
+    from fastpath.runtime.kernels.guided_mask import guided_mask_reference
+    from fastpath.runtime.kernels.guided_mask_triton import guided_mask
+    from fastpath.runtime.kernels.sampling import STOP_BIT
+
+    gen = torch.Generator().manual_seed(3)
+    n, vocab, slots_col, min_col = 5, 9000, 9, 10
+    words = -(-vocab // 32)
+    logits = rand(n, vocab, scale=3.0, gen=gen)
+    mask = torch.randint(-(2**31), 2**31 - 1, (n + 1, words), generator=gen, dtype=torch.int32)
+    flags = torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.int32)
+    entries = torch.zeros(4, vocab, dtype=torch.int32)
+    stops = torch.tensor([7, 4097, 8999])
+    entries[2, stops] = STOP_BIT
+    entries[3, stops[:1]] = STOP_BIT | 3  # a stop token counted as generated three times
+    mask[3] = 0
+    mask[3, stops // 32] = (1 << (stops % 32)).to(torch.int32)  # row 3's grammar allows only its stops
+    params = torch.randint(0, 50, (n + 1, 12), generator=gen)
+    params[:, slots_col] = torch.tensor([2, 2, 0, 2, 3, 1])
+    params[:, min_col] = 5
+    good = True
+    for with_params in (True, False):
+        args = (params, entries, slots_col, min_col) if with_params else ()
+        want_logits, want_params = guided_mask_reference(logits, mask, flags, *args)
+        got_logits, got_params = guided_mask(logits.clone(), mask, flags, *args)
+        same = torch.equal(want_logits, got_logits)
+        if with_params:
+            lifted = int(got_params[3, min_col]) == 0 and int(want_params[3, min_col]) == 0
+            kept = torch.equal(got_params[[0, 1, 2, 4, 5], min_col], params[[0, 1, 2, 4, 5], min_col])
+            same &= torch.equal(want_params, got_params) and lifted and kept
+        else:
+            same &= got_params is None
+        good &= check(f"guided_mask {'general' if with_params else 'greedy'}", same)
+    return good
+
+
 def decode_attention() -> bool:
     good = True
     for window in (None, 7):
@@ -222,5 +260,5 @@ def fused_prologue() -> bool:
 
 
 if __name__ == "__main__":
-    results = [ops(), decode_attention(), prefill_attention(), fused_prologue()]
+    results = [ops(), guided_mask(), decode_attention(), prefill_attention(), fused_prologue()]
     sys.exit(0 if all(results) else 1)

@@ -1,0 +1,113 @@
+"""guided_mask.py's definition in two Triton kernels: one masks a step's logits in place and says,
+per block of tokens, whether a finite logit that is not a stop token is left; the second lifts
+min_tokens from those answers (the general sampler's rows only)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .guided_mask import guided_mask_reference
+from .sampling import STOP_BIT
+
+_STOP_BIT = tl.constexpr(STOP_BIT)  # a kernel reads only constexpr globals
+
+
+@triton.jit
+def guided_mask_kernel(
+    logits_ptr, stride_l, mask_ptr, stride_m, flags_ptr, params_ptr, stride_p, entries_ptr, stride_e,
+    other_ptr, vocab, SLOTS_COL: tl.constexpr, HAS_PARAMS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Program (r, b): tokens [b * BLOCK, (b + 1) * BLOCK) of row r. A constrained row's forbidden
+    tokens go to -inf in place; with params, other[r, b] says whether the block holds a finite logit
+    that is not a stop token of the row."""
+    r = tl.program_id(0)
+    b = tl.program_id(1)
+    cols = b * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < vocab
+    x = tl.load(logits_ptr + r * stride_l + cols, mask=inside, other=float("-inf"))
+    if tl.load(flags_ptr + r) != 0:
+        words = tl.load(mask_ptr + r * stride_m + cols // 32, mask=inside, other=0)
+        allowed = ((words >> (cols % 32)) & 1) != 0
+        x = tl.where(allowed, x, float("-inf"))
+        tl.store(logits_ptr + r * stride_l + cols, x, mask=inside & ~allowed)
+    if HAS_PARAMS:
+        slot = tl.load(params_ptr + r * stride_p + SLOTS_COL)
+        entry = tl.load(entries_ptr + slot * stride_e + cols, mask=inside, other=0)
+        ok = (x > float("-inf")) & ((entry & _STOP_BIT) == 0) & inside
+        tl.store(other_ptr + r * tl.num_programs(1) + b, tl.max(ok.to(tl.int32), 0))
+
+
+@triton.jit
+def lift_min_tokens_kernel(
+    params_ptr, out_ptr, other_ptr, n, blocks, FIELDS: tl.constexpr, MIN_TOKENS_COL: tl.constexpr,
+    FIELDS_POW2: tl.constexpr, BLOCKS_POW2: tl.constexpr,
+):  # fmt: skip
+    """Row r of params copied to out, min_tokens set to 0 in rows r < n whose blocks all said no."""
+    r = tl.program_id(0)
+    fields = tl.arange(0, FIELDS_POW2)
+    row = tl.load(params_ptr + r * FIELDS + fields, mask=fields < FIELDS, other=0)
+    if r < n:
+        parts = tl.arange(0, BLOCKS_POW2)
+        other = tl.max(tl.load(other_ptr + r * blocks + parts, mask=parts < blocks, other=0), 0)
+        row = tl.where((fields == MIN_TOKENS_COL) & (other == 0), 0, row)
+    tl.store(out_ptr + r * FIELDS + fields, row, mask=fields < FIELDS)
+
+
+BLOCK = 4096
+
+
+def guided_mask(
+    logits: torch.Tensor,
+    mask: torch.Tensor,
+    flags: torch.Tensor,
+    params: torch.Tensor | None = None,
+    entries: torch.Tensor | None = None,
+    slots_col: int = 0,
+    min_tokens_col: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """guided_mask_reference's result through the kernels; logits are masked in place."""
+    n, vocab = logits.shape
+    if n == 0:
+        return guided_mask_reference(logits, mask, flags, params, entries, slots_col, min_tokens_col)
+    assert logits.stride(1) == 1 and mask.stride(1) == 1 and mask.dtype == torch.int32
+    blocks = triton.cdiv(vocab, BLOCK)
+    has_params = params is not None
+    if has_params:
+        assert params.is_contiguous() and entries.stride(1) == 1 and entries.dtype == torch.int32
+        other = torch.empty(n, blocks, dtype=torch.int32, device=logits.device)
+    else:
+        params = entries = other = flags  # never read
+    guided_mask_kernel[(n, blocks)](
+        logits,
+        logits.stride(0),
+        mask,
+        mask.stride(0),
+        flags,
+        params,
+        params.stride(0),
+        entries,
+        entries.stride(0),
+        other,
+        vocab,
+        SLOTS_COL=slots_col,
+        HAS_PARAMS=has_params,
+        BLOCK=BLOCK,
+    )
+    if not has_params:
+        return logits, None
+    out = torch.empty_like(params)
+    fields = params.shape[1]
+    lift_min_tokens_kernel[(params.shape[0],)](
+        params,
+        out,
+        other,
+        n,
+        blocks,
+        FIELDS=fields,
+        MIN_TOKENS_COL=min_tokens_col,
+        FIELDS_POW2=triton.next_power_of_2(fields),
+        BLOCKS_POW2=triton.next_power_of_2(blocks),
+    )
+    return logits, out
