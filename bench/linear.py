@@ -3,8 +3,8 @@
 from HBM as in a step (one weight per layer, more than L2 holds), in a CUDA graph replayed back to back.
 
 Side by side, per (M, linear): cuBLAS (`F.linear`), fastpath's `TritonOps.linear` as the engine runs
-it (autotuned), every config of the small-M kernel at M's row tile, and from 2 to 16 rows every
-config of the rows GEMV (`gemv_rows_kernel`), so the engine's pick can be checked against the best. Bandwidth is the weight's bytes over the time, against device copy bandwidth.
+it (autotuned), and every config of the small-M kernel at M's row tile, so the autotuner's pick can be
+checked against the best. Bandwidth is the weight's bytes over the time, against device copy bandwidth.
 
     python bench/linear.py --out DIR [--m 1 8 16 32 64 128] [--layers 16]
 """
@@ -93,16 +93,6 @@ def main() -> None:
                     for pdl in (False, True) if args.pdl else (False,):
                         impls[label + (" pdl" if pdl else "")] = lambda x, w, cfg=cfg, pdl=pdl: ops.small_m(
                             x, w, None, cfg, pdl
-                        )
-            if 2 <= m <= 16:
-                for cfg in K.gemv_rows_configs():
-                    launch = dict(cfg)
-                    label = "rows {BLOCK_N}x{BLOCK_K}{defer} w{num_warps} s{num_stages}".format(
-                        defer=" defer" if cfg["DEFER_SUM"] else "", **cfg
-                    )
-                    for pdl in (False, True) if args.pdl else (False,):
-                        impls[label + (" pdl" if pdl else "")] = lambda x, w, c=launch, pdl=pdl: (
-                            ops.gemv_rows(x, w, None, dict(c), pdl)
                         )
             for impl, fn in impls.items():
                 try:

@@ -192,66 +192,6 @@ def gemv_kernel(
     tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def gemv_rows_configs() -> list[dict]:
-    """Candidate launch configs of gemv_rows_kernel (bench/linear.py times each): the batch-1 GEMV's
-    narrow, long tiles, with K cut shorter where the rows' products would crowd the registers."""
-    shapes = [(2, 512, 4, 3), (4, 256, 4, 3), (4, 512, 8, 3), (8, 256, 8, 3), (2, 1024, 8, 2), (8, 128, 4, 4)]
-    plain = [
-        dict(BLOCK_N=bn, BLOCK_K=bk, DEFER_SUM=False, num_warps=w, num_stages=st) for bn, bk, w, st in shapes
-    ]
-    deferred = [(2, 256, 4, 3), (2, 512, 8, 3), (4, 256, 8, 3)]
-    return plain + [
-        dict(BLOCK_N=bn, BLOCK_K=bk, DEFER_SUM=True, num_warps=w, num_stages=st) for bn, bk, w, st in deferred
-    ]
-
-
-@triton.jit
-def gemv_rows_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DEFER_SUM: tl.constexpr = False,
-    USE_PDL: tl.constexpr = False,
-):  # fmt: skip
-    """y[M, N] = x[M, K] @ w[N, K]^T for M <= BLOCK_M rows as the batch-1 GEMV streams w: each program
-    BLOCK_N outputs over all of K, on the CUDA cores, no split-K (deterministic). The few rows of x
-    are re-read by every program from L1; w, read once, sets the pace. DEFER_SUM keeps the products
-    per K lane and sums them once at the end, not once a tile.
-    """
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rn < N
-    rm = tl.arange(0, BLOCK_M)
-    m_mask = rm < M
-    rk = tl.arange(0, BLOCK_K)
-    w = tl.load(
-        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0
-    )
-    _release(USE_PDL)
-    _wait(USE_PDL)
-    x = tl.load(
-        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & (rk < K)[None, :], other=0.0
-    )
-    lanes = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    acc = tl.sum(lanes, 2)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        w = tl.load(
-            w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
-        )
-        x = tl.load(
-            x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
-        )
-        if DEFER_SUM:
-            lanes += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], 2)
-    if DEFER_SUM:
-        acc = tl.sum(lanes, 2)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out_mask = m_mask[:, None] & n_mask[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_mask)
-
-
 @triton.jit
 def argmax_lse_partial_kernel(
     logits_ptr, stride_row, V, max_ptr, idx_ptr, sum_ptr, BLOCK: tl.constexpr, PARTS: tl.constexpr,

@@ -106,19 +106,6 @@ class TritonOps(TorchOps):
         )  # fmt: skip
         return y
 
-    def gemv_rows(self, x, weight, bias, config: dict, pdl: bool = False):
-        """x @ weight^T for 2 <= M <= 16 rows as the batch-1 GEMV streams the weight (gemv_rows_kernel),
-        launched with `config` (BLOCK_N, BLOCK_K, num_warps, num_stages)."""
-        x = x.contiguous()
-        m, (n, k) = x.shape[0], weight.shape
-        y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        K.gemv_rows_kernel[(triton_cdiv(n, config["BLOCK_N"]),)](
-            x, weight, bias if bias is not None else weight, y, m, n, k, x.stride(0), weight.stride(0),
-            y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=_pow2(max(m, 2)), **config,
-            **(self._pdl(x) if pdl else {}),
-        )  # fmt: skip
-        return y
-
     def _arrivals(self, weight, n: int) -> torch.Tensor:
         """Split-K's per-tile arrival counts for this weight: zero between launches (the last program of a
         tile resets its count), so one buffer per weight serves every launch and graph replay."""

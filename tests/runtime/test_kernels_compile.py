@@ -113,28 +113,3 @@ def test_guided_mask_kernels_compile_for_the_h200(has_params, tmp_path):
         ptx.write_text(compiled.asm["ptx"])
         cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
         subprocess.run(cmd, capture_output=True, text=True, check=True)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.parametrize("block_m", [2, 8, 16])
-def test_rows_gemv_compiles_for_the_h200_at_every_config(block_m, tmp_path):
-    from triton import compile as compile_kernel
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
-
-    from fastpath.runtime.kernels import triton_kernels as K
-
-    kernel = K.gemv_rows_kernel
-    for i, config in enumerate(K.gemv_rows_configs()):
-        launch = {name: config.pop(name) for name in ("num_warps", "num_stages")}
-        consts = dict(config, BLOCK_M=block_m, HAS_BIAS=False, USE_PDL=True)
-        signature = {n: "constexpr" if n in consts else POINTERS.get(n, "i32") for n in kernel.arg_names}
-        compiled = compile_kernel(
-            ASTSource(kernel, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32), options=launch
-        )
-        ptx = tmp_path / f"rows_{block_m}_{i}.ptx"
-        ptx.write_text(compiled.asm["ptx"])
-        cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
-        subprocess.run(cmd, capture_output=True, text=True, check=True)
