@@ -251,7 +251,9 @@ def small_m_config(m: int, n: int, k: int) -> dict | None:
     """The config the engine launches for an m-row linear, or None where cuBLAS is as fast (round 16,
     calls 1 and 2: every candidate and cuBLAS in a graph of 16 layers' weights streamed from HBM, M=8).
     A layer's square o_proj gains most from one tile of K a program, its weight read under PDL before
-    the wait; down_proj from four ranges of K; the LM head from wide tiles under PDL."""
+    the wait; down_proj from four ranges of K; the LM head from wide tiles under PDL. A kernel streaming
+    w on the CUDA cores as the batch-1 GEMV does, 2-16 rows a program, ran 2-4x slower than cuBLAS
+    (round 18, docs/performance.md)."""
     if n >= 65536:  # the LM head: 125 against cuBLAS's 128 µs
         return dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, num_warps=4, num_stages=4, pdl=True)
     if k >= 4 * n:  # down_proj: 12.9 against 13.5 µs
