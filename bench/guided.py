@@ -92,12 +92,9 @@ def percentiles(durations_us: list[float]) -> dict[str, float]:
 
 @contextmanager
 def fill_log(guided):
-    """The native fill's decode-step durations (µs) while the block runs; empty for the Python fill."""
+    """The fill's decode-step durations (µs) recorded while the block runs (the last 4096 at most)."""
     durations: list[float] = []
     filler = guided.filler
-    if not hasattr(filler, "step_durations_us"):
-        yield durations
-        return
     steps = filler.steps
     yield durations
     new = filler.steps - steps
@@ -201,14 +198,15 @@ def measure(
     with without_grammar_work(g):
         plumbing = step_time(llm, b, True, *timing)
         plumbing_sampled = step_time(llm, b, True, *timing, temperature=1.0)
-    records, rows = [], []
+    records, rows, own = [], [], g.fill_threads
     for threads in fill_threads or [None]:
         if threads is not None:
             g.filler.set_threads(threads)
-        fills0, fill_s0 = g.fills, g.fill_seconds
+        steps0, fill_s0 = g.filler.steps, g.fill_seconds
         with fill_log(g) as durations:
             guided = step_time(llm, b, True, *timing)
-        fill_us = (g.fill_seconds - fill_s0) / max(g.fills - fills0, 1) * 1e6
+        # Per decode step: fill_seconds is the time inside the steps' callbacks (prefill fills not counted).
+        fill_us = (g.fill_seconds - fill_s0) / max(g.filler.steps - steps0, 1) * 1e6
         with fill_log(g) as durations_sampled:
             guided_sampled = step_time(llm, b, True, *timing, temperature=1.0)
         spread, spread_sampled = percentiles(durations), percentiles(durations_sampled)
@@ -223,6 +221,8 @@ def measure(
                _spread(spread_sampled), f"{plumbing_sampled * 1e6:.0f}"]  # fmt: skip
         records.append(r)
         rows.append(row)
+    if fill_threads:
+        g.filler.set_threads(own)  # the next batch's rows start from the engine's own count
     return records, rows
 
 

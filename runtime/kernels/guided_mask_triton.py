@@ -67,15 +67,14 @@ def guided_mask(
     slots_col: int = 0,
     min_tokens_col: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """guided_mask_reference's result through the kernels; logits are masked in place."""
+    """guided_mask_reference's result through the kernels. The logits are masked in place (the
+    reference returns a copy); inputs the kernels cannot take as they are go to the reference."""
     n, vocab = logits.shape
-    if n == 0:
+    if n == 0 or not _kernel_shaped(logits, mask, flags, params, entries):
         return guided_mask_reference(logits, mask, flags, params, entries, slots_col, min_tokens_col)
-    assert logits.stride(1) == 1 and mask.stride(1) == 1 and mask.dtype == torch.int32
     blocks = triton.cdiv(vocab, BLOCK)
     has_params = params is not None
     if has_params:
-        assert params.is_contiguous() and entries.stride(1) == 1 and entries.dtype == torch.int32
         other = torch.empty(n, blocks, dtype=torch.int32, device=logits.device)
     else:
         params = entries = other = flags  # never read
@@ -111,3 +110,27 @@ def guided_mask(
         BLOCKS_POW2=triton.next_power_of_2(blocks),
     )
     return logits, out
+
+
+def _kernel_shaped(logits, mask, flags, params, entries) -> bool:
+    """Whether the kernels can read these as they index them: unit-stride rows, a mask word for every
+    token and a mask row and flag for every logits row, int32 where they read int32. Shapes and
+    strides only, no device sync, so it is safe inside a graph capture."""
+    n, vocab = logits.shape
+    ok = (
+        logits.stride(1) == 1
+        and mask.dim() == 2
+        and mask.stride(1) == 1
+        and mask.dtype == torch.int32
+        and mask.shape[0] >= n
+        and mask.shape[1] * 32 >= vocab
+        and flags.dim() == 1
+        and flags.is_contiguous()
+        and flags.dtype == torch.int32
+        and flags.numel() >= n
+    )
+    if params is not None:
+        ok = ok and params.dim() == 2 and params.is_contiguous() and params.shape[0] >= n
+        ok = ok and entries.dim() == 2 and entries.stride(1) == 1 and entries.dtype == torch.int32
+        ok = ok and entries.shape[1] >= vocab
+    return ok

@@ -60,7 +60,8 @@ class TorchOps:
 
     def guided_mask(self, logits, mask, flags, params, entries, slots_col, min_tokens_col):
         """(logits with each constrained row's forbidden tokens at -inf, params with min_tokens lifted
-        where a grammar allows only stop tokens; None for greedy): kernels/guided_mask.py."""
+        where a grammar allows only stop tokens; None for greedy): kernels/guided_mask.py. Use the
+        returned logits, not the input: the Triton ops mask the input in place."""
         return guided_mask_reference(logits, mask, flags, params, entries, slots_col, min_tokens_col)
 
     def silu_mul(self, gate_up):

@@ -14,9 +14,17 @@ pytest.importorskip("xgrammar")
 
 @pytest.fixture(scope="module")
 def llm(tiny_text_checkpoint):
-    engine = LLM(
-        str(tiny_text_checkpoint), device="cpu", max_seq_len=320, max_batch_size=8, guided_backend="xgrammar"
-    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(
+            "FASTPATH_GUIDED_FILL_THREADS", "1"
+        )  # the one-thread fill the pooled one is checked against
+        engine = LLM(
+            str(tiny_text_checkpoint),
+            device="cpu",
+            max_seq_len=320,
+            max_batch_size=8,
+            guided_backend="xgrammar",
+        )
     yield engine
     engine.close()
 
@@ -127,6 +135,7 @@ def test_a_fill_spread_over_threads_gives_the_one_thread_tokens(tiny_text_checkp
         str(tiny_text_checkpoint), device="cpu", max_seq_len=320, max_batch_size=8, guided_backend="xgrammar"
     )
     assert (pooled.executor.guided.fill, pooled.executor.guided.fill_threads) == ("native", 3)
+    assert llm.executor.guided.fill_threads == 1
     specs = [{"json_schema": schema} for schema in SCHEMAS.values()] + [{"regex": "[a-z]{2,6}!"}, None]
     params = [_guided(spec, seed) if spec else SamplingParams(max_tokens=30, seed=seed, temperature=1.0)
               for seed, spec in enumerate(specs * 2)]  # fmt: skip
@@ -176,6 +185,35 @@ def test_a_fill_records_each_decode_steps_duration_and_takes_a_new_thread_count_
     assert [o.outputs[0].token_ids for o in one] == [o.outputs[0].token_ids for o in many]
     with pytest.raises(ValueError, match="threads must be 1 to 64, not 0"):
         filler.set_threads(0)
+
+
+def test_a_pool_resized_while_steps_fill_changes_no_token(llm):
+    """set_threads from another thread while generate runs: a fill holds the pool while it uses it,
+    so no step's rows are lost, run twice, or filled on a freed pool."""
+    import threading
+
+    filler = llm.executor.guided.filler
+    params = [_guided({"regex": "[a-z]{2,12}!"}, seed) for seed in range(6)]
+    prompts = (PROMPTS * 6)[: len(params)]
+    alone = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    before, done, resizes = filler.threads, threading.Event(), []
+
+    def resize():
+        counts = [1, 2, 4, 3]
+        while not done.is_set():
+            filler.set_threads(counts[len(resizes) % len(counts)])
+            resizes.append(filler.steps)
+
+    resizer = threading.Thread(target=resize)
+    resizer.start()
+    try:
+        resized = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    finally:
+        done.set()
+        resizer.join()
+        filler.set_threads(before)
+    assert resized == alone
+    assert len(set(resizes)) > 2, "the pool was not resized between steps of the generation"
 
 
 @pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 1), (5, 2), (16, 8), (64, 8)])

@@ -252,19 +252,18 @@ class GuidedFill {
         shape_{max_rows, words} {
     tensor_ = {reinterpret_cast<void*>(mask), 1, 0, 2, 0, 32, 1, shape_, nullptr, 0};
     if (threads > 1) pool_ = std::make_unique<RowPool>(threads - 1);
+    threads_.store(threads > 1 ? threads : 1);
   }
 
   std::int64_t max_rows() const { return max_rows_; }
-  int threads() const {
-    std::lock_guard<std::mutex> lock(pool_mu_);
-    return pool_ ? static_cast<int>(pool_->workers()) + 1 : 1;
-  }
+  int threads() const { return threads_.load(); }  // no lock: a fill holds pool_mu_ for milliseconds
 
   // Spreads later fills over `threads` threads; waits for a fill in progress.
   void set_threads(int threads) {
     std::unique_ptr<RowPool> pool = threads > 1 ? std::make_unique<RowPool>(threads - 1) : nullptr;
     std::lock_guard<std::mutex> lock(pool_mu_);
     pool_.swap(pool);
+    threads_.store(threads > 1 ? threads : 1);
   }
 
   // The caller's thread (Python's): plans the callback is done with are dropped here, so the last
@@ -372,7 +371,7 @@ class GuidedFill {
     return out;
   }
 
-  std::int64_t steps() const {  // run_step calls
+  std::int64_t steps() const {  // decode steps filled: run_step calls that found a plan
     std::lock_guard<std::mutex> lock(mu_);
     return steps_;
   }
@@ -391,11 +390,15 @@ class GuidedFill {
   std::deque<RowPlan> spent_;
   std::vector<std::string> errors_;
   std::int64_t missing_plans_ = 0;
-  std::int64_t steps_ = 0;                           // run_step calls, under mu_
+  std::int64_t steps_ = 0;                           // decode steps filled, under mu_
   std::vector<std::int64_t> durations_ = std::vector<std::int64_t>(kDurations);  // ns, a ring
   std::atomic<std::int64_t> fills_{0};
   std::atomic<std::int64_t> busy_ns_{0};
-  mutable std::mutex pool_mu_;     // held by a fill, so set_threads never frees a pool in use
+  // Held by a fill for as long as it uses the pool. RowPool::run is not re-entrant, and a prefill's
+  // fill on the engine's thread can overlap a decode step's in its callback; set_threads never frees
+  // a pool in use either.
+  mutable std::mutex pool_mu_;
+  std::atomic<int> threads_{1};
   std::unique_ptr<RowPool> pool_;  // last: its threads stop before the buffers they write go
 };
 

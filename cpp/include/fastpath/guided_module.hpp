@@ -125,7 +125,7 @@ inline void define_fill(py::module_& m) {
             f.set_threads(threads);
           },
           py::arg("threads"), "Spread later fills over this many threads (this one and a pool).")
-      .def_property_readonly("steps", &GuidedFill::steps, "Decode steps filled (run_step calls).")
+      .def_property_readonly("steps", &GuidedFill::steps, "Decode steps filled (run_step calls that found a plan).")
       .def("step_durations_us", &GuidedFill::step_durations_us,
            "How long each of the last 4096 decode steps' fills took, oldest first.")
       .def_property_readonly("step_seconds", &GuidedFill::step_seconds)
