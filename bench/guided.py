@@ -82,12 +82,12 @@ def step_time(
 
 
 def percentiles(durations_us: list[float]) -> dict[str, float]:
-    """p50, p90 and max of the fills' durations; zeros when there were none."""
+    """Mean, p50, p90 and max of the fills' durations; zeros when there were none."""
     if not durations_us:
-        return {"p50": 0.0, "p90": 0.0, "max": 0.0}
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "max": 0.0}
     ordered = sorted(durations_us)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"p50": pick(0.5), "p90": pick(0.9), "max": ordered[-1]}
+    return {"mean": statistics.fmean(ordered), "p50": pick(0.5), "p90": pick(0.9), "max": ordered[-1]}
 
 
 @contextmanager
@@ -202,14 +202,12 @@ def measure(
     for threads in fill_threads or [None]:
         if threads is not None:
             g.filler.set_threads(threads)
-        steps0, fill_s0 = g.filler.steps, g.fill_seconds
         with fill_log(g) as durations:
             guided = step_time(llm, b, True, *timing)
-        # Per decode step: fill_seconds is the time inside the steps' callbacks (prefill fills not counted).
-        fill_us = (g.fill_seconds - fill_s0) / max(g.filler.steps - steps0, 1) * 1e6
         with fill_log(g) as durations_sampled:
             guided_sampled = step_time(llm, b, True, *timing, temperature=1.0)
         spread, spread_sampled = percentiles(durations), percentiles(durations_sampled)
+        fill_us = spread["mean"]  # per decode step, inside its callback (prefill fills not counted)
         r = {"grammar": grammar, "mode": mode, "backend": backend, "ring": ring, "batch": b,
              "fill_threads": g.fill_threads, "free_s": free, "guided_s": guided, "host_fill_us": fill_us,
              "fill_us": spread, "free_sampled_s": sampled, "guided_sampled_s": guided_sampled,

@@ -131,15 +131,6 @@ class GuidedDecoder:
         """Threads a native fill spreads a step's rows over (FASTPATH_GUIDED_FILL_THREADS)."""
         return getattr(self.filler, "threads", 1) if self._api is not None else 1
 
-    @property
-    def fills(self) -> int:
-        return self.filler.fills
-
-    @property
-    def fill_seconds(self) -> float:
-        """Host time inside the fills' callbacks, for bench/guided.py."""
-        return self.filler.step_seconds
-
     # --- requests ---------------------------------------------------------------------------------
 
     def state_for(self, spec: GuidedSpec | Any) -> GuidedState:

@@ -58,11 +58,9 @@ class TorchOps:
         tokens, logprobs, top_ids, top_lp = sample_reference(logits, params, entries, bits, num_top)
         return tokens, logprobs, top_ids, top_lp, rank_counts_reference(logits, tokens)
 
-    def guided_mask(self, logits, mask, flags, params, entries, slots_col, min_tokens_col):
-        """(logits with each constrained row's forbidden tokens at -inf, params with min_tokens lifted
-        where a grammar allows only stop tokens; None for greedy): kernels/guided_mask.py. Use the
-        returned logits, not the input: the Triton ops mask the input in place."""
-        return guided_mask_reference(logits, mask, flags, params, entries, slots_col, min_tokens_col)
+    # (logits with each constrained row's forbidden tokens at -inf, params with min_tokens lifted where a
+    # grammar allows only stop tokens, or None): use the returned logits, the Triton op masks in place.
+    guided_mask = staticmethod(guided_mask_reference)
 
     def silu_mul(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)

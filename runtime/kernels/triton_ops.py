@@ -117,8 +117,7 @@ class TritonOps(TorchOps):
             )
         return counts
 
-    def guided_mask(self, logits, mask, flags, params, entries, slots_col, min_tokens_col):
-        return guided_mask(logits, mask, flags, params, entries, slots_col, min_tokens_col)
+    guided_mask = staticmethod(guided_mask)
 
     def greedy(self, logits):
         rows, vocab = logits.shape

@@ -144,12 +144,12 @@ using RowPlan = std::vector<std::shared_ptr<GuidedRow>>;  // null: a free row
 // Worker threads that share one step's rows with the calling thread. The caller never waits for a
 // worker to wake: it takes rows itself, and waits only for rows a worker has already taken, so a
 // pool whose threads are slow to wake (or gone, after a fork) costs what one thread does.
-// A futex wake-up takes tens of microseconds: a worker spins for `spin_ns` after a job before it
+// A futex wake-up takes tens of microseconds: a worker spins for kWorkerSpinNs after a job before it
 // sleeps (a prefill's fill and the next decode step's come that close), and the caller spins on a
 // row still running, which is on the step's path, for up to kCallerSpinNs before it sleeps.
 class RowPool {
  public:
-  explicit RowPool(int workers, std::int64_t spin_ns = kDefaultSpinNs) : spin_ns_(spin_ns) {
+  explicit RowPool(int workers) {
     for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { loop(); });
   }
   ~RowPool() {
@@ -166,7 +166,7 @@ class RowPool {
   RowPool(const RowPool&) = delete;
   RowPool& operator=(const RowPool&) = delete;
 
-  static constexpr std::int64_t kDefaultSpinNs = 200'000;
+  static constexpr std::int64_t kWorkerSpinNs = 200'000;
   static constexpr std::int64_t kCallerSpinNs = 2'000'000;  // longer than one expensive row
 
   std::size_t workers() const { return threads_.size(); }
@@ -201,7 +201,7 @@ class RowPool {
   void loop() {
     std::uint64_t seen = 0;
     while (true) {
-      for (const std::int64_t until = now_ns() + spin_ns_;
+      for (const std::int64_t until = now_ns() + kWorkerSpinNs;
            epoch_.load() == seen && !stop_.load() && now_ns() < until;) {
         cpu_relax();
       }
@@ -221,7 +221,6 @@ class RowPool {
     }
   }
 
-  const std::int64_t spin_ns_;
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable wake_;
