@@ -11,6 +11,12 @@ import torch
 from .library import TritonFmhaLibrary
 
 PDL = True  # a module-level switch, so bench/ab_step.py can compare with and without in one process
+# Keys a loop step reads: several pages at once, since one 16-token page a step left attention
+# latency-bound (23% of copy bandwidth at 8k contexts, round 18).
+CHUNK_TOKENS = 64
+# Split programs a step aims for: twice the H200's SMs at batch 1. A module-level value, so the
+# interpreter checks can force one split over a long context.
+TARGET_PROGRAMS = 256
 
 _kernels = None
 
@@ -27,8 +33,7 @@ def _load_kernels():
         q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, acc_ptr, ml_ptr, out_ptr, scale,
         stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
         GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
-        PAGES_PER_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr,
-        USE_PDL: tl.constexpr = False,
+        CHUNK: tl.constexpr, NUM_SPLITS: tl.constexpr, WINDOW: tl.constexpr, USE_PDL: tl.constexpr = False,
     ):  # fmt: skip
         seq = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -39,36 +44,41 @@ def _load_kernels():
         ctx = tl.load(lens_ptr + seq)
         offs_g = tl.arange(0, GROUP_PAD)
         offs_d = tl.arange(0, HEAD_DIM)
-        offs_s = tl.arange(0, BLOCK)
+        offs_t = tl.arange(0, CHUNK)
         heads = kvh * GROUP + offs_g
         q = tl.load(
             q_ptr + seq * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
             mask=offs_g[:, None] < GROUP,
             other=0.0,
         )
-        start = split * PAGES_PER_SPLIT * BLOCK
-        end = tl.minimum(start + PAGES_PER_SPLIT * BLOCK, ctx)
-        lo = start
+        # The live context (the window's, with one) in CHUNK-token pieces, shared evenly by the splits:
+        # a graph's split count is fixed, the context is not. Each piece holds at least one valid key.
+        first = 0
         if WINDOW > 0:
-            lo = tl.maximum(start, ((ctx - WINDOW) // BLOCK) * BLOCK)
+            first = tl.maximum(ctx - WINDOW, 0) // CHUNK
+        pieces = tl.cdiv(ctx, CHUNK)
+        per = tl.cdiv(pieces - first, NUM_SPLITS)
+        lo = (first + split * per) * CHUNK
+        end = tl.minimum(first + (split + 1) * per, pieces) * CHUNK
         m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_sum = tl.zeros([GROUP_PAD], tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-        for tok0 in range(lo, end, BLOCK):
-            page = tl.load(tables_ptr + seq * stride_bt + tok0 // BLOCK)
-            kv_off = (
-                page.to(tl.int64) * stride_kb
-                + offs_s[:, None] * stride_ks
-                + kvh * stride_kh
-                + offs_d[None, :]
-            )
-            k = tl.load(k_ptr + kv_off)
-            v = tl.load(v_ptr + kv_off)
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-            pos = tok0 + offs_s
+        for tok0 in range(lo, end, CHUNK):
+            # A whole chunk's pages at once: CHUNK // BLOCK pages' loads in flight, not one.
+            pos = tok0 + offs_t
             valid = pos < ctx
             if WINDOW > 0:
                 valid = valid & (pos >= ctx - WINDOW)
+            page = tl.load(tables_ptr + seq * stride_bt + pos // BLOCK, mask=pos < ctx, other=0)
+            kv_off = (
+                page.to(tl.int64)[:, None] * stride_kb
+                + (pos % BLOCK)[:, None] * stride_ks
+                + kvh * stride_kh
+                + offs_d[None, :]
+            )
+            k = tl.load(k_ptr + kv_off, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptr + kv_off, mask=valid[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
@@ -131,10 +141,10 @@ class TritonDecodeAttention(TritonFmhaLibrary):
         group = heads // kv_heads
         group_pad = max(16, _next_pow2(group))
         width = meta.block_tables.shape[1]
-        # Enough programs to cover the SMs twice at batch 1; fewer, longer splits as the batch grows.
-        target_splits = max(1, 256 // max(1, seqs * kv_heads))
-        num_splits = min(_next_pow2(width), _next_pow2(target_splits))
-        pages_per_split = -(-width // num_splits)
+        chunk = max(CHUNK_TOKENS, _next_pow2(block))
+        # Fewer, longer splits as the batch grows; never more splits than the table has chunks.
+        target_splits = max(1, TARGET_PROGRAMS // max(1, seqs * kv_heads))
+        num_splits = min(_next_pow2(-(-width * block // chunk)), _next_pow2(target_splits))
         parts = seqs * kv_heads * num_splits * group_pad if num_splits > 1 else 1
         acc = torch.empty(parts, dim, device=q.device, dtype=torch.float32)
         ml = torch.empty(parts, 2, device=q.device, dtype=torch.float32)
@@ -147,7 +157,7 @@ class TritonDecodeAttention(TritonFmhaLibrary):
             q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             meta.block_tables.stride(0), out.stride(0), out.stride(1),
             GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=dim, BLOCK=block,
-            PAGES_PER_SPLIT=pages_per_split, NUM_SPLITS=num_splits, WINDOW=meta.sliding_window or 0, **pdl,
+            CHUNK=chunk, NUM_SPLITS=num_splits, WINDOW=meta.sliding_window or 0, **pdl,
         )  # fmt: skip
         # Merging the splits in the split kernel (its last program to finish) measured slower at
         # batch 1 than this second launch under PDL: 1,023 against 855 µs a step (round 16, call 3).

@@ -43,8 +43,14 @@ class TorchOps:
         normed, summed = self.add_rms_norm(x, residual, norm_weight, eps)
         return self.linear(normed, weight, bias), summed
 
-    def silu_mul_linear(self, gate_up, weight):
-        return self.linear(self.silu_mul(gate_up), weight)
+    def add_rms_norm_gated_linear(self, x, residual, norm_weight, eps, weight):
+        """(silu(gate) * up of linear(norm(x + residual)), x + residual): the MLP's norm and gate_up_proj,
+        `weight` holding the gate's rows, then the up's."""
+        normed, summed = self.add_rms_norm(x, residual, norm_weight, eps)
+        return self.gated_linear(normed, weight), summed
+
+    def gated_linear(self, x, weight):
+        return self.silu_mul(self.linear(x, weight))
 
     def greedy(self, logits):
         """(argmax tokens, their log-probabilities) of fp32-upcast logits."""

@@ -156,14 +156,16 @@ def _gemv_configs():
     ]
 
 
-@_tuned(_gemv_configs(), ["N", "K"])
+@_tuned(_gemv_configs(), ["N", "K", "GATED"])
 @triton.jit
 def gemv_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_wn, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False, GATED: tl.constexpr = False,
 ):  # fmt: skip
     """y[N] = w[N, K] @ x[K] for one decode row: streams w once, no split-K, no atomics (deterministic).
 
+    GATED: w holds 2N rows, gate then up, and y[j] = silu(gate_j) * up_j, rounded as a separate
+    silu_mul launch after the 2N-row product would round it, so both give the same bits.
     The first tile of w is loaded before waiting for the kernel that writes x, so under programmatic
     dependent launch the weight stream starts while that kernel still runs.
     Folding the RMSNorm before it (or the SiLU-mul before down_proj) into this kernel measured slower
@@ -172,23 +174,33 @@ def gemv_kernel(
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
     rk = tl.arange(0, BLOCK_K)
-    w = tl.load(
-        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & (rk < K)[None, :], other=0.0
-    )
+    tile = n_mask[:, None] & (rk < K)[None, :]
+    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+    if GATED:
+        wu = tl.load(w_ptr + (rn + N)[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
     _release(USE_PDL)
     _wait(USE_PDL)
-    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0)
-    acc = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
+    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
+    acc = tl.sum(w.to(tl.float32) * x, 1)
+    if GATED:
+        acc_up = tl.sum(wu.to(tl.float32) * x, 1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         k_mask = rk < K
-        w = tl.load(
-            w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0
-        )
-        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], 1)
+        tile = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        acc += tl.sum(w.to(tl.float32) * x, 1)
+        if GATED:
+            wu = tl.load(w_ptr + (rn + N)[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+            acc_up += tl.sum(wu.to(tl.float32) * x, 1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
+    if GATED:
+        out_ty = y_ptr.dtype.element_ty
+        gate = acc.to(out_ty).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(out_ty).to(tl.float32)
+        acc = act * acc_up.to(out_ty).to(tl.float32)
     tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 

@@ -161,13 +161,20 @@ class TritonOps(TorchOps):
         # fp32 stays on cuBLAS: the parity tests compare it with HF's exact fp32 path.
         return x.dim() == 2 and x.shape[0] <= GEMV_MAX_M and x.dtype != torch.float32
 
-    def _gemv(self, x, weight, bias):
+    def gated_linear(self, x, weight):
+        # One row: the SiLU-mul in the GEMV's epilogue, one launch and no [1, 2I] round trip.
+        if self._streams(x) and x.shape[0] == 1 and weight.shape[0] % 2 == 0:
+            return self._gemv(x, weight, None, gated=True)
+        return super().gated_linear(x, weight)
+
+    def _gemv(self, x, weight, bias, gated: bool = False):
         x = x.contiguous()
         n, k = weight.shape
+        n = n // 2 if gated else n
         y = torch.empty(1, n, device=x.device, dtype=x.dtype)
         K.gemv_kernel[_grid(n)](
             x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
-            HAS_BIAS=bias is not None, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
+            HAS_BIAS=bias is not None, GATED=gated, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
         )  # fmt: skip
         return y
 

@@ -70,8 +70,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, gate_up, ops):
-        return self.tp.all_reduce(ops.silu_mul_linear(gate_up, self.down_proj.weight))
+    def forward(self, act, ops):
+        """down_proj of silu(gate) * up, which the norm before it computes with gate_up_proj."""
+        return self.tp.all_reduce(ops.linear(act, self.down_proj.weight))
 
 
 class DecoderLayer(nn.Module):
@@ -89,10 +90,10 @@ class DecoderLayer(nn.Module):
             x, residual, self.input_layernorm.weight, eps, attn.qkv_proj.weight, attn.qkv_proj.bias
         )
         h = attn(qkv, positions, rope, kv, meta, fmha, ops)
-        gate_up, residual = ops.add_rms_norm_linear(
+        act, residual = ops.add_rms_norm_gated_linear(
             h, residual, self.post_attention_layernorm.weight, eps, self.mlp.gate_up_proj.weight
         )
-        return self.mlp(gate_up, ops), residual
+        return self.mlp(act, ops), residual
 
 
 class VocabParallelEmbedding(nn.Module):

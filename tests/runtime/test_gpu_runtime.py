@@ -284,6 +284,10 @@ def test_fused_ops_match_torch_ops():
         one, weight
     ).float().norm()
     assert float(rel) < 1e-2
+    # The MLP's gate_up at one row, the SiLU-mul in the GEMV's epilogue, against torch's ops.
+    gate_up = torch.randn(2 * 8192, 2048, device="cuda", dtype=dt, generator=g) * 0.02
+    want, got = t.gated_linear(one, gate_up).float(), f.gated_linear(one, gate_up).float()
+    assert got.shape == (1, 8192) and float((got - want).norm() / want.norm()) < 1e-2
     for qk_norm in (False, True):
         heads, kvh, dim = 32, 8, 64
         qkv = torch.randn(7, (heads + 2 * kvh) * dim, device="cuda", dtype=dt, generator=g)

@@ -38,6 +38,32 @@ def test_small_m_kernel_compiles_for_the_h200_at_every_config(block_m, tmp_path)
         subprocess.run(cmd, capture_output=True, text=True, check=True)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("gated", [False, True])
+def test_gemv_compiles_for_the_h200_at_every_config(gated, tmp_path):
+    """The batch-1 GEMV, plain and with the SiLU-mul in its epilogue, at each config it is tuned over."""
+    from triton import compile as compile_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fastpath.runtime.kernels import triton_kernels as K
+
+    kernel = getattr(K.gemv_kernel, "fn", K.gemv_kernel)  # the autotuner's kernel
+    for i, config in enumerate(K._gemv_configs()):
+        consts = dict(config.kwargs, HAS_BIAS=False, USE_PDL=True, GATED=gated)
+        signature = {n: "constexpr" if n in consts else POINTERS.get(n, "i32") for n in kernel.arg_names}
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+        compiled = compile_kernel(
+            ASTSource(kernel, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32), options=options
+        )
+        ptx = tmp_path / f"gemv_{i}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
 ATTENTION_POINTERS = dict(
     q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", tables_ptr="*i32", lens_ptr="*i32", acc_ptr="*fp32",
     ml_ptr="*fp32", out_ptr="*bf16", scale="fp32",
@@ -47,9 +73,10 @@ ATTENTION_POINTERS = dict(
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.parametrize("splits", [1, 8])
-def test_decode_attention_compiles_for_the_h200_with_one_split_and_with_several(splits, tmp_path):
+@pytest.mark.parametrize("window", [0, 4096])
+def test_decode_attention_compiles_for_the_h200_with_one_split_and_with_several(splits, window, tmp_path):
     """The decode attention's split kernel writes its output itself with one split, or its partials
-    for the reduce kernel with several: both compile for sm_90."""
+    for the reduce kernel with several, with and without a window: each compiles for sm_90."""
     from triton import compile as compile_kernel
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
@@ -63,9 +90,9 @@ def test_decode_attention_compiles_for_the_h200_with_one_split_and_with_several(
         GROUP_PAD=16,
         HEAD_DIM=64,
         BLOCK=16,
-        PAGES_PER_SPLIT=2,
+        CHUNK=64,
         NUM_SPLITS=splits,
-        WINDOW=0,
+        WINDOW=window,
         USE_PDL=True,
     )
     signature = {

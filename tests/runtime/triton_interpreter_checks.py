@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from fastpath.runtime.attention import triton_decode
 from fastpath.runtime.attention.metadata import AttentionMetadata
 from fastpath.runtime.attention.reference import ReferenceAttention
 from fastpath.runtime.attention.triton_decode import TritonDecodeAttention
@@ -63,6 +64,12 @@ def ops() -> bool:
         good &= check(f"add_rms_norm residual={res is not None}", torch.equal(sa, sc) and torch.equal(a, c))
     gu = rand(5, 2 * 1100)
     good &= check("silu_mul", torch.equal(t.silu_mul(gu), f.silu_mul(gu)))
+    # One row: the SiLU-mul in the GEMV's epilogue gives the bits of the GEMV then silu_mul's launch.
+    x, w = rand(1, 700), rand(2 * 301, 700, scale=0.05)
+    fused, apart = f.gated_linear(x, w), f.silu_mul(f.linear(x, w))
+    ref = t.gated_linear(x, w).float()
+    close = float((fused.float() - ref).norm() / ref.norm()) < 2e-3
+    good &= check("gated_linear m=1", fused.shape == (1, 301) and torch.equal(fused, apart) and close)
     logits = rand(3, 9000, scale=3.0)
     logits[1, 17] = logits[1, 4000] = logits[1].max() + 1  # a tie: the first index wins, as in torch
     (ta, la), (tb, lb) = t.greedy(logits), f.greedy(logits)
@@ -158,6 +165,26 @@ def decode_attention() -> bool:
         good &= check(
             f"triton_decode one split window={window}", float((got - ref).norm() / ref.norm()) < 2e-3
         )
+    # Contexts over several 64-token chunks, split evenly (one split left empty), then all in one split.
+    for window in (None, 50):
+        lens, block, kvh, heads, dim, width = [1, 70, 130, 192], 16, 2, 8, 16, 12
+        nblocks = 1 + len(lens) * width
+        k, v = rand(nblocks, block, kvh, dim), rand(nblocks, block, kvh, dim)
+        tables = (torch.randperm(nblocks - 1, generator=g)[: len(lens) * width] + 1).view(len(lens), -1).int()
+        q = rand(len(lens), heads, dim)
+        meta = AttentionMetadata(
+            "decode", torch.zeros(4, dtype=torch.int64), tables, torch.tensor(lens, dtype=torch.int32),
+            context_lens_host=lens, block_size=block, sliding_window=window, capturing=True,
+        )  # fmt: skip
+        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
+        for programs in (triton_decode.TARGET_PROGRAMS, 1):
+            saved, triton_decode.TARGET_PROGRAMS = triton_decode.TARGET_PROGRAMS, programs
+            try:
+                got = TritonDecodeAttention().forward(q, k, v, meta, 0.25).float()
+            finally:
+                triton_decode.TARGET_PROGRAMS = saved
+            err = float((got - ref).norm() / ref.norm())
+            good &= check(f"triton_decode chunks, {programs} programs, window={window}", err < 2e-3)
     return good
 
 
