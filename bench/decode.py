@@ -19,7 +19,8 @@ one step's delivery to the next, while the loop runs without a pause), a long ru
 run's over the steps between them, so the first and last steps of a run cancel; beside it, the same
 difference of the two runs' wall times, which also holds the caller's work (building outputs).
 "replay µs" is the step's graph replayed back to back, host work left out, so "wall / replay" above 1
-is time the host adds to a step. "host µs" is the host's own work in a step (scheduling, staging,
+is time the host adds to a step. The graph replays at the timed steps' mean context (a last run of
+that length leaves its inputs there), since attention's time grows with the context. "host µs" is the host's own work in a step (scheduling, staging,
 launching, completing), counted as the step less the time the engine loop waited for the device: the
 host keeps ahead while it is below the replay. A row's floor is
 the larger of its weight bytes (plus the KV bytes attention reads) over the copy bandwidth and its
@@ -118,6 +119,9 @@ def engine_step_time(
         host.append((counted_long - waited_long - counted_short + waited_short) / steps)
         diffs.append((wall_long - wall_short) / (long - short))
         means.append(counted_long / max(steps_long, 1))
+    # The graph's inputs are left at the timed steps' mean context (the "context" column) for the
+    # replay columns; the short run last would leave them (long - short) / 2 tokens short of it.
+    run((short + long) // 2 + 1)
     return statistics.median(counted), statistics.median(diffs), means, statistics.median(host)
 
 
