@@ -441,7 +441,7 @@ def main() -> None:
 
         hf_dict = resolve_random(args.model).to_hf_dict()
         for b in args.batch:
-            step = peer_step_time(hf_dict, b, PROMPT_LEN, short, long)
+            step = peer_step_time(hf_dict, b, PROMPT_LEN, short, long, repeats)
             gc.collect()
             torch.cuda.empty_cache()
             results["rows"].append({"engine": PEER, "batch": b, "step_s": step})
