@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a decode step's time goes: kernel times inside graph replays, grouped, plus each linear's bandwidth.
+"""Where a decode step's time goes: kernel times inside graph replays, grouped (each linear alone: bench/linear.py).
 
 python bench/profile_step.py --out DIR [--batch 1 8]
 """
@@ -71,45 +71,6 @@ def profile_graph(llm, rows: int, replays: int = 20, kind: str = "greedy") -> di
     }
 
 
-def linear_bandwidth(llm, bw: float) -> list[list[object]]:
-    ops = llm.executor.model.ops
-    layer = llm.executor.model.layers[0]
-    weights = {
-        "qkv": layer.self_attn.qkv_proj.weight,
-        "o": layer.self_attn.o_proj.weight,
-        "gate_up": layer.mlp.gate_up_proj.weight,
-        "down": layer.mlp.down_proj.weight,
-        "lm_head": llm.executor.model.lm_head.weight,
-    }
-    rows = []
-    for m in (1, 8):
-        for name, w in weights.items():
-            x = torch.randn(m, w.shape[1], device="cuda", dtype=w.dtype)
-            for impl, fn in (("fastpath", ops.linear), ("cuBLAS", torch.nn.functional.linear)):
-                for _ in range(3):
-                    fn(x, w)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(50):
-                    fn(x, w)
-                end.record()
-                end.synchronize()
-                t = start.elapsed_time(end) / 50 / 1e3
-                gbps = w.numel() * w.element_size() / t
-                rows.append(
-                    [
-                        m,
-                        name,
-                        tuple(w.shape),
-                        impl,
-                        f"{t * 1e6:.1f}",
-                        f"{gbps / 1e12:.2f}",
-                        f"{gbps / bw:.0%}",
-                    ]
-                )
-    return rows
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -135,7 +96,7 @@ def main() -> None:
     for b in sorted(args.batch):
         llm.generate([[1000 + i + j for i in range(32)] for j in range(b)], params)
     payload = {"copy_bandwidth": bw, "steps": {}}
-    rows = []
+    rows, kernel_rows = [], []
     for b in args.batch:
         prof = profile_graph(llm, b, kind=args.kind)
         payload["steps"][b] = prof
@@ -156,11 +117,15 @@ def main() -> None:
         top = sorted(prof["kernels"].items(), key=lambda kv: -kv[1])[:12]
         print(f"batch {b} top kernels:")
         for name, us in top:
-            print(f"  {us:8.1f} us  x{prof['counts'][name]:.0f}  {name[:110]}")
+            n = prof["counts"][name]
+            print(f"  {us:8.1f} us  x{n:.0f}  {name[:110]}")
+            kernel_rows.append([b, f"`{name[:70]}`", f"{n:.0f}", f"{us:.1f}", f"{us / n:.2f}"])
     table = markdown_table(["batch", "group", "µs/step", "share"], rows)
-    lin = linear_bandwidth(llm, bw)
-    table += "\n\n" + markdown_table(["M", "linear", "weight", "impl", "µs", "TB/s", "of copy bw"], lin)
-    payload["linears"] = lin
+    table += "\n\n" + markdown_table(["batch", "kernel", "launches", "µs/step", "µs/launch"], kernel_rows)
+    table += (
+        "\n\nUnder programmatic dependent launch a kernel's time holds its wait for the kernel before"
+        " it; run with FASTPATH_PDL=0 for each kernel's own time. Each linear alone: bench/linear.py."
+    )
     write_outputs(
         args.out, "profile_step" if args.kind == "greedy" else "profile_step-general", payload, table
     )
