@@ -165,7 +165,7 @@ def gemv_kernel(
     """y[N] = w[N, K] @ x[K] for one decode row: streams w once, no split-K, no atomics (deterministic).
 
     GATED: w holds 2N rows, gate then up, and y[j] = silu(gate_j) * up_j, rounded as a separate
-    silu_mul launch after the 2N-row product would round it, so both give the same bits.
+    silu_mul launch after the 2N-row product would round it (the same bits at the same tile config).
     The first tile of w is loaded before waiting for the kernel that writes x, so under programmatic
     dependent launch the weight stream starts while that kernel still runs.
     Folding the RMSNorm before it (or the SiLU-mul before down_proj) into this kernel measured slower
