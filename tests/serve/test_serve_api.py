@@ -2,6 +2,7 @@
 
 import json
 import logging
+import time
 
 import httpx
 import openai
@@ -369,13 +370,21 @@ def test_a_chat_without_max_tokens_runs_to_the_end_of_the_context(url, llm):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_access_log_says_where_a_first_token_waited(llm, caplog, stream):
+    def logged():
+        records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "fastpath.serve.access"]
+        return next((r for r in records if r["path"] == "/v1/completions"), None)
+
     with running(llm, access_log=True) as base, caplog.at_level(logging.INFO, "fastpath.serve.access"):
         api = client(base)
         out = api.completions.create(model="tiny", prompt="Hello there", max_tokens=4, stream=stream)
         if stream:
             list(out)
-    records = [json.loads(r.getMessage()) for r in caplog.records if r.name == "fastpath.serve.access"]
-    line = next(r for r in records if r["path"] == "/v1/completions")
+        # The line is written once the response has ended, which a client can see a little earlier.
+        deadline = time.monotonic() + 10
+        while logged() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    line = logged()
+    assert line is not None, "no access-log line for /v1/completions"
     assert line["status"] == 200 and line["prompt_tokens"] > 0
     # Arrival to the first batch slot, then to the first token, within the whole request.
     assert 0 <= line["queue_ms"] <= line["ttft_ms"] <= line["duration_ms"]
