@@ -5,6 +5,7 @@ fp16 only: the interpreter's bf16 rounding is not the hardware's, while fp16 goe
 
 import os
 import sys
+from unittest import mock
 
 import torch
 
@@ -138,52 +139,42 @@ def guided_mask() -> bool:
     return good
 
 
+def paged_decode(lens, width, window, block=16, kvh=2, heads=8, dim=16):
+    """A decode step's q, paged K and V caches, its block tables and metadata: `width` pages a sequence."""
+    nblocks = 1 + len(lens) * width
+    k, v = rand(nblocks, block, kvh, dim), rand(nblocks, block, kvh, dim)
+    tables = (torch.randperm(nblocks - 1, generator=g)[: len(lens) * width] + 1).view(len(lens), -1).int()
+    q = rand(len(lens), heads, dim)
+    return q, k, v, tables, decode_meta(tables, lens, block, window)
+
+
+def decode_meta(tables, lens, block, window):
+    return AttentionMetadata(
+        "decode", torch.zeros(len(lens), dtype=torch.int64), tables, torch.tensor(lens, dtype=torch.int32),
+        context_lens_host=lens, block_size=block, sliding_window=window, capturing=True,
+    )  # fmt: skip
+
+
+def attention_error(q, k, v, meta) -> float:
+    ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
+    got = TritonDecodeAttention().forward(q, k, v, meta, 0.25).float()
+    return float((got - ref).norm() / ref.norm())
+
+
 def decode_attention() -> bool:
     good = True
     for window in (None, 7):
-        lens, block, kvh, heads, dim, width = [1, 17, 40, 9], 16, 2, 8, 16, 4
-        nblocks = 1 + len(lens) * width
-        k, v = rand(nblocks, block, kvh, dim), rand(nblocks, block, kvh, dim)
-        tables = (torch.randperm(nblocks - 1, generator=g)[: len(lens) * width] + 1).view(len(lens), -1).int()
-        q = rand(len(lens), heads, dim)
-        meta = AttentionMetadata(
-            "decode", torch.zeros(4, dtype=torch.int64), tables, torch.tensor(lens, dtype=torch.int32),
-            context_lens_host=lens, block_size=block, sliding_window=window, capturing=True,
-        )  # fmt: skip
-        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
-        lib = TritonDecodeAttention()
-        got = lib.forward(q, k, v, meta, 0.25).float()
-        good &= check(f"triton_decode window={window}", float((got - ref).norm() / ref.norm()) < 2e-3)
+        q, k, v, tables, meta = paged_decode([1, 17, 40, 9], 4, window)
+        good &= check(f"triton_decode window={window}", attention_error(q, k, v, meta) < 2e-3)
         # One page a sequence: one split, its output written by the split kernel with no merge.
-        short = [1, 16, 9, 3]
-        one = AttentionMetadata(
-            "decode", torch.zeros(4, dtype=torch.int64), tables[:, :1].contiguous(), torch.tensor(short, dtype=torch.int32),
-            context_lens_host=short, block_size=block, sliding_window=window, capturing=True,
-        )  # fmt: skip
-        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), one, 0.25)
-        got = lib.forward(q, k, v, one, 0.25).float()
-        good &= check(
-            f"triton_decode one split window={window}", float((got - ref).norm() / ref.norm()) < 2e-3
-        )
+        one = decode_meta(tables[:, :1].contiguous(), [1, 16, 9, 3], 16, window)
+        good &= check(f"triton_decode one split window={window}", attention_error(q, k, v, one) < 2e-3)
     # Contexts over several 64-token chunks, split evenly (one split left empty), then all in one split.
     for window in (None, 50):
-        lens, block, kvh, heads, dim, width = [1, 70, 130, 192], 16, 2, 8, 16, 12
-        nblocks = 1 + len(lens) * width
-        k, v = rand(nblocks, block, kvh, dim), rand(nblocks, block, kvh, dim)
-        tables = (torch.randperm(nblocks - 1, generator=g)[: len(lens) * width] + 1).view(len(lens), -1).int()
-        q = rand(len(lens), heads, dim)
-        meta = AttentionMetadata(
-            "decode", torch.zeros(4, dtype=torch.int64), tables, torch.tensor(lens, dtype=torch.int32),
-            context_lens_host=lens, block_size=block, sliding_window=window, capturing=True,
-        )  # fmt: skip
-        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
+        q, k, v, _, meta = paged_decode([1, 70, 130, 192], 12, window)
         for programs in (triton_decode.TARGET_PROGRAMS, 1):
-            saved, triton_decode.TARGET_PROGRAMS = triton_decode.TARGET_PROGRAMS, programs
-            try:
-                got = TritonDecodeAttention().forward(q, k, v, meta, 0.25).float()
-            finally:
-                triton_decode.TARGET_PROGRAMS = saved
-            err = float((got - ref).norm() / ref.norm())
+            with mock.patch.object(triton_decode, "TARGET_PROGRAMS", programs):
+                err = attention_error(q, k, v, meta)
             good &= check(f"triton_decode chunks, {programs} programs, window={window}", err < 2e-3)
     return good
 
