@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import copy_bandwidth, markdown_table, replay_seconds, write_outputs
+from common import markdown_table, replay_seconds, write_outputs
 
 GROUPS = [
     ("gemv", ("gemv", "gemm_small", "gemm", "cutlass", "sm90_xmma", "nvjet", "ampere", "sgemm")),
@@ -85,7 +85,6 @@ def main() -> None:
         return
     from fastpath.runtime import LLM, SamplingParams
 
-    bw = copy_bandwidth()
     llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512,
               graph_batch_sizes=args.batch)  # fmt: skip
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
@@ -95,7 +94,7 @@ def main() -> None:
         params = SamplingParams(**SAMPLED, max_tokens=8, ignore_eos=True, seed=0)
     for b in sorted(args.batch):
         llm.generate([[1000 + i + j for i in range(32)] for j in range(b)], params)
-    payload = {"copy_bandwidth": bw, "steps": {}}
+    payload = {"steps": {}}
     rows, kernel_rows = [], []
     for b in args.batch:
         prof = profile_graph(llm, b, kind=args.kind)
