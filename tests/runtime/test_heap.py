@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 PROBE = """
-import gc, json, time
-import torch  # a heap the size of a server's, for the timing below
+import gc, json
+import torch  # a heap the size of a server's
 from fastpath.runtime.engine.heap import freeze_startup_heap
 frozen = freeze_startup_heap()
-start = time.perf_counter()
 gc.collect()
-print(json.dumps({"frozen": frozen, "freeze_count": gc.get_freeze_count(), "full_ms": (time.perf_counter() - start) * 1e3}))
+# What a full collection walks: the objects in the collector's generations (frozen ones are not).
+print(json.dumps({"frozen": frozen, "freeze_count": gc.get_freeze_count(), "walked": len(gc.get_objects())}))
 """
 
 
@@ -36,8 +36,9 @@ def test_the_startup_heap_is_frozen_and_a_full_collection_then_walks_little():
     assert frozen["frozen"] == frozen["freeze_count"] > 100_000  # torch's objects, among others
     unfrozen = _probe("0")
     assert unfrozen["frozen"] == unfrozen["freeze_count"] == 0
-    # The same collection over the same heap, with and without the startup objects in its walk.
-    assert frozen["full_ms"] * 5 < unfrozen["full_ms"]
+    # The same collection over the same heap, with and without the startup objects in its walk: counted,
+    # not timed, so a loaded machine cannot fail it.
+    assert frozen["walked"] * 20 < unfrozen["walked"]
 
 
 def test_the_engine_process_freezes_its_heap():
