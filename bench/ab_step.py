@@ -8,7 +8,9 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, not attention": also programmatic dependent launch between the per-token kernels (norms,
   RoPE, SiLU-mul, the batch-1 GEMVs, greedy sampling), so a GEMV's weight stream starts while the
   kernel before it drains;
-- "PDL": the decode attention kernels launched that way too (all of FASTPATH_PDL=1).
+- "PDL, RoPE apart": the decode attention kernels launched that way too (all of FASTPATH_PDL=1),
+  with the batch-1 q|k|v GEMV and RoPE's launch apart, as before round 20;
+- "PDL": the engine as it is, RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue.
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
@@ -30,11 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
-VARIANTS = {  # (prologue in one launch, PDL, PDL for attention)
-    "per-field prologue, no PDL": (False, False, False),
-    "one-launch prologue, no PDL": (True, False, False),
-    "PDL, not attention": (True, True, False),
-    "PDL": (True, True, True),
+VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV)
+    "per-field prologue, no PDL": (False, False, False, True),
+    "one-launch prologue, no PDL": (True, False, False, True),
+    "PDL, not attention": (True, True, False, True),
+    "PDL, RoPE apart": (True, True, True, False),
+    "PDL": (True, True, True, True),
 }
 
 
@@ -59,8 +62,9 @@ def main() -> None:
     rows = []
     for rnd in range(args.rounds):
         for name in args.variants:
-            one_launch, pdl, pdl_attention = VARIANTS[name]
+            one_launch, pdl, pdl_attention, rope_fused = VARIANTS[name]
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
+            triton_ops.FUSE_QKV_ROPE = rope_fused
             triton_decode.PDL = pdl_attention
             os.environ["FASTPATH_PDL"] = "1" if pdl else "0"
             triton_ops.pdl_available.cache_clear()
@@ -82,6 +86,7 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
+    triton_ops.FUSE_QKV_ROPE = True
     headers = [
         "variant",
         "round",

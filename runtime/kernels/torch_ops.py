@@ -72,6 +72,10 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def qkv_linear_rope_cache(self, x, weight, bias, *args):
+        """The q|k|v projection of x, then `qkv_rope_cache(qkv, *args)`: returns q."""
+        return self.qkv_rope_cache(self.linear(x, weight, bias), *args)
+
     def qkv_rope_cache(self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slots, shape):
         """Split q|k|v, apply per-head norms and RoPE, write k and v into the paged cache; return q."""
         heads, kv_heads, dim = shape

@@ -204,6 +204,73 @@ def gemv_kernel(
     tl.store(y_ptr + rn, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
+@_tuned(_gemv_configs(), ["N", "K", "DIM"])
+@triton.jit
+def gemv_rope_cache_kernel(
+    x_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, N, K, stride_wn, stride_cos,
+    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+):  # fmt: skip
+    """One decode row's q|k|v projection with RoPE and the KV-cache write in the epilogue: the GEMV, then
+    qkv_rope_cache_kernel, in one launch and with no q|k|v round trip through memory.
+
+    Program p covers BLOCK_N pairs of rows (j, j + DIM/2) of one or more heads, the two halves RoPE
+    rotates into each other, so each output's rotation partner is in the same program. Outputs are
+    rounded where the two launches round them: the projection, then each RoPE product and their sum.
+    """
+    HALF: tl.constexpr = DIM // 2
+    pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = pair < N // 2
+    head = pair // HALF
+    i = pair % HALF
+    lo = head * DIM + i
+    hi = lo + HALF
+    rk = tl.arange(0, BLOCK_K)
+    tile = n_mask[:, None] & (rk < K)[None, :]
+    w_lo = tl.load(w_ptr + lo[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+    w_hi = tl.load(w_ptr + hi[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+    _release(USE_PDL)
+    _wait(USE_PDL)
+    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
+    acc_lo = tl.sum(w_lo.to(tl.float32) * x, 1)
+    acc_hi = tl.sum(w_hi.to(tl.float32) * x, 1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        tile = n_mask[:, None] & k_mask[None, :]
+        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        w_lo = tl.load(w_ptr + lo[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+        acc_lo += tl.sum(w_lo.to(tl.float32) * x, 1)
+        w_hi = tl.load(w_ptr + hi[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+        acc_hi += tl.sum(w_hi.to(tl.float32) * x, 1)
+    if HAS_BIAS:
+        acc_lo += tl.load(b_ptr + lo, mask=n_mask, other=0.0).to(tl.float32)
+        acc_hi += tl.load(b_ptr + hi, mask=n_mask, other=0.0).to(tl.float32)
+    ty = q_ptr.dtype.element_ty
+    a = acc_lo.to(ty)
+    b = acc_hi.to(ty)
+    pos = tl.load(pos_ptr)
+    slot = tl.load(slot_ptr).to(tl.int64)
+    c_lo = tl.load(cos_ptr + pos * stride_cos + i).to(ty).to(tl.float32)
+    c_hi = tl.load(cos_ptr + pos * stride_cos + i + HALF).to(ty).to(tl.float32)
+    s_lo = tl.load(sin_ptr + pos * stride_cos + i).to(ty).to(tl.float32)
+    s_hi = tl.load(sin_ptr + pos * stride_cos + i + HALF).to(ty).to(tl.float32)
+    af, bf = a.to(tl.float32), b.to(tl.float32)
+    rot_lo = ((af * c_lo).to(ty).to(tl.float32) + (bf * -1.0 * s_lo).to(ty).to(tl.float32)).to(ty)
+    rot_hi = ((bf * c_hi).to(ty).to(tl.float32) + (af * s_hi).to(ty).to(tl.float32)).to(ty)
+    is_q = n_mask & (head < HEADS)
+    is_k = n_mask & (head >= HEADS) & (head < HEADS + KV_HEADS)
+    is_v = n_mask & (head >= HEADS + KV_HEADS)
+    tl.store(q_ptr + lo, rot_lo, mask=is_q)
+    tl.store(q_ptr + hi, rot_hi, mask=is_q)
+    kv = slot * KV_HEADS * DIM + (lo - HEADS * DIM)
+    tl.store(kc_ptr + kv, rot_lo, mask=is_k)
+    tl.store(kc_ptr + kv + HALF, rot_hi, mask=is_k)
+    kv = kv - KV_HEADS * DIM
+    tl.store(vc_ptr + kv, a, mask=is_v)
+    tl.store(vc_ptr + kv + HALF, b, mask=is_v)
+
+
 @triton.jit
 def argmax_lse_partial_kernel(
     logits_ptr, stride_row, V, max_ptr, idx_ptr, sum_ptr, BLOCK: tl.constexpr, PARTS: tl.constexpr,

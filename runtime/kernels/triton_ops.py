@@ -13,6 +13,9 @@ from . import triton_kernels as K
 from .guided_mask_triton import guided_mask
 from .torch_ops import TorchOps
 
+# One decode row's q|k|v GEMV with RoPE and the KV-cache write in its epilogue; bench/ab_step.py turns it
+# off to time the two launches beside it.
+FUSE_QKV_ROPE = True
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
 
 
@@ -187,6 +190,31 @@ class TritonOps(TorchOps):
             gate_up, out, cols, gate_up.stride(0), out.stride(0), BLOCK=block, **self._pdl(gate_up)
         )
         return out
+
+    def qkv_linear_rope_cache(self, x, weight, bias, *args):
+        positions, cos, sin, q_norm, _, _, k_cache, v_cache, slots, shape = args  # no k_norm when no q_norm
+        heads, kv_heads, dim = shape
+        fused = (
+            FUSE_QKV_ROPE
+            and self._streams(x)
+            and x.shape[0] == 1
+            and q_norm is None  # a per-head norm needs the whole head: the two launches do it
+            and dim % 2 == 0
+            and weight.shape[0] == (heads + 2 * kv_heads) * dim
+            and k_cache.is_contiguous()
+            and v_cache.is_contiguous()
+        )
+        if not fused:
+            return super().qkv_linear_rope_cache(x, weight, bias, *args)
+        x = x.contiguous()
+        n, k = weight.shape
+        q = torch.empty(1, heads, dim, device=x.device, dtype=x.dtype)
+        K.gemv_rope_cache_kernel[_grid(n // 2)](
+            x, weight, bias if bias is not None else weight, positions, slots, cos, sin, q, k_cache, v_cache,
+            n, k, weight.stride(0), cos.stride(0), HEADS=heads, KV_HEADS=kv_heads, DIM=dim,
+            HAS_BIAS=bias is not None, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
+        )  # fmt: skip
+        return q
 
     def qkv_rope_cache(self, qkv, positions, cos, sin, q_norm, k_norm, eps, k_cache, v_cache, slots, shape):
         heads, kv_heads, dim = shape

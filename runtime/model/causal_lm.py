@@ -38,12 +38,14 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, qkv, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops):
-        """Projected q|k|v -> attention output projected back to the hidden size."""
+    def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops):
+        """Normed hidden states -> attention output projected back to the hidden size."""
         cfg = self.cfg
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
-        q = ops.qkv_rope_cache(
-            qkv,
+        q = ops.qkv_linear_rope_cache(
+            x,
+            self.qkv_proj.weight,
+            self.qkv_proj.bias,
             positions,
             rope.cos,
             rope.sin,
@@ -86,10 +88,8 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, rope, kv, meta, fmha, ops):
         """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
         eps, attn = self.input_layernorm.eps, self.self_attn
-        qkv, residual = ops.add_rms_norm_linear(
-            x, residual, self.input_layernorm.weight, eps, attn.qkv_proj.weight, attn.qkv_proj.bias
-        )
-        h = attn(qkv, positions, rope, kv, meta, fmha, ops)
+        normed, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
+        h = attn(normed, positions, rope, kv, meta, fmha, ops)
         act, residual = ops.add_rms_norm_gated_linear(
             h, residual, self.post_attention_layernorm.weight, eps, self.mlp.gate_up_proj.weight
         )

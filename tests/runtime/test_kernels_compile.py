@@ -64,6 +64,65 @@ def test_gemv_compiles_for_the_h200_at_every_config(gated, tmp_path):
         subprocess.run(cmd, capture_output=True, text=True, check=True)
 
 
+ROPE_POINTERS = dict(
+    POINTERS, pos_ptr="*i64", slot_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_ptr="*bf16",
+    kc_ptr="*bf16", vc_ptr="*bf16", qkv_ptr="*bf16", qn_ptr="*bf16", kn_ptr="*bf16", q_out_ptr="*bf16",
+    eps="fp32",
+)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("bias", [False, True])
+def test_gemv_rope_cache_compiles_for_the_h200_at_every_config(bias, tmp_path):
+    """The batch-1 q|k|v GEMV with RoPE and the KV-cache write in its epilogue, Llama 3.2 1B's heads
+    (and Qwen2's bias), at each config it is tuned over."""
+    from triton import compile as compile_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fastpath.runtime.kernels import triton_kernels as K
+
+    kernel = getattr(K.gemv_rope_cache_kernel, "fn", K.gemv_rope_cache_kernel)
+    for i, config in enumerate(K._gemv_configs()):
+        consts = dict(config.kwargs, HEADS=32, KV_HEADS=8, DIM=64, HAS_BIAS=bias, USE_PDL=True)
+        signature = {n: "constexpr" if n in consts else ROPE_POINTERS.get(n, "i32") for n in kernel.arg_names}
+        options = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+        compiled = compile_kernel(
+            ASTSource(kernel, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32), options=options
+        )
+        ptx = tmp_path / f"gemv_rope_{i}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_qkv_rope_cache_compiles_for_the_h200(qk_norm, tmp_path):
+    """RoPE and the KV-cache write for the rows the GEMV does not take, with Qwen3's per-head norms
+    and without."""
+    from triton import compile as compile_kernel
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from fastpath.runtime.kernels import triton_kernels as K
+
+    kernel = K.qkv_rope_cache_kernel
+    consts = dict(HEADS=32, KV_HEADS=8, HEADS_PAD=32, KV_PAD=8, DIM=64, HAS_NORM=qk_norm, USE_PDL=True)
+    signature = {n: "constexpr" if n in consts else ROPE_POINTERS.get(n, "i32") for n in kernel.arg_names}
+    compiled = compile_kernel(
+        ASTSource(kernel, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32)
+    )
+    ptx = tmp_path / "rope.ptx"
+    ptx.write_text(compiled.asm["ptx"])
+    cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
+    subprocess.run(cmd, capture_output=True, text=True, check=True)
+
+
 ATTENTION_POINTERS = dict(
     q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", tables_ptr="*i32", lens_ptr="*i32", acc_ptr="*fp32",
     ml_ptr="*fp32", out_ptr="*bf16", scale="fp32",
