@@ -412,3 +412,112 @@ def gemm_small_m_kernel(
             _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_BIAS)
     else:
         _finish_small_m(acc, b_ptr, y_ptr, rm, rn, n_mask, out_mask, stride_ym, HAS_BIAS)
+
+
+# The batch-1 fusions (gemv_kernel's GATED, gemv_rope_cache_kernel) for 2 to 16 rows: each program
+# multiplies two row tiles of w, lo and hi, whose outputs its epilogue combines.
+PAIRED_SMALL_M = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=4)
+
+
+@triton.jit
+def _paired_small_m(
+    x_ptr, w_ptr, lo, hi, n_mask, M, K, stride_xm, stride_wn,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    """(x @ w[lo]^T, x @ w[hi]^T) in fp32 for M <= BLOCK_M rows of x, the first tile of w loaded before
+    the wait for x's writer, as in gemm_small_m_kernel."""
+    rm = tl.arange(0, BLOCK_M)
+    m_mask = rm < M
+    rk = tl.arange(0, BLOCK_K)
+    tile = n_mask[:, None] & (rk < K)[None, :]
+    w_lo = tl.load(w_ptr + lo[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+    w_hi = tl.load(w_ptr + hi[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+    _release(USE_PDL)
+    _wait(USE_PDL)
+    x = tl.load(
+        x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & (rk < K)[None, :], other=0.0
+    )
+    acc_lo = tl.dot(x, tl.trans(w_lo))
+    acc_hi = tl.dot(x, tl.trans(w_hi))
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        tile = n_mask[:, None] & k_mask[None, :]
+        x = tl.load(
+            x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
+        )
+        w_lo = tl.load(w_ptr + lo[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+        acc_lo = tl.dot(x, tl.trans(w_lo), acc_lo)
+        w_hi = tl.load(w_ptr + hi[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+        acc_hi = tl.dot(x, tl.trans(w_hi), acc_hi)
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def gated_small_m_kernel(
+    x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+):  # fmt: skip
+    """y[M, N] = silu(x @ gate^T) * (x @ up^T), w holding gate's N rows then up's: gate_up_proj and the
+    SiLU-mul in one launch for 2 to 16 rows, rounded as the product then silu_mul would round them."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    gate, up = _paired_small_m(
+        x_ptr, w_ptr, rn, rn + N, n_mask, M, K, stride_xm, stride_wn, BLOCK_M, BLOCK_K, USE_PDL
+    )
+    ty = y_ptr.dtype.element_ty
+    g = gate.to(ty).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(ty).to(tl.float32)
+    rm = tl.arange(0, BLOCK_M)
+    out = (act * up.to(ty).to(tl.float32)).to(ty)
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out, mask=(rm < M)[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def rope_cache_small_m_kernel(
+    x_ptr, w_ptr, b_ptr, pos_ptr, slot_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, M, N, K, stride_xm, stride_wn,
+    stride_cos, HEADS: tl.constexpr, KV_HEADS: tl.constexpr, DIM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr = False,
+):  # fmt: skip
+    """gemv_rope_cache_kernel for 2 to 16 rows: the q|k|v projection, RoPE at each row's position and
+    the KV-cache write at its slot, q out, in one launch. Program p covers BLOCK_N pairs (j, j + DIM/2)."""
+    HALF: tl.constexpr = DIM // 2
+    pair = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = pair < N // 2
+    head = pair // HALF
+    i = pair % HALF
+    lo = head * DIM + i
+    hi = lo + HALF
+    acc_lo, acc_hi = _paired_small_m(
+        x_ptr, w_ptr, lo, hi, n_mask, M, K, stride_xm, stride_wn, BLOCK_M, BLOCK_K, USE_PDL
+    )
+    if HAS_BIAS:
+        acc_lo += tl.load(b_ptr + lo, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        acc_hi += tl.load(b_ptr + hi, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    ty = q_ptr.dtype.element_ty
+    a = acc_lo.to(ty)
+    b = acc_hi.to(ty)
+    rm = tl.arange(0, BLOCK_M)
+    m_mask = rm < M
+    pos = tl.load(pos_ptr + rm, mask=m_mask, other=0)[:, None]
+    slot = tl.load(slot_ptr + rm, mask=m_mask, other=0).to(tl.int64)[:, None]
+    c_lo = tl.load(cos_ptr + pos * stride_cos + i[None, :]).to(ty).to(tl.float32)
+    c_hi = tl.load(cos_ptr + pos * stride_cos + (i + HALF)[None, :]).to(ty).to(tl.float32)
+    s_lo = tl.load(sin_ptr + pos * stride_cos + i[None, :]).to(ty).to(tl.float32)
+    s_hi = tl.load(sin_ptr + pos * stride_cos + (i + HALF)[None, :]).to(ty).to(tl.float32)
+    af, bf = a.to(tl.float32), b.to(tl.float32)
+    rot_lo = ((af * c_lo).to(ty).to(tl.float32) + (bf * -1.0 * s_lo).to(ty).to(tl.float32)).to(ty)
+    rot_hi = ((bf * c_hi).to(ty).to(tl.float32) + (af * s_hi).to(ty).to(tl.float32)).to(ty)
+    rows = m_mask[:, None] & n_mask[None, :]
+    is_q = rows & (head < HEADS)[None, :]
+    is_k = rows & ((head >= HEADS) & (head < HEADS + KV_HEADS))[None, :]
+    is_v = rows & (head >= HEADS + KV_HEADS)[None, :]
+    q_row = rm[:, None] * (HEADS * DIM)
+    tl.store(q_ptr + q_row + lo[None, :], rot_lo, mask=is_q)
+    tl.store(q_ptr + q_row + hi[None, :], rot_hi, mask=is_q)
+    kv = slot * (KV_HEADS * DIM) + (lo - HEADS * DIM)[None, :]
+    tl.store(kc_ptr + kv, rot_lo, mask=is_k)
+    tl.store(kc_ptr + kv + HALF, rot_hi, mask=is_k)
+    kv = kv - KV_HEADS * DIM
+    tl.store(vc_ptr + kv, a, mask=is_v)
+    tl.store(vc_ptr + kv + HALF, b, mask=is_v)
