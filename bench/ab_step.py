@@ -9,10 +9,8 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   RoPE, SiLU-mul, the batch-1 GEMVs, greedy sampling), so a GEMV's weight stream starts while the
   kernel before it drains;
 - "PDL, RoPE apart": the decode attention kernels launched that way too (all of FASTPATH_PDL=1),
-  with the q|k|v projection and RoPE's launch apart at every batch, as before round 20;
-- "PDL, small-M apart": RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue, but at 2-16
-  rows cuBLAS then RoPE's launch, and gate_up_proj then the SiLU-mul's launch;
-- "PDL": the engine as it is, those fused at 2-16 rows too (the paired small-M kernels).
+  with the batch-1 q|k|v GEMV and RoPE's launch apart, as before round 20;
+- "PDL": the engine as it is, RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue.
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
@@ -34,13 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
-VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, batch-1 fusions, 2-16-row fusions)
-    "per-field prologue, no PDL": (False, False, False, True, True),
-    "one-launch prologue, no PDL": (True, False, False, True, True),
-    "PDL, not attention": (True, True, False, True, True),
-    "PDL, RoPE apart": (True, True, True, False, False),
-    "PDL, small-M apart": (True, True, True, True, False),
-    "PDL": (True, True, True, True, True),
+VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV)
+    "per-field prologue, no PDL": (False, False, False, True),
+    "one-launch prologue, no PDL": (True, False, False, True),
+    "PDL, not attention": (True, True, False, True),
+    "PDL, RoPE apart": (True, True, True, False),
+    "PDL": (True, True, True, True),
 }
 
 
@@ -65,9 +62,9 @@ def main() -> None:
     rows = []
     for rnd in range(args.rounds):
         for name in args.variants:
-            one_launch, pdl, pdl_attention, rope_fused, small_m = VARIANTS[name]
+            one_launch, pdl, pdl_attention, rope_fused = VARIANTS[name]
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
-            triton_ops.FUSE_QKV_ROPE, triton_ops.FUSE_SMALL_M = rope_fused, small_m
+            triton_ops.FUSE_QKV_ROPE = rope_fused
             triton_decode.PDL = pdl_attention
             os.environ["FASTPATH_PDL"] = "1" if pdl else "0"
             triton_ops.pdl_available.cache_clear()
@@ -89,7 +86,7 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
-    triton_ops.FUSE_QKV_ROPE = triton_ops.FUSE_SMALL_M = True
+    triton_ops.FUSE_QKV_ROPE = True
     headers = [
         "variant",
         "round",

@@ -16,9 +16,6 @@ from .torch_ops import TorchOps
 # One decode row's q|k|v GEMV with RoPE and the KV-cache write in its epilogue; bench/ab_step.py turns it
 # off to time the two launches beside it.
 FUSE_QKV_ROPE = True
-# The same for 2 to 16 rows, and gate_up_proj with the SiLU-mul (kernels/triton_kernels.py, the paired
-# small-M kernels); bench/ab_step.py turns them off too.
-FUSE_SMALL_M = True
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
 
 
@@ -168,24 +165,10 @@ class TritonOps(TorchOps):
         return x.dim() == 2 and x.shape[0] <= GEMV_MAX_M and x.dtype != torch.float32
 
     def gated_linear(self, x, weight):
-        # The SiLU-mul in the product's epilogue, one launch and no [M, 2I] round trip.
-        if self._streams(x) and weight.shape[0] % 2 == 0:
-            if x.shape[0] == 1:
-                return self._gemv(x, weight, None, gated=True)
-            if FUSE_SMALL_M:
-                return self._gated_small_m(x, weight)
+        # One row: the SiLU-mul in the GEMV's epilogue, one launch and no [1, 2I] round trip.
+        if self._streams(x) and x.shape[0] == 1 and weight.shape[0] % 2 == 0:
+            return self._gemv(x, weight, None, gated=True)
         return super().gated_linear(x, weight)
-
-    def _gated_small_m(self, x, weight):
-        x = x.contiguous()
-        m, (n, k) = x.shape[0], weight.shape
-        n //= 2
-        y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-        config = dict(K.PAIRED_SMALL_M)
-        K.gated_small_m_kernel[(triton_cdiv(n, config["BLOCK_N"]),)](
-            x, weight, y, m, n, k, x.stride(0), weight.stride(0), y.stride(0), **config, **self._pdl(x)
-        )
-        return y
 
     def _gemv(self, x, weight, bias, gated: bool = False):
         x = x.contiguous()
@@ -211,11 +194,10 @@ class TritonOps(TorchOps):
     def qkv_linear_rope_cache(self, x, weight, bias, *args):
         positions, cos, sin, q_norm, _, _, k_cache, v_cache, slots, shape = args  # no k_norm when no q_norm
         heads, kv_heads, dim = shape
-        rows = x.shape[0] if x.dim() == 2 else 0
         fused = (
-            (FUSE_QKV_ROPE if rows == 1 else FUSE_SMALL_M)
+            FUSE_QKV_ROPE
             and self._streams(x)
-            and rows >= 1
+            and x.shape[0] == 1
             and q_norm is None  # a per-head norm needs the whole head: the two launches do it
             and dim % 2 == 0
             and weight.shape[0] == (heads + 2 * kv_heads) * dim
@@ -226,19 +208,11 @@ class TritonOps(TorchOps):
             return super().qkv_linear_rope_cache(x, weight, bias, *args)
         x = x.contiguous()
         n, k = weight.shape
-        q = torch.empty(rows, heads, dim, device=x.device, dtype=x.dtype)
-        b = bias if bias is not None else weight
-        shapes = dict(HEADS=heads, KV_HEADS=kv_heads, DIM=dim, HAS_BIAS=bias is not None)
-        if rows == 1:
-            K.gemv_rope_cache_kernel[_grid(n // 2)](
-                x, weight, b, positions, slots, cos, sin, q, k_cache, v_cache, n, k, weight.stride(0),
-                cos.stride(0), **shapes, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
-            )  # fmt: skip
-            return q
-        config = dict(K.PAIRED_SMALL_M)
-        K.rope_cache_small_m_kernel[(triton_cdiv(n // 2, config["BLOCK_N"]),)](
-            x, weight, b, positions, slots, cos, sin, q, k_cache, v_cache, rows, n, k, x.stride(0),
-            weight.stride(0), cos.stride(0), **shapes, **config, **self._pdl(x),
+        q = torch.empty(1, heads, dim, device=x.device, dtype=x.dtype)
+        K.gemv_rope_cache_kernel[_grid(n // 2)](
+            x, weight, bias if bias is not None else weight, positions, slots, cos, sin, q, k_cache, v_cache,
+            n, k, weight.stride(0), cos.stride(0), HEADS=heads, KV_HEADS=kv_heads, DIM=dim,
+            HAS_BIAS=bias is not None, **K.untuned_args(K._gemv_configs()), **self._pdl(x),
         )  # fmt: skip
         return q
 

@@ -123,36 +123,6 @@ def test_qkv_rope_cache_compiles_for_the_h200(qk_norm, tmp_path):
     subprocess.run(cmd, capture_output=True, text=True, check=True)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.parametrize("kernel_name", ["gated_small_m_kernel", "rope_cache_small_m_kernel"])
-def test_paired_small_m_kernels_compile_for_the_h200(kernel_name, tmp_path):
-    """gate_up_proj with the SiLU-mul, and q|k|v with RoPE and the cache write, for 2 to 16 rows on the
-    tensor cores, at the config the engine launches (two row tiles of w a program)."""
-    from triton import compile as compile_kernel
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-    from triton.compiler import ASTSource
-
-    from fastpath.runtime.kernels import triton_kernels as K
-
-    kernel = getattr(K, kernel_name)
-    config = dict(K.PAIRED_SMALL_M)
-    options = {name: config.pop(name) for name in ("num_warps", "num_stages")}
-    consts = dict(config, USE_PDL=True)
-    if kernel_name.startswith("rope"):
-        consts |= dict(HEADS=32, KV_HEADS=8, DIM=64, HAS_BIAS=False)
-    signature = {n: "constexpr" if n in consts else ROPE_POINTERS.get(n, "i32") for n in kernel.arg_names}
-    compiled = compile_kernel(
-        ASTSource(kernel, signature, constexprs=consts), target=GPUTarget("cuda", 90, 32), options=options
-    )
-    ptx = tmp_path / f"{kernel_name}.ptx"
-    ptx.write_text(compiled.asm["ptx"])
-    assert "mma" in compiled.asm["ptx"], "the two products run on the tensor cores"
-    cmd = [get_ptxas(90).path, "--gpu-name=sm_90a", str(ptx), "-o", str(ptx.with_suffix(".cubin"))]
-    subprocess.run(cmd, capture_output=True, text=True, check=True)
-
-
 ATTENTION_POINTERS = dict(
     q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", tables_ptr="*i32", lens_ptr="*i32", acc_ptr="*fp32",
     ml_ptr="*fp32", out_ptr="*bf16", scale="fp32",

@@ -88,11 +88,10 @@ def ops() -> bool:
         qb = f.qkv_rope_cache(qkv, *args, caches[2], caches[3], slots, (heads, kvh, dim))
         same = torch.equal(qa, qb) and all(torch.equal(caches[i], caches[i + 2]) for i in (0, 1))
         good &= check(f"qkv_rope_cache qk_norm={qk}", same)
-    # The q|k|v projection with RoPE and the cache write in its epilogue. One row (the GEMV) gives the bits
-    # of the GEMV then qkv_rope_cache's launch; 2-16 rows (the paired small-M kernel) sum on the tensor
-    # cores, so they are held to torch's ops. Head dim 4 puts two heads in one program; bias as Qwen2's.
+    # One row: the q|k|v GEMV with RoPE and the cache write in its epilogue gives the bits of the GEMV
+    # then qkv_rope_cache's launch. Head dim 4 puts two heads in one program; bias as Qwen2 has it.
     gen = torch.Generator().manual_seed(5)
-    for rows, heads, kvh, dim, bias in ((1, 6, 2, 16, False), (1, 4, 1, 4, True), (5, 6, 2, 16, True)):
+    for rows, heads, kvh, dim, bias in ((1, 6, 2, 16, False), (1, 4, 1, 4, True)):
         n = (heads + 2 * kvh) * dim
         x, w = rand(rows, 300, gen=gen), rand(n, 300, scale=0.05, gen=gen)
         b = rand(n, gen=gen) if bias else None
@@ -113,13 +112,7 @@ def ops() -> bool:
             float((a.float() - r.float()).norm() / r.float().norm()) < 2e-3
             for a, r in ((fused, ref), (caches[0], caches[4]), (caches[1], caches[5]))
         )
-        good &= check(f"qkv_linear_rope_cache m={rows} dim={dim}", (same or rows > 1) and written and close)
-    # gate_up_proj at 5 rows, the SiLU-mul in the paired small-M kernel's epilogue.
-    x, w = rand(5, 700, gen=gen), rand(2 * 301, 700, scale=0.05, gen=gen)
-    fused, ref = f.gated_linear(x, w).float(), t.gated_linear(x, w).float()
-    good &= check(
-        "gated_linear m=5", fused.shape == (5, 301) and float((fused - ref).norm() / ref.norm()) < 2e-3
-    )
+        good &= check(f"qkv_linear_rope_cache m={rows} dim={dim}", same and written and close)
     return good
 
 
