@@ -9,8 +9,11 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   RoPE, SiLU-mul, the batch-1 GEMVs, greedy sampling), so a GEMV's weight stream starts while the
   kernel before it drains;
 - "PDL, RoPE apart": the decode attention kernels launched that way too (all of FASTPATH_PDL=1),
-  with the batch-1 q|k|v GEMV and RoPE's launch apart, as before round 20;
-- "PDL": the engine as it is, RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue.
+  with the batch-1 q|k|v GEMV and RoPE's launch apart and the GEMVs autotuned, as before round 20;
+- "PDL, GEMV autotuned": RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue, the
+  GEMVs at the autotuner's picks (the JSON lists them);
+- "PDL, GEMV 4x1024": every batch-1 GEMV at 4 rows by 1024 columns a program;
+- "PDL": the engine as it is, every batch-1 GEMV at 2 rows by 2048 columns a program.
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
@@ -32,12 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
-VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV)
-    "per-field prologue, no PDL": (False, False, False, True),
-    "one-launch prologue, no PDL": (True, False, False, True),
-    "PDL, not attention": (True, True, False, True),
-    "PDL, RoPE apart": (True, True, True, False),
-    "PDL": (True, True, True, True),
+ENGINE_GEMV = (2, 2048, 4, 2)  # triton_ops.GEMV_PDL_CONFIG, the engine's default
+VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config)
+    "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV),
+    "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV),
+    "PDL, not attention": (True, True, False, True, ENGINE_GEMV),
+    "PDL, RoPE apart": (True, True, True, False, None),
+    "PDL, GEMV autotuned": (True, True, True, True, None),
+    "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3)),
+    "PDL": (True, True, True, True, ENGINE_GEMV),
 }
 
 
@@ -62,9 +68,9 @@ def main() -> None:
     rows = []
     for rnd in range(args.rounds):
         for name in args.variants:
-            one_launch, pdl, pdl_attention, rope_fused = VARIANTS[name]
+            one_launch, pdl, pdl_attention, rope_fused, gemv = VARIANTS[name]
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
-            triton_ops.FUSE_QKV_ROPE = rope_fused
+            triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_PDL_CONFIG = rope_fused, gemv
             triton_decode.PDL = pdl_attention
             os.environ["FASTPATH_PDL"] = "1" if pdl else "0"
             triton_ops.pdl_available.cache_clear()
@@ -86,7 +92,8 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
-    triton_ops.FUSE_QKV_ROPE = True
+    triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_PDL_CONFIG = True, ENGINE_GEMV
+    payload["gemv_autotuned"] = _autotuned()
     headers = [
         "variant",
         "round",
@@ -98,6 +105,17 @@ def main() -> None:
         "share of floor",
     ]
     write_outputs(args.out, args.name, payload, markdown_table(headers, rows))
+
+
+def _autotuned() -> dict:
+    """The batch-1 GEMVs' configs the autotuner picked in this process, by (N, K, flag) key."""
+    from fastpath.runtime.kernels import triton_kernels as K
+
+    picks = {}
+    for name in ("gemv_kernel", "gemv_rope_cache_kernel"):
+        for key, config in getattr(getattr(K, name), "cache", {}).items():
+            picks[f"{name}{key}"] = str(config)
+    return picks
 
 
 if __name__ == "__main__":
