@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
-ENGINE_GEMV = (2, 2048, 4, 2)  # triton_ops.GEMV_PDL_CONFIG, the engine's default
+ENGINE_GEMV = (2, 2048, 4, 2)  # triton_ops.GEMV_CONFIG, the engine's default
 VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config)
     "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV),
     "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV),
@@ -70,7 +70,7 @@ def main() -> None:
         for name in args.variants:
             one_launch, pdl, pdl_attention, rope_fused, gemv = VARIANTS[name]
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
-            triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_PDL_CONFIG = rope_fused, gemv
+            triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = rope_fused, gemv
             triton_decode.PDL = pdl_attention
             os.environ["FASTPATH_PDL"] = "1" if pdl else "0"
             triton_ops.pdl_available.cache_clear()
@@ -92,7 +92,7 @@ def main() -> None:
             gc.collect()
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
-    triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_PDL_CONFIG = True, ENGINE_GEMV
+    triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = True, ENGINE_GEMV
     payload["gemv_autotuned"] = _autotuned()
     headers = [
         "variant",

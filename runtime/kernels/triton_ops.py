@@ -16,12 +16,12 @@ from .torch_ops import TorchOps
 # One decode row's q|k|v GEMV with RoPE and the KV-cache write in its epilogue; bench/ab_step.py turns it
 # off to time the two launches beside it.
 FUSE_QKV_ROPE = True
-# The batch-1 GEMVs' config (BLOCK_N, BLOCK_K, num_warps, num_stages) under programmatic dependent
-# launch: two rows of 2048 columns a program, the whole tile read before the wait. The autotuner times
+# The batch-1 GEMVs' config (BLOCK_N, BLOCK_K, num_warps, num_stages): two rows of 2048 columns a
+# program, under programmatic dependent launch the whole tile read before the wait. The autotuner times
 # each kernel alone with L2 flushed, and for the gated gate_up and the RoPE GEMV it picked shapes that
-# ran the batch-1 step 26 µs slower in the graph's chain (round 20, bench/ab_step.py). Without PDL,
-# or with None, the autotuner picks.
-GEMV_PDL_CONFIG: tuple[int, int, int, int] | None = (2, 2048, 4, 2)
+# ran the batch-1 step 26 µs slower in the graph's chain (round 20, bench/ab_step.py). One config with
+# PDL on or off, so PDL changes no bit. None: the autotuner picks.
+GEMV_CONFIG: tuple[int, int, int, int] | None = (2, 2048, 4, 2)
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
 
 
@@ -181,7 +181,7 @@ class TritonOps(TorchOps):
         n, k = weight.shape
         n = n // 2 if gated else n
         y = torch.empty(1, n, device=x.device, dtype=x.dtype)
-        kernel, config = _gemv_launch(K.gemv_kernel, self._pdl(x))
+        kernel, config = _gemv_launch(K.gemv_kernel)
         kernel[_grid(n)](
             x, weight, bias if bias is not None else weight, y, n, k, weight.stride(0),
             HAS_BIAS=bias is not None, GATED=gated, **config, **self._pdl(x),
@@ -216,7 +216,7 @@ class TritonOps(TorchOps):
         x = x.contiguous()
         n, k = weight.shape
         q = torch.empty(1, heads, dim, device=x.device, dtype=x.dtype)
-        kernel, config = _gemv_launch(K.gemv_rope_cache_kernel, self._pdl(x))
+        kernel, config = _gemv_launch(K.gemv_rope_cache_kernel)
         kernel[_grid(n // 2)](
             x, weight, bias if bias is not None else weight, positions, slots, cos, sin, q, k_cache, v_cache,
             n, k, weight.stride(0), cos.stride(0), HEADS=heads, KV_HEADS=kv_heads, DIM=dim,
@@ -238,14 +238,13 @@ class TritonOps(TorchOps):
         return q
 
 
-def _gemv_launch(kernel, pdl: dict):
-    """(kernel, launch arguments) of a batch-1 GEMV: GEMV_PDL_CONFIG's under PDL, else the autotuner's
-    (the interpreter's first config)."""
+def _gemv_launch(kernel):
+    """(kernel, launch arguments) of a batch-1 GEMV: GEMV_CONFIG's, the autotuner's, or the interpreter's."""
     if K.INTERPRET:
         return kernel, K.untuned_args(K._gemv_configs())
-    if not pdl or GEMV_PDL_CONFIG is None:
+    if GEMV_CONFIG is None:
         return kernel, {}
-    bn, bk, warps, stages = GEMV_PDL_CONFIG
+    bn, bk, warps, stages = GEMV_CONFIG
     return kernel.fn, dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
 
 
