@@ -199,7 +199,8 @@ class TritonOps(TorchOps):
         return out
 
     def qkv_linear_rope_cache(self, x, weight, bias, *args):
-        positions, cos, sin, q_norm, _, _, k_cache, v_cache, slots, shape = args  # no k_norm when no q_norm
+        # k_norm and eps go unused: the fused path runs only for models without per-head norms.
+        positions, cos, sin, q_norm, _, _, k_cache, v_cache, slots, shape = args
         heads, kv_heads, dim = shape
         fused = (
             FUSE_QKV_ROPE
