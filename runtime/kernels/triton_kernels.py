@@ -156,6 +156,39 @@ def _gemv_configs():
     ]
 
 
+@triton.jit
+def _stream_rows(
+    x_ptr, w_ptr, rows, rows2, n_mask, K, stride_wn, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    TWO: tl.constexpr,
+):  # fmt: skip
+    """(w[rows] @ x, w[rows2] @ x) in fp32 over all of K for one decode row; with TWO off only the first
+    is computed (the second returned is the first). The first tile of w is loaded before the wait for
+    x's writer, so under programmatic dependent launch the weight stream starts while it still runs."""
+    rk = tl.arange(0, BLOCK_K)
+    tile = n_mask[:, None] & (rk < K)[None, :]
+    w = tl.load(w_ptr + rows[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+    if TWO:
+        w2 = tl.load(w_ptr + rows2[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+    _release(USE_PDL)
+    _wait(USE_PDL)
+    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
+    acc = tl.sum(w.to(tl.float32) * x, 1)
+    acc2 = acc
+    if TWO:
+        acc2 = tl.sum(w2.to(tl.float32) * x, 1)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        tile = n_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_ptr + rows[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        acc += tl.sum(w.to(tl.float32) * x, 1)
+        if TWO:
+            w2 = tl.load(w_ptr + rows2[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
+            acc2 += tl.sum(w2.to(tl.float32) * x, 1)
+    return acc, acc2
+
+
 @_tuned(_gemv_configs(), ["N", "K", "GATED"])
 @triton.jit
 def gemv_kernel(
@@ -166,34 +199,12 @@ def gemv_kernel(
 
     GATED: w holds 2N rows, gate then up, and y[j] = silu(gate_j) * up_j, rounded as a separate
     silu_mul launch after the 2N-row product would round it (the same bits at the same tile config).
-    The first tile of w is loaded before waiting for the kernel that writes x, so under programmatic
-    dependent launch the weight stream starts while that kernel still runs.
     Folding the RMSNorm before it (or the SiLU-mul before down_proj) into this kernel measured slower
     on the H200 (docs/performance.md): every program redoing the norm costs more than the launch it saves.
     """
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
-    rk = tl.arange(0, BLOCK_K)
-    tile = n_mask[:, None] & (rk < K)[None, :]
-    w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-    if GATED:
-        wu = tl.load(w_ptr + (rn + N)[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-    _release(USE_PDL)
-    _wait(USE_PDL)
-    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
-    acc = tl.sum(w.to(tl.float32) * x, 1)
-    if GATED:
-        acc_up = tl.sum(wu.to(tl.float32) * x, 1)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        tile = n_mask[:, None] & k_mask[None, :]
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        acc += tl.sum(w.to(tl.float32) * x, 1)
-        if GATED:
-            wu = tl.load(w_ptr + (rn + N)[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-            acc_up += tl.sum(wu.to(tl.float32) * x, 1)
+    acc, acc_up = _stream_rows(x_ptr, w_ptr, rn, rn + N, n_mask, K, stride_wn, BLOCK_K, USE_PDL, GATED)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)
     if GATED:
@@ -225,24 +236,7 @@ def gemv_rope_cache_kernel(
     i = pair % HALF
     lo = head * DIM + i
     hi = lo + HALF
-    rk = tl.arange(0, BLOCK_K)
-    tile = n_mask[:, None] & (rk < K)[None, :]
-    w_lo = tl.load(w_ptr + lo[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-    w_hi = tl.load(w_ptr + hi[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-    _release(USE_PDL)
-    _wait(USE_PDL)
-    x = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)[None, :]
-    acc_lo = tl.sum(w_lo.to(tl.float32) * x, 1)
-    acc_hi = tl.sum(w_hi.to(tl.float32) * x, 1)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        tile = n_mask[:, None] & k_mask[None, :]
-        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        w_lo = tl.load(w_ptr + lo[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-        acc_lo += tl.sum(w_lo.to(tl.float32) * x, 1)
-        w_hi = tl.load(w_ptr + hi[:, None] * stride_wn + rk[None, :], mask=tile, other=0.0)
-        acc_hi += tl.sum(w_hi.to(tl.float32) * x, 1)
+    acc_lo, acc_hi = _stream_rows(x_ptr, w_ptr, lo, hi, n_mask, K, stride_wn, BLOCK_K, USE_PDL, True)
     if HAS_BIAS:
         acc_lo += tl.load(b_ptr + lo, mask=n_mask, other=0.0).to(tl.float32)
         acc_hi += tl.load(b_ptr + hi, mask=n_mask, other=0.0).to(tl.float32)
