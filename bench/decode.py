@@ -20,10 +20,10 @@ run's over the steps between them, so the first and last steps of a run cancel; 
 difference of the two runs' wall times, which also holds the caller's work (building outputs).
 "replay µs" is the step's graph replayed back to back, host work left out, so "wall / replay" above 1
 is time the host adds to a step. The graph replays at the timed steps' mean context (a last run of
-that length leaves its inputs there), since attention's time grows with the context. "host µs" is the host's own work in a step (scheduling, staging,
-launching, completing), counted as the step less the time the engine loop waited for the device: the
-host keeps ahead while it is below the replay. A row's floor is
-the larger of its weight bytes (plus the KV bytes attention reads) over the copy bandwidth and its
+that length leaves its inputs there), since attention's time grows with the context. "host µs" is
+the host's own work in a step (scheduling, staging, launching, completing), counted as the step
+less the time the engine loop waited for the device: the host keeps ahead while it is below the
+replay. A row's floor is the larger of its weight bytes (plus the KV bytes attention reads) over the copy bandwidth and its
 matrix FLOPs over the bf16 matrix rate, both measured in this run. `--long-context N` adds a batch-8
 row whose prompts are N tokens long, where attention's reads of the KV cache dominate, and reports the
 bandwidth attention reaches on them (the extra KV bytes over the extra replay time).

@@ -91,13 +91,13 @@ def ops() -> bool:
     # One row: the q|k|v GEMV with RoPE and the cache write in its epilogue gives the bits of the GEMV
     # then qkv_rope_cache's launch. Head dim 4 puts two heads in one program; bias as Qwen2 has it.
     gen = torch.Generator().manual_seed(5)
-    for rows, heads, kvh, dim, bias in ((1, 6, 2, 16, False), (1, 4, 1, 4, True)):
+    for heads, kvh, dim, bias in ((6, 2, 16, False), (4, 1, 4, True)):
         n = (heads + 2 * kvh) * dim
-        x, w = rand(rows, 300, gen=gen), rand(n, 300, scale=0.05, gen=gen)
+        x, w = rand(1, 300, gen=gen), rand(n, 300, scale=0.05, gen=gen)
         b = rand(n, gen=gen) if bias else None
         ang = torch.randn(128, dim, generator=gen)
-        slots = torch.tensor([21, 3, 40, 63, 8][:rows])
-        args = (torch.tensor([37, 0, 5, 99, 12][:rows]), ang.cos(), ang.sin(), None, None, 1e-6)
+        slots = torch.tensor([21])
+        args = (torch.tensor([37]), ang.cos(), ang.sin(), None, None, 1e-6)
         caches = [torch.zeros(4, 16, kvh, dim, dtype=DT) for _ in range(6)]
         shape = (heads, kvh, dim)
         fused = f.qkv_linear_rope_cache(x, w, b, *args, caches[0], caches[1], slots, shape)
@@ -107,12 +107,12 @@ def ops() -> bool:
         cached = caches[0].view(-1, kvh, dim)
         others = torch.ones(len(cached), dtype=torch.bool)
         others[slots] = False
-        written = bool(cached[slots].abs().sum(dim=(1, 2)).gt(0).all()) and not cached[others].any()
+        written = bool(cached[slots].any()) and not cached[others].any()
         close = all(
             float((a.float() - r.float()).norm() / r.float().norm()) < 2e-3
             for a, r in ((fused, ref), (caches[0], caches[4]), (caches[1], caches[5]))
         )
-        good &= check(f"qkv_linear_rope_cache m={rows} dim={dim}", same and written and close)
+        good &= check(f"qkv_linear_rope_cache m=1 dim={dim}", same and written and close)
     return good
 
 
