@@ -13,10 +13,7 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, GEMV autotuned": RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue, the
   GEMVs at the autotuner's picks (the JSON lists them);
 - "PDL, GEMV 4x1024": every batch-1 GEMV at 4 rows by 1024 columns a program;
-- "PDL, no L2 prefetch": every batch-1 GEMV at 2 rows by 2048 columns a program, as round 20 left it;
-- "PDL, L2 o_proj+qkv": a side branch of each graph also asks L2 for the next layer's q|k|v weight
-  while the norm before it runs (kernels/l2_prefetch.py);
-- "PDL": the engine as it is: the side branch asks L2 for o_proj's weight while attention runs.
+- "PDL": the engine as it is, every batch-1 GEMV at 2 rows by 2048 columns a program.
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
@@ -39,20 +36,14 @@ from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
 ENGINE_GEMV = (2, 2048, 4, 2)  # triton_ops.GEMV_CONFIG, the engine's default
-ENGINE_L2 = frozenset({"o_proj"})  # l2_prefetch.WEIGHTS, the engine's default
-NO_L2, L2_QKV = frozenset(), frozenset({"o_proj", "qkv_proj"})
-# (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config,
-# weights asked of L2)
-VARIANTS = {
-    "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV, NO_L2),
-    "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV, NO_L2),
-    "PDL, not attention": (True, True, False, True, ENGINE_GEMV, NO_L2),
-    "PDL, RoPE apart": (True, True, True, False, None, NO_L2),
-    "PDL, GEMV autotuned": (True, True, True, True, None, NO_L2),
-    "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3), NO_L2),
-    "PDL, no L2 prefetch": (True, True, True, True, ENGINE_GEMV, NO_L2),
-    "PDL, L2 o_proj+qkv": (True, True, True, True, ENGINE_GEMV, L2_QKV),
-    "PDL": (True, True, True, True, ENGINE_GEMV, ENGINE_L2),
+VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config)
+    "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV),
+    "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV),
+    "PDL, not attention": (True, True, False, True, ENGINE_GEMV),
+    "PDL, RoPE apart": (True, True, True, False, None),
+    "PDL, GEMV autotuned": (True, True, True, True, None),
+    "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3)),
+    "PDL": (True, True, True, True, ENGINE_GEMV),
 }
 
 
@@ -69,7 +60,7 @@ def main() -> None:
         return
     from fastpath.runtime import LLM
     from fastpath.runtime.attention import triton_decode
-    from fastpath.runtime.kernels import l2_prefetch, triton_ops
+    from fastpath.runtime.kernels import triton_ops
     from fastpath.runtime.runner import decode_inputs
 
     bw = copy_bandwidth()
@@ -77,8 +68,7 @@ def main() -> None:
     rows = []
     for rnd in range(args.rounds):
         for name in args.variants:
-            one_launch, pdl, pdl_attention, rope_fused, gemv, l2 = VARIANTS[name]
-            l2_prefetch.WEIGHTS = l2
+            one_launch, pdl, pdl_attention, rope_fused, gemv = VARIANTS[name]
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
             triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = rope_fused, gemv
             triton_decode.PDL = pdl_attention
@@ -103,7 +93,6 @@ def main() -> None:
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
     triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = True, ENGINE_GEMV
-    l2_prefetch.WEIGHTS = ENGINE_L2
     payload["gemv_autotuned"] = _autotuned()
     headers = [
         "variant",

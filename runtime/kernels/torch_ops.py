@@ -38,13 +38,6 @@ class TorchOps:
     def linear(self, x, weight, bias=None):
         return F.linear(x, weight, bias)
 
-    def prefetch_l2(self, name: str, weight, rows: int) -> None:
-        """Ask L2 for `weight` (the model's `name` for it) ahead of the kernel that reads it, where the
-        ops can (TritonOps, in a captured graph); a hint, so doing nothing is always correct."""
-
-    def join_branches(self) -> None:
-        """Merge side branches that `prefetch_l2` forked from a graph being captured, before it ends."""
-
     def add_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
         """(linear(norm(x + residual)), x + residual): a layer's norm and the projection after it."""
         normed, summed = self.add_rms_norm(x, residual, norm_weight, eps)

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 from . import triton_kernels as K
 from .guided_mask_triton import guided_mask
-from .l2_prefetch import L2Prefetch
 from .torch_ops import TorchOps
 
 # One decode row's q|k|v GEMV with RoPE and the KV-cache write in its epilogue; bench/ab_step.py turns it
@@ -65,7 +64,6 @@ class TritonOps(TorchOps):
 
     def __init__(self) -> None:
         self._counts: dict[tuple, torch.Tensor] = {}
-        self._l2 = L2Prefetch()
 
     def describe(self, device: torch.device) -> str:
         on, why = pdl_available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
@@ -99,12 +97,6 @@ class TritonOps(TorchOps):
             return F.linear(x, weight, bias)
         config = dict(config)
         return self.small_m(x, weight, bias, config=config, pdl=config.pop("pdl"))
-
-    def prefetch_l2(self, name, weight, rows):
-        self._l2.ask(name, weight, rows)
-
-    def join_branches(self):
-        self._l2.join()
 
     def small_m(self, x, weight, bias, config: dict, pdl: bool = False):
         """x @ weight^T for 2 <= M <= 64 rows in one pass over the weight, launched with `config`

@@ -57,8 +57,6 @@ class Attention(nn.Module):
             meta.slot_mapping,
             (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
         )
-        # Attention leaves HBM idle at decode's contexts: o_proj's weight can reach L2 meanwhile.
-        ops.prefetch_l2("o_proj", self.o_proj.weight, x.shape[0])
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
         out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale)
         # Row-parallel: each rank's heads give a partial sum (o_proj's bias is held by rank 0 alone).
@@ -90,7 +88,6 @@ class DecoderLayer(nn.Module):
     def forward(self, x, residual, positions, rope, kv, meta, fmha, ops):
         """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
         eps, attn = self.input_layernorm.eps, self.self_attn
-        ops.prefetch_l2("qkv_proj", attn.qkv_proj.weight, x.shape[0])
         normed, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
         h = attn(normed, positions, rope, kv, meta, fmha, ops)
         act, residual = ops.add_rms_norm_gated_linear(

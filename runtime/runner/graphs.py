@@ -49,7 +49,6 @@ def capture_graph(
     graph = torch.cuda.CUDAGraph()
     with no_collection(), core.dispatcher.graph(graph, pool=pool):
         out = run()
-        core.model.ops.join_branches()  # a captured fork must join before the capture ends
     return CapturedGraph(graph, out)
 
 

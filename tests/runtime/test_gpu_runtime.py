@@ -380,26 +380,3 @@ def test_programmatic_dependent_launch_changes_no_logprob(monkeypatch):
         assert triton_ops.pdl_available(torch.cuda.current_device())[0], "Hopper: PDL should be on"
     triton_ops.pdl_available.cache_clear()
     assert runs["0"] == runs["1"]
-
-
-def test_l2_prefetch_branch_changes_no_logprob(monkeypatch):
-    """The side branch that asks L2 for o_proj's (and q|k|v's) weight is captured in every decode graph
-    and joined where the capture ends: the graphs replay, with the same tokens and log-probabilities,
-    bit for bit, as without it."""
-    from fastpath.runtime.kernels import l2_prefetch
-
-    prompts = [list(range(100, 140)), [128000, 9906], list(range(7, 300, 3)), [5] * 9, [42]]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
-    runs = {}
-    for weights in (frozenset(), frozenset({"o_proj", "qkv_proj"})):
-        monkeypatch.setattr(l2_prefetch, "WEIGHTS", weights)
-        llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
-        assert llm.executor.graphs is not None
-        runs[weights] = [
-            [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in llm.generate(p, params)]
-            for p in (prompts[:1], prompts)
-        ]
-        branches = llm.executor.runner.model.ops._l2._streams
-        llm.close()
-        assert bool(branches) == bool(weights), "the branch forks only where a weight is asked for"
-    assert runs[frozenset()] == runs[frozenset({"o_proj", "qkv_proj"})]

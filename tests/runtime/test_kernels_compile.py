@@ -122,13 +122,3 @@ def test_guided_mask_kernels_compile_for_the_h200(has_params, tmp_path):
         cases.append((G.lift_min_tokens_kernel, consts))
     for i, (kernel, consts) in enumerate(cases):
         compile_for_h200(kernel, consts, GUIDED_POINTERS, tmp_path / f"guided_{i}.ptx")
-
-
-def test_l2_prefetch_compiles_to_bulk_prefetches(tmp_path):
-    """The side branch's kernel keeps its prefetches (asm with no result used: dead code unless impure)
-    and ptxas takes them for sm_90."""
-    from fastpath.runtime.kernels import l2_prefetch
-
-    consts = dict(BLOCK=l2_prefetch.BLOCK)
-    ptx = compile_for_h200(l2_prefetch.l2_prefetch_kernel, consts, dict(ptr="*bf16"), tmp_path / "l2.ptx")
-    assert ptx.count("cp.async.bulk.prefetch.L2.global") >= 1
