@@ -13,7 +13,11 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, GEMV autotuned": RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue, the
   GEMVs at the autotuner's picks (the JSON lists them);
 - "PDL, GEMV 4x1024": every batch-1 GEMV at 4 rows by 1024 columns a program;
-- "PDL": the engine as it is, every batch-1 GEMV at 2 rows by 2048 columns a program.
+- "PDL, RoPE GEMV 1 pair": the batch-1 q|k|v GEMV at one pair of rows (two rows) a program, not two;
+- "PDL, attention waits first": decode attention's split kernel waits for q|k|v before any load, as
+  before round 21;
+- "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, and the split
+  kernel reading earlier steps' keys and values before its wait.
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
@@ -36,14 +40,18 @@ from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
 ENGINE_GEMV = (2, 2048, 4, 2)  # triton_ops.GEMV_CONFIG, the engine's default
-VARIANTS = {  # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config)
-    "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV),
-    "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV),
-    "PDL, not attention": (True, True, False, True, ENGINE_GEMV),
-    "PDL, RoPE apart": (True, True, True, False, None),
-    "PDL, GEMV autotuned": (True, True, True, True, None),
-    "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3)),
-    "PDL": (True, True, True, True, ENGINE_GEMV),
+# (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config,
+# attention's first loads before its wait)
+VARIANTS = {
+    "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV, True),
+    "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV, True),
+    "PDL, not attention": (True, True, False, True, ENGINE_GEMV, True),
+    "PDL, RoPE apart": (True, True, True, False, None, False),
+    "PDL, GEMV autotuned": (True, True, True, True, None, False),
+    "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3), False),
+    "PDL, attention waits first": (True, True, True, True, ENGINE_GEMV, False),
+    "PDL, RoPE GEMV 1 pair": (True, True, True, True, ENGINE_GEMV, True),
+    "PDL": (True, True, True, True, ENGINE_GEMV, True),
 }
 
 
@@ -68,7 +76,9 @@ def main() -> None:
     rows = []
     for rnd in range(args.rounds):
         for name in args.variants:
-            one_launch, pdl, pdl_attention, rope_fused, gemv = VARIANTS[name]
+            one_launch, pdl, pdl_attention, rope_fused, gemv, early_kv = VARIANTS[name]
+            triton_decode.EARLY_KV = early_kv
+            triton_ops.ROPE_PAIRS = 1 if name == "PDL, RoPE GEMV 1 pair" else 2
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
             triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = rope_fused, gemv
             triton_decode.PDL = pdl_attention
@@ -93,6 +103,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
     triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = True, ENGINE_GEMV
+    triton_decode.EARLY_KV, triton_ops.ROPE_PAIRS = True, 2
     payload["gemv_autotuned"] = _autotuned()
     headers = [
         "variant",

@@ -380,3 +380,23 @@ def test_programmatic_dependent_launch_changes_no_logprob(monkeypatch):
         assert triton_ops.pdl_available(torch.cuda.current_device())[0], "Hopper: PDL should be on"
     triton_ops.pdl_available.cache_clear()
     assert runs["0"] == runs["1"]
+
+
+def test_attention_loads_before_its_wait_change_no_logprob(monkeypatch):
+    """Under PDL decode attention reads earlier steps' keys and values before it waits for q|k|v, and
+    the step's new key and value after: the same tokens and log-probabilities, bit for bit, as waiting
+    first. A new key read before the wait would be the slot's stale one, and change them."""
+    from fastpath.runtime.attention import triton_decode
+
+    prompts = [list(range(100, 140)), [128000, 9906], list(range(7, 300, 3)), [5] * 9, [42]]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=0)
+    runs = {}
+    for early in (False, True):
+        monkeypatch.setattr(triton_decode, "EARLY_KV", early)
+        llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
+        runs[early] = [
+            [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in llm.generate(p, params)]
+            for p in (prompts[:1], prompts)
+        ]
+        llm.close()
+    assert runs[False] == runs[True]

@@ -102,13 +102,18 @@ def test_qkv_rope_cache_compiles_for_the_h200(qk_norm, tmp_path):
 @pytest.mark.parametrize("window", [0, 4096])
 def test_decode_attention_compiles_for_the_h200_with_one_split_and_with_several(splits, window, tmp_path):
     """The decode attention's split kernel writes its output itself with one split, or its partials
-    for the reduce kernel with several, with and without a window: each compiles for sm_90."""
+    for the reduce kernel with several, with and without a window: each compiles for sm_90, with its
+    first chunk's loads ahead of the wait."""
     from fastpath.runtime.attention.triton_decode import _load_kernels
 
     consts = dict(
         GROUP=4, GROUP_PAD=16, HEAD_DIM=64, BLOCK=16, CHUNK=64, NUM_SPLITS=splits, WINDOW=window, USE_PDL=True
     )
-    compile_for_h200(_load_kernels()[0], consts, ATTENTION_POINTERS, tmp_path / "split.ptx")
+    ptx = compile_for_h200(_load_kernels()[0], consts, ATTENTION_POINTERS, tmp_path / "split.ptx")
+    # Earlier steps' keys and values are read before the wait for q|k|v, so they overlap it.
+    before_wait = ptx[: ptx.index("griddepcontrol.wait")]
+    # A 64x64 bf16 tile is at least four 16-byte loads a thread; the length and table add one or two.
+    assert before_wait.count("ld.global") >= 8, "the first chunk's K and V loads moved past the wait"
 
 
 @pytest.mark.parametrize("has_params", [False, True])
