@@ -13,9 +13,8 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, GEMV autotuned": RoPE and the KV-cache write in the batch-1 q|k|v GEMV's epilogue, the
   GEMVs at the autotuner's picks (the JSON lists them);
 - "PDL, GEMV 4x1024": every batch-1 GEMV at 4 rows by 1024 columns a program;
-- "PDL, RoPE GEMV 1 pair": the batch-1 q|k|v GEMV at one pair of rows (two rows) a program, not two;
-- "PDL, attention waits first": decode attention's split kernel waits for q|k|v before any load, as
-  before round 21;
+- "PDL, attention waits first": decode attention's split kernel waits for q|k|v before any load and
+  then loads as before round 21;
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, and the split
   kernel reading earlier steps' keys and values before its wait.
 
@@ -50,7 +49,6 @@ VARIANTS = {
     "PDL, GEMV autotuned": (True, True, True, True, None, False),
     "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3), False),
     "PDL, attention waits first": (True, True, True, True, ENGINE_GEMV, False),
-    "PDL, RoPE GEMV 1 pair": (True, True, True, True, ENGINE_GEMV, True),
     "PDL": (True, True, True, True, ENGINE_GEMV, True),
 }
 
@@ -78,7 +76,6 @@ def main() -> None:
         for name in args.variants:
             one_launch, pdl, pdl_attention, rope_fused, gemv, early_kv = VARIANTS[name]
             triton_decode.EARLY_KV = early_kv
-            triton_ops.ROPE_PAIRS = 1 if name == "PDL, RoPE GEMV 1 pair" else 2
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
             triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = rope_fused, gemv
             triton_decode.PDL = pdl_attention
@@ -103,7 +100,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
     triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = True, ENGINE_GEMV
-    triton_decode.EARLY_KV, triton_ops.ROPE_PAIRS = True, 2
+    triton_decode.EARLY_KV = True
     payload["gemv_autotuned"] = _autotuned()
     headers = [
         "variant",

@@ -49,7 +49,7 @@ for step in "$@"; do
     ab-gemv)  # round 20: every batch-1 GEMV at one config (the engine's, 2x2048, and 4x1024) against the autotuner's picks, alternating, in one process
       timeout 420 python3 bench/ab_step.py --out "$OUT" --name ab_gemv --batch 1 --rounds ${AB_ROUNDS:-2} --variants "PDL, GEMV autotuned" "PDL" "PDL, GEMV 4x1024" 2>&1 | tail -10 ;;
     ab-early-kv)  # round 21: decode attention reading earlier steps' keys and values before its wait, against waiting first, alternating, in one process
-      timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_early_kv --batch ${AB_BATCH:-1 8 64} --rounds ${AB_ROUNDS:-3} --variants "PDL, attention waits first" "PDL" "PDL, RoPE GEMV 1 pair" 2>&1 | tail -20 ;;
+      timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_early_kv --batch ${AB_BATCH:-1 8 64} --rounds ${AB_ROUNDS:-3} --variants "PDL, attention waits first" "PDL" 2>&1 | tail -20 ;;
     ab-step) timeout 420 python3 bench/ab_step.py --out "$OUT" --variants "one-launch prologue, no PDL" "PDL, not attention" "PDL" 2>&1 | tail -14 ;;
     guided-pdl-tests)  # PDL is opt-in: does the guided graphs' capture failure of round 9 repeat with it on?
       for i in ${PDL_REPEATS:-1 2}; do FASTPATH_PDL=1 timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_guided.py 2>&1 | tee "$OUT/gpu_guided_pdl_tests-$i.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8; done ;;

@@ -62,7 +62,8 @@ def split_kernel(
         + kvh * stride_kh
         + offs_d[None, :]
     )
-    earlier = (valid & (pos < ctx - 1))[:, None]
+    # Waiting first (the baseline), every key and value of the chunk is loaded here, as before round 21.
+    earlier = (valid & ((pos < ctx - 1) | (not EARLY_KV)))[:, None]
     k = tl.load(k_ptr + kv_off, mask=earlier, other=0.0)
     v = tl.load(v_ptr + kv_off, mask=earlier, other=0.0)
     if USE_PDL and EARLY_KV:  # everything below may read what the kernel before wrote (q, the new K and V)
@@ -73,9 +74,10 @@ def split_kernel(
         mask=offs_g[:, None] < GROUP,
         other=0.0,
     )
-    new = (valid & (pos == ctx - 1))[:, None]
-    k = tl.where(new, tl.load(k_ptr + kv_off, mask=new, other=0.0), k)
-    v = tl.where(new, tl.load(v_ptr + kv_off, mask=new, other=0.0), v)
+    if EARLY_KV:
+        new = (valid & (pos == ctx - 1))[:, None]
+        k = tl.where(new, tl.load(k_ptr + kv_off, mask=new, other=0.0), k)
+        v = tl.where(new, tl.load(v_ptr + kv_off, mask=new, other=0.0), v)
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_sum = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)

@@ -22,9 +22,6 @@ FUSE_QKV_ROPE = True
 # ran the batch-1 step 26 µs slower in the graph's chain (round 20, bench/ab_step.py). One config with
 # PDL on or off, so PDL changes no bit. None: the autotuner picks.
 GEMV_CONFIG: tuple[int, int, int, int] | None = (2, 2048, 4, 2)
-# Pairs of rows a program of the RoPE GEMV takes under GEMV_CONFIG (its BLOCK_N counts pairs, so 2 is
-# four rows, twice the plain GEMV's); bench/ab_step.py compares 1.
-ROPE_PAIRS = 2
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
 
 
@@ -220,7 +217,7 @@ class TritonOps(TorchOps):
         x = x.contiguous()
         n, k = weight.shape
         q = torch.empty(1, heads, dim, device=x.device, dtype=x.dtype)
-        kernel, config = _gemv_launch(K.gemv_rope_cache_kernel, block_n=ROPE_PAIRS)
+        kernel, config = _gemv_launch(K.gemv_rope_cache_kernel)
         kernel[_grid(n // 2)](
             x, weight, bias if bias is not None else weight, positions, slots, cos, sin, q, k_cache, v_cache,
             n, k, weight.stride(0), cos.stride(0), HEADS=heads, KV_HEADS=kv_heads, DIM=dim,
@@ -242,15 +239,14 @@ class TritonOps(TorchOps):
         return q
 
 
-def _gemv_launch(kernel, block_n: int | None = None):
-    """(kernel, launch arguments) of a batch-1 GEMV: GEMV_CONFIG's (with `block_n` for its BLOCK_N),
-    the autotuner's, or the interpreter's."""
+def _gemv_launch(kernel):
+    """(kernel, launch arguments) of a batch-1 GEMV: GEMV_CONFIG's, the autotuner's, or the interpreter's."""
     if K.INTERPRET:
         return kernel, K.untuned_args(K._gemv_configs())
     if GEMV_CONFIG is None:
         return kernel, {}
     bn, bk, warps, stages = GEMV_CONFIG
-    return kernel.fn, dict(BLOCK_N=block_n or bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    return kernel.fn, dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
 
 
 def triton_cdiv(a: int, b: int) -> int:
