@@ -15,8 +15,10 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, GEMV 4x1024": every batch-1 GEMV at 4 rows by 1024 columns a program;
 - "PDL, attention waits first": decode attention's split kernel waits for q|k|v before any load and
   then loads as before round 21;
-- "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, and the split
-  kernel reading earlier steps' keys and values before its wait.
+- "PDL, RoPE tables after the wait": the RoPE kernels (the batch-1 q|k|v GEMV's epilogue and the
+  kernel after cuBLAS's q|k|v) read the position, slot and cos/sin after their wait, as before round 21;
+- "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
+  kernel reading earlier steps' keys and values before its wait, and the RoPE kernels their tables.
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
@@ -40,7 +42,8 @@ from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
 ENGINE_GEMV = (2, 2048, 4, 2)  # triton_ops.GEMV_CONFIG, the engine's default
 # (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config,
-# attention's first loads before its wait)
+# attention's first loads before its wait); every variant but "PDL, RoPE tables after the wait" reads
+# the RoPE tables before the wait.
 VARIANTS = {
     "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV, True),
     "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV, True),
@@ -49,6 +52,7 @@ VARIANTS = {
     "PDL, GEMV autotuned": (True, True, True, True, None, False),
     "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3), False),
     "PDL, attention waits first": (True, True, True, True, ENGINE_GEMV, False),
+    "PDL, RoPE tables after the wait": (True, True, True, True, ENGINE_GEMV, True),
     "PDL": (True, True, True, True, ENGINE_GEMV, True),
 }
 
@@ -76,6 +80,7 @@ def main() -> None:
         for name in args.variants:
             one_launch, pdl, pdl_attention, rope_fused, gemv, early_kv = VARIANTS[name]
             triton_decode.EARLY_KV = early_kv
+            triton_ops.EARLY_ROPE = name != "PDL, RoPE tables after the wait"
             decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
             triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = rope_fused, gemv
             triton_decode.PDL = pdl_attention
@@ -100,7 +105,7 @@ def main() -> None:
             torch.cuda.empty_cache()
     os.environ.pop("FASTPATH_PDL", None)
     triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = True, ENGINE_GEMV
-    triton_decode.EARLY_KV = True
+    triton_decode.EARLY_KV = triton_ops.EARLY_ROPE = True
     payload["gemv_autotuned"] = _autotuned()
     headers = [
         "variant",

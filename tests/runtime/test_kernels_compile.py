@@ -29,13 +29,16 @@ GUIDED_POINTERS = dict(
 
 
 def compile_for_h200(kernel, consts: dict, pointers: dict, ptx_path, options: dict | None = None) -> str:
-    """Compile `kernel` for sm_90 with `consts` (every other argument typed from `pointers`, else i32),
-    assemble its PTX with ptxas (which fails the test on an error), and return the PTX."""
+    """Compile `kernel` for sm_90 with `consts` (other constexprs at their defaults, every other argument
+    typed from `pointers`, else i32), assemble its PTX with ptxas (which fails the test on an error),
+    and return the PTX."""
     from triton import compile as compile_kernel
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
+    # Constexprs left out take their defaults, as a launch that leaves them out does.
+    consts = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default} | consts
     signature = {n: "constexpr" if n in consts else pointers.get(n, "i32") for n in kernel.arg_names}
     source = ASTSource(kernel, signature, constexprs=consts)
     ptx = compile_kernel(source, target=GPUTarget("cuda", 90, 32), options=options or {}).asm["ptx"]
@@ -91,11 +94,12 @@ def test_gemv_rope_cache_compiles_for_the_h200_at_every_config(bias, tmp_path):
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_qkv_rope_cache_compiles_for_the_h200(qk_norm, tmp_path):
     """RoPE and the KV-cache write for the rows the GEMV does not take, with Qwen3's per-head norms
-    and without."""
+    and without; the position, slot, cos and sin read ahead of the wait for q|k|v."""
     from fastpath.runtime.kernels import triton_kernels as K
 
     consts = dict(HEADS=32, KV_HEADS=8, HEADS_PAD=32, KV_PAD=8, DIM=64, HAS_NORM=qk_norm, USE_PDL=True)
-    compile_for_h200(K.qkv_rope_cache_kernel, consts, ROPE_POINTERS, tmp_path / "rope.ptx")
+    ptx = compile_for_h200(K.qkv_rope_cache_kernel, consts, ROPE_POINTERS, tmp_path / "rope.ptx")
+    assert ptx[: ptx.index("griddepcontrol.wait")].count("ld.global") >= 4
 
 
 @pytest.mark.parametrize("splits", [1, 8])
