@@ -15,10 +15,10 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, GEMV 4x1024": every batch-1 GEMV at 4 rows by 1024 columns a program;
 - "PDL, attention waits first": decode attention's split kernel waits for q|k|v before any load and
   then loads as before round 21;
-- "PDL, RoPE tables after the wait": the RoPE kernels (the batch-1 q|k|v GEMV's epilogue and the
-  kernel after cuBLAS's q|k|v) read the position, slot and cos/sin after their wait, as before round 21;
+- "PDL, RoPE tables after the wait": the batch-1 q|k|v GEMV's epilogue reads the position, slot and
+  cos/sin after its wait, as before round 21;
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
-  kernel reading earlier steps' keys and values before its wait, and the RoPE kernels their tables.
+  kernel reading earlier steps' keys and values before its wait, and the RoPE GEMV its tables.
 
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.

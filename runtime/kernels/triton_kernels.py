@@ -63,15 +63,6 @@ def add_rms_norm_kernel(
 
 
 @triton.jit
-def _rope_table(pos, cos_ptr, sin_ptr, stride_cos, dtype, DIM: tl.constexpr):
-    """The position's cos and sin over the head dim, rounded to the model dtype as HF's RoPE rounds them."""
-    d = tl.arange(0, DIM)
-    c = tl.load(cos_ptr + pos * stride_cos + d).to(dtype).to(tl.float32)
-    s = tl.load(sin_ptr + pos * stride_cos + d).to(dtype).to(tl.float32)
-    return c, s
-
-
-@triton.jit
 def _rope_pairs(pos_ptr, slot_ptr, cos_ptr, sin_ptr, stride_cos, i, HALF: tl.constexpr, dtype):
     """One decode row's slot, and cos and sin at columns i and i + HALF, rounded to the model dtype."""
     pos = tl.load(pos_ptr)
@@ -85,10 +76,10 @@ def _rope_pairs(pos_ptr, slot_ptr, cos_ptr, sin_ptr, stride_cos, i, HALF: tl.con
 
 @triton.jit
 def _rope_heads(
-    base, n_heads, c, s, norm_ptr, eps, HEADS_PAD: tl.constexpr, DIM: tl.constexpr, HAS_NORM: tl.constexpr,
+    base, n_heads, pos, cos_ptr, sin_ptr, stride_cos, norm_ptr, eps,
+    HEADS_PAD: tl.constexpr, DIM: tl.constexpr, HAS_NORM: tl.constexpr,
 ):  # fmt: skip
-    """Load n_heads heads at `base`, apply the optional per-head RMSNorm, then RoPE with the position's
-    cos `c` and sin `s` (_rope_table); returns [HEADS_PAD, DIM]."""
+    """Load n_heads heads at `base`, apply the optional per-head RMSNorm, then RoPE; returns [HEADS_PAD, DIM]."""
     half: tl.constexpr = DIM // 2
     d = tl.arange(0, DIM)
     h = tl.arange(0, HEADS_PAD)
@@ -105,6 +96,8 @@ def _rope_heads(
         w_rot = tl.load(norm_ptr + rot).to(tl.float32)
         x = (w[None, :] * (xf * rstd).to(dtype).to(tl.float32)).to(dtype)
         x_rot = (w_rot[None, :] * (x_rot.to(tl.float32) * rstd).to(dtype).to(tl.float32)).to(dtype)
+    c = tl.load(cos_ptr + pos * stride_cos + d).to(dtype).to(tl.float32)
+    s = tl.load(sin_ptr + pos * stride_cos + d).to(dtype).to(tl.float32)
     xc = (x.to(tl.float32) * c[None, :]).to(dtype)
     xs = (x_rot.to(tl.float32) * sign[None, :] * s[None, :]).to(dtype)
     return (xc.to(tl.float32) + xs.to(tl.float32)).to(dtype)
@@ -115,28 +108,22 @@ def qkv_rope_cache_kernel(
     qkv_ptr, pos_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, slot_ptr, q_out_ptr,
     stride_qkv, stride_cos, eps,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, KV_PAD: tl.constexpr,
-    DIM: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr = False, EARLY_ROPE: tl.constexpr = True,
+    DIM: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):  # fmt: skip
     t = tl.program_id(0)
-    # Positions and slots come from the step's prologue, written before the embedding (no PDL kernel),
-    # and the tables never change: all of it is read before the wait for the q|k|v projection.
-    if EARLY_ROPE:
-        pos = tl.load(pos_ptr + t)
-        slot = tl.load(slot_ptr + t)
-        c, s = _rope_table(pos, cos_ptr, sin_ptr, stride_cos, q_out_ptr.dtype.element_ty, DIM)
     _release(USE_PDL)
     _wait(USE_PDL)
-    if not EARLY_ROPE:  # bench/ab_step.py's baseline: as before round 21
-        pos = tl.load(pos_ptr + t)
-        slot = tl.load(slot_ptr + t)
-        c, s = _rope_table(pos, cos_ptr, sin_ptr, stride_cos, q_out_ptr.dtype.element_ty, DIM)
+    # Reading the position and cos/sin before the wait (as the batch-1 GEMV does) ran batch 8 and 64
+    # 3-4 µs slower a step (round 21, call 5), likely since its release then came after two loads.
+    pos = tl.load(pos_ptr + t)
+    slot = tl.load(slot_ptr + t)
     row = qkv_ptr + t * stride_qkv
     d = tl.arange(0, DIM)
-    q = _rope_heads(row, HEADS, c, s, qn_ptr, eps, HEADS_PAD, DIM, HAS_NORM)
+    q = _rope_heads(row, HEADS, pos, cos_ptr, sin_ptr, stride_cos, qn_ptr, eps, HEADS_PAD, DIM, HAS_NORM)
     hq = tl.arange(0, HEADS_PAD)
     tl.store(q_out_ptr + t * HEADS * DIM + hq[:, None] * DIM + d[None, :], q, mask=hq[:, None] < HEADS)
     k_base = row + HEADS * DIM
-    k = _rope_heads(k_base, KV_HEADS, c, s, kn_ptr, eps, KV_PAD, DIM, HAS_NORM)
+    k = _rope_heads(k_base, KV_HEADS, pos, cos_ptr, sin_ptr, stride_cos, kn_ptr, eps, KV_PAD, DIM, HAS_NORM)
     hk = tl.arange(0, KV_PAD)
     kv_mask = hk[:, None] < KV_HEADS
     dst = slot.to(tl.int64) * KV_HEADS * DIM + hk[:, None] * DIM + d[None, :]

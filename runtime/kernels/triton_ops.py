@@ -22,8 +22,8 @@ FUSE_QKV_ROPE = True
 # ran the batch-1 step 26 µs slower in the graph's chain (round 20, bench/ab_step.py). One config with
 # PDL on or off, so PDL changes no bit. None: the autotuner picks.
 GEMV_CONFIG: tuple[int, int, int, int] | None = (2, 2048, 4, 2)
-# The RoPE kernels read the position, slot and cos/sin ahead of their wait (round 21); False reads them
-# after it, for bench/ab_step.py to compare.
+# The batch-1 RoPE GEMV reads the position, slot and cos/sin ahead of its wait (round 21); False reads
+# them after it, for bench/ab_step.py to compare.
 EARLY_ROPE = True
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
 
@@ -237,7 +237,7 @@ class TritonOps(TorchOps):
             qkv, positions, cos, sin, q_norm if q_norm is not None else cos, k_norm if k_norm is not None else cos,
             k_cache, v_cache, slots, q, qkv.stride(0), cos.stride(0), eps,
             HEADS=heads, KV_HEADS=kv_heads, HEADS_PAD=_pow2(heads), KV_PAD=_pow2(kv_heads), DIM=dim,
-            HAS_NORM=q_norm is not None, EARLY_ROPE=EARLY_ROPE, **self._pdl(qkv),
+            HAS_NORM=q_norm is not None, **self._pdl(qkv),
         )  # fmt: skip
         return q
 

@@ -94,12 +94,11 @@ def test_gemv_rope_cache_compiles_for_the_h200_at_every_config(bias, tmp_path):
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_qkv_rope_cache_compiles_for_the_h200(qk_norm, tmp_path):
     """RoPE and the KV-cache write for the rows the GEMV does not take, with Qwen3's per-head norms
-    and without; the position, slot, cos and sin read ahead of the wait for q|k|v."""
+    and without."""
     from fastpath.runtime.kernels import triton_kernels as K
 
     consts = dict(HEADS=32, KV_HEADS=8, HEADS_PAD=32, KV_PAD=8, DIM=64, HAS_NORM=qk_norm, USE_PDL=True)
-    ptx = compile_for_h200(K.qkv_rope_cache_kernel, consts, ROPE_POINTERS, tmp_path / "rope.ptx")
-    assert ptx[: ptx.index("griddepcontrol.wait")].count("ld.global") >= 4
+    compile_for_h200(K.qkv_rope_cache_kernel, consts, ROPE_POINTERS, tmp_path / "rope.ptx")
 
 
 @pytest.mark.parametrize("splits", [1, 8])
