@@ -39,8 +39,9 @@ def split_kernel(
     heads = kvh * GROUP + offs_g
     # Before the wait for the kernel before (q|k|v, which writes q and the step's one new key and
     # value, at ctx - 1) this reads only what no kernel on the step's PDL chain writes: the lengths
-    # and block tables (the step's prologue wrote them ahead of the embedding, which is no PDL
-    # kernel) and the keys and values of earlier steps. So the first chunk's loads overlap q|k|v.
+    # and block tables (the prologue wrote them before the graph, or ahead of a kernel launched without
+    # PDL, so before this chain could start) and the keys and values of earlier steps (a graph replay
+    # ends before the next begins). So the first chunk's loads overlap q|k|v.
     ctx = tl.load(lens_ptr + seq)
     # The live context (the window's, with one) in CHUNK-token pieces, shared evenly by the splits:
     # a graph's split count is fixed, the context is not. Each piece holds at least one valid key.
