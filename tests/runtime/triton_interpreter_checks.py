@@ -204,6 +204,41 @@ def decode_attention() -> bool:
     return good
 
 
+def decode_attention_waits_for_the_new_row() -> bool:
+    """Under PDL the split kernel may read a sequence's earlier keys and values before its wait, and
+    must read the step's new one (position ctx - 1, which the q|k|v kernel before it writes) after.
+    One program (one sequence, one KV head, one split), with the wait simulated: the new row holds
+    garbage until the kernel waits, and its true values after. A kernel that read it early fails."""
+    import triton.language as tl
+
+    from fastpath.runtime.kernels import triton_ops
+
+    good = True
+    for ctx in (1, 21, 64, 70):
+        q, k, v, tables, meta = paged_decode([ctx], 5, None, kvh=1, heads=4)
+        ref = ReferenceAttention().forward(q.float(), k.float(), v.float(), meta, 0.25)
+        page, slot = int(tables[0, (ctx - 1) // 16]), (ctx - 1) % 16
+        true_k, true_v = k[page, slot].clone(), v[page, slot].clone()
+        k[page, slot], v[page, slot] = 1e3, -1e3
+        waits = []
+
+        def wait(k=k, v=v, page=page, slot=slot, true_k=true_k, true_v=true_v, waits=waits):
+            k[page, slot], v[page, slot] = true_k, true_v
+            waits.append(1)
+
+        cuda = tl.extra.cuda
+        with (
+            mock.patch.object(triton_decode, "TARGET_PROGRAMS", 1),
+            mock.patch.object(triton_ops, "pdl_args", lambda x: {"USE_PDL": True}),
+            mock.patch.object(cuda, "gdc_wait", wait),
+            mock.patch.object(cuda, "gdc_launch_dependents", lambda: None),
+        ):
+            got = TritonDecodeAttention().forward(q, k, v, meta, 0.25).float()
+        err = float((got - ref).norm() / ref.norm())
+        good &= check(f"triton_decode reads the new row after its wait, ctx={ctx}", waits and err < 2e-3)
+    return good
+
+
 def prefill_attention() -> bool:
     """Every kind of query a prefill step holds: whole prompts, a chunk after a cached prefix, a
     lone token (a decode riding along), a prompt over two tiles; with and without a window."""
@@ -313,5 +348,12 @@ def fused_prologue() -> bool:
 
 
 if __name__ == "__main__":
-    results = [ops(), guided_mask(), decode_attention(), prefill_attention(), fused_prologue()]
+    results = [
+        ops(),
+        guided_mask(),
+        decode_attention(),
+        decode_attention_waits_for_the_new_row(),
+        prefill_attention(),
+        fused_prologue(),
+    ]
     sys.exit(0 if all(results) else 1)
