@@ -24,8 +24,9 @@ def untuned_args(configs) -> dict:
 
 
 # Programmatic dependent launch (Hopper): a kernel launched with it starts while the kernel before it
-# drains. Everything before `_wait` may read only what no earlier kernel writes (the weights); a
-# kernel calls `_release` as it starts, so the next one can launch and prefetch its own weights.
+# drains. Everything before `_wait` may read only what no kernel of the step's chain writes: the
+# weights, and what the prologue wrote before the chain began (positions, slots, the KV cache's
+# earlier steps). A kernel calls `_release` as it starts, so the next one can launch and prefetch.
 @triton.jit
 def _wait(USE_PDL: tl.constexpr):
     if USE_PDL:
