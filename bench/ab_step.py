@@ -20,6 +20,8 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, and the RoPE GEMV its tables.
 
+The variants of round 20 and before read all of that after each wait, as those rounds did.
+
 Columns as in bench/decode.py: the engine's counted step, its graph replayed alone, and the host's
 own work in a step.
 
@@ -32,6 +34,7 @@ import argparse
 import gc
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,19 +44,44 @@ from common import copy_bandwidth, environment, markdown_table, write_outputs
 from decode import MODEL, engine_step_time, replay_time, weight_bytes
 
 ENGINE_GEMV = (2, 2048, 4, 2)  # triton_ops.GEMV_CONFIG, the engine's default
-# (prologue in one launch, PDL, PDL for attention, RoPE in the batch-1 q|k|v GEMV, GEMV config,
-# attention's first loads before its wait); every variant but "PDL, RoPE tables after the wait" reads
-# the RoPE tables before the wait.
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """The module switches a variant sets before its engine is built; the defaults are the engine's."""
+
+    one_launch_prologue: bool = True  # decode_inputs.UNPACK_IN_ONE_LAUNCH
+    pdl: bool = True  # FASTPATH_PDL
+    pdl_attention: bool = True  # triton_decode.PDL
+    rope_in_gemv: bool = True  # triton_ops.FUSE_QKV_ROPE
+    gemv_config: tuple[int, int, int, int] | None = ENGINE_GEMV  # triton_ops.GEMV_CONFIG; None: autotuned
+    early_kv: bool = True  # triton_decode.EARLY_KV
+    early_rope: bool = True  # triton_ops.EARLY_ROPE
+
+    def apply(self) -> None:
+        from fastpath.runtime.attention import triton_decode
+        from fastpath.runtime.kernels import triton_ops
+        from fastpath.runtime.runner import decode_inputs
+
+        decode_inputs.UNPACK_IN_ONE_LAUNCH = self.one_launch_prologue
+        os.environ["FASTPATH_PDL"] = "1" if self.pdl else "0"
+        triton_ops.pdl_available.cache_clear()
+        triton_decode.PDL, triton_decode.EARLY_KV = self.pdl_attention, self.early_kv
+        triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = self.rope_in_gemv, self.gemv_config
+        triton_ops.EARLY_ROPE = self.early_rope
+
+
+ROUND_20 = dict(early_kv=False, early_rope=False)  # the loads of rounds 20 and before, after each wait
 VARIANTS = {
-    "per-field prologue, no PDL": (False, False, False, True, ENGINE_GEMV, True),
-    "one-launch prologue, no PDL": (True, False, False, True, ENGINE_GEMV, True),
-    "PDL, not attention": (True, True, False, True, ENGINE_GEMV, True),
-    "PDL, RoPE apart": (True, True, True, False, None, False),
-    "PDL, GEMV autotuned": (True, True, True, True, None, False),
-    "PDL, GEMV 4x1024": (True, True, True, True, (4, 1024, 8, 3), False),
-    "PDL, attention waits first": (True, True, True, True, ENGINE_GEMV, False),
-    "PDL, RoPE tables after the wait": (True, True, True, True, ENGINE_GEMV, True),
-    "PDL": (True, True, True, True, ENGINE_GEMV, True),
+    "per-field prologue, no PDL": Variant(one_launch_prologue=False, pdl=False, pdl_attention=False),
+    "one-launch prologue, no PDL": Variant(pdl=False, pdl_attention=False),
+    "PDL, not attention": Variant(pdl_attention=False),
+    "PDL, RoPE apart": Variant(rope_in_gemv=False, gemv_config=None, **ROUND_20),
+    "PDL, GEMV autotuned": Variant(gemv_config=None, **ROUND_20),
+    "PDL, GEMV 4x1024": Variant(gemv_config=(4, 1024, 8, 3), **ROUND_20),
+    "PDL, attention waits first": Variant(early_kv=False),
+    "PDL, RoPE tables after the wait": Variant(early_rope=False),
+    "PDL": Variant(),
 }
 
 
@@ -69,23 +97,13 @@ def main() -> None:
         print("bench/ab_step.py needs a CUDA device")
         return
     from fastpath.runtime import LLM
-    from fastpath.runtime.attention import triton_decode
-    from fastpath.runtime.kernels import triton_ops
-    from fastpath.runtime.runner import decode_inputs
 
     bw = copy_bandwidth()
     payload = {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "rows": []}
     rows = []
     for rnd in range(args.rounds):
         for name in args.variants:
-            one_launch, pdl, pdl_attention, rope_fused, gemv, early_kv = VARIANTS[name]
-            triton_decode.EARLY_KV = early_kv
-            triton_ops.EARLY_ROPE = name != "PDL, RoPE tables after the wait"
-            decode_inputs.UNPACK_IN_ONE_LAUNCH = one_launch
-            triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = rope_fused, gemv
-            triton_decode.PDL = pdl_attention
-            os.environ["FASTPATH_PDL"] = "1" if pdl else "0"
-            triton_ops.pdl_available.cache_clear()
+            VARIANTS[name].apply()
             llm = LLM(MODEL, device="cuda", dtype="bfloat16", max_batch_size=max(args.batch), max_seq_len=512)
             floor = weight_bytes(llm) / bw
             for b in args.batch:
@@ -103,9 +121,8 @@ def main() -> None:
             del llm
             gc.collect()
             torch.cuda.empty_cache()
+    Variant().apply()
     os.environ.pop("FASTPATH_PDL", None)
-    triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = True, ENGINE_GEMV
-    triton_decode.EARLY_KV = triton_ops.EARLY_ROPE = True
     payload["gemv_autotuned"] = _autotuned()
     headers = [
         "variant",
