@@ -20,6 +20,28 @@ def attend_chunk(q, k, v, valid, m, l_sum, acc, scale):
 
 
 @triton.jit
+def chunk_offsets(
+    tables_ptr, seq, stride_bt, tok0, ctx, end, kvh, stride_kb, stride_ks, stride_kh,
+    CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, WINDOW: tl.constexpr,
+):  # fmt: skip
+    """The CHUNK positions from tok0: which hold a live key (none past `end`, a split's last chunk
+    boundary), and where each one's key and value sit in the paged cache."""
+    pos = tok0 + tl.arange(0, CHUNK)
+    valid = (pos < ctx) & (pos < end)
+    if WINDOW > 0:
+        valid = valid & (pos >= ctx - WINDOW)
+    # A whole chunk's pages at once: CHUNK // BLOCK pages' loads in flight, not one.
+    page = tl.load(tables_ptr + seq * stride_bt + pos // BLOCK, mask=valid, other=0)
+    kv_off = (
+        page.to(tl.int64)[:, None] * stride_kb
+        + (pos % BLOCK)[:, None] * stride_ks
+        + kvh * stride_kh
+        + tl.arange(0, HEAD_DIM)[None, :]
+    )
+    return pos, valid, kv_off
+
+
+@triton.jit
 def split_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, acc_ptr, ml_ptr, out_ptr, scale,
     stride_qt, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ot, stride_oh,
@@ -35,7 +57,6 @@ def split_kernel(
         tl.extra.cuda.gdc_wait()
     offs_g = tl.arange(0, GROUP_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
-    offs_t = tl.arange(0, CHUNK)
     heads = kvh * GROUP + offs_g
     # Before the wait for the kernel before (q|k|v, which writes q and the step's one new key and
     # value, at ctx - 1) this reads only what no kernel on the step's PDL chain writes: the lengths
@@ -52,17 +73,11 @@ def split_kernel(
     per = tl.cdiv(pieces - first, NUM_SPLITS)
     lo = (first + split * per) * CHUNK
     end = tl.minimum(first + (split + 1) * per, pieces) * CHUNK
-    pos = lo + offs_t
-    valid = (pos < ctx) & (pos < end)  # none in an empty split (lo >= end)
-    if WINDOW > 0:
-        valid = valid & (pos >= ctx - WINDOW)
-    page = tl.load(tables_ptr + seq * stride_bt + pos // BLOCK, mask=valid, other=0)
-    kv_off = (
-        page.to(tl.int64)[:, None] * stride_kb
-        + (pos % BLOCK)[:, None] * stride_ks
-        + kvh * stride_kh
-        + offs_d[None, :]
-    )
+    # No position is valid in an empty split (lo >= end).
+    pos, valid, kv_off = chunk_offsets(
+        tables_ptr, seq, stride_bt, lo, ctx, end, kvh, stride_kb, stride_ks, stride_kh, CHUNK, HEAD_DIM, BLOCK,
+        WINDOW,
+    )  # fmt: skip
     # Waiting first (the baseline), every key and value of the chunk is loaded here, as before round 21.
     earlier = (valid & ((pos < ctx - 1) | (not EARLY_KV)))[:, None]
     k = tl.load(k_ptr + kv_off, mask=earlier, other=0.0)
@@ -85,18 +100,10 @@ def split_kernel(
     if lo < end:
         m, l_sum, acc = attend_chunk(q, k, v, valid, m, l_sum, acc, scale)
     for tok0 in range(lo + CHUNK, end, CHUNK):
-        # A whole chunk's pages at once: CHUNK // BLOCK pages' loads in flight, not one.
-        pos = tok0 + offs_t
-        valid = pos < ctx
-        if WINDOW > 0:
-            valid = valid & (pos >= ctx - WINDOW)
-        page = tl.load(tables_ptr + seq * stride_bt + pos // BLOCK, mask=pos < ctx, other=0)
-        kv_off = (
-            page.to(tl.int64)[:, None] * stride_kb
-            + (pos % BLOCK)[:, None] * stride_ks
-            + kvh * stride_kh
-            + offs_d[None, :]
-        )
+        pos, valid, kv_off = chunk_offsets(
+            tables_ptr, seq, stride_bt, tok0, ctx, end, kvh, stride_kb, stride_ks, stride_kh, CHUNK, HEAD_DIM,
+            BLOCK, WINDOW,
+        )  # fmt: skip
         k = tl.load(k_ptr + kv_off, mask=valid[:, None], other=0.0)
         v = tl.load(v_ptr + kv_off, mask=valid[:, None], other=0.0)
         m, l_sum, acc = attend_chunk(q, k, v, valid, m, l_sum, acc, scale)
