@@ -359,23 +359,31 @@ def test_one_billion_parameter_llama_runs_with_graphs():
     assert torch.isfinite(logits).all() and logits.std() > 0
 
 
+def _greedy_runs_1b(max_tokens: int):
+    """Each greedy row's (tokens, cumulative logprob) from a fresh 1B engine with graphs: one prompt
+    alone, then five at once."""
+    prompts = [list(range(100, 140)), [128000, 9906], list(range(7, 300, 3)), [5] * 9, [42]]
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
+    llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
+    try:
+        return [
+            [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in llm.generate(p, params)]
+            for p in (prompts[:1], prompts)
+        ]
+    finally:
+        llm.close()
+
+
 def test_programmatic_dependent_launch_changes_no_logprob(monkeypatch):
     """The per-token kernels overlap under PDL (each GEMV reads weights before the wait for its input):
     the same tokens and the same log-probabilities, bit for bit, as launched one after the other."""
     from fastpath.runtime.kernels import triton_ops
 
-    prompts = [list(range(100, 140)), [128000, 9906], list(range(7, 300, 3)), [5] * 9, [42]]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=0)
     runs = {}
     for pdl in ("0", "1"):
         monkeypatch.setenv("FASTPATH_PDL", pdl)
         triton_ops.pdl_available.cache_clear()
-        llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
-        runs[pdl] = [
-            [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in llm.generate(p, params)]
-            for p in (prompts[:1], prompts)
-        ]
-        llm.close()
+        runs[pdl] = _greedy_runs_1b(max_tokens=24)
     if torch.cuda.get_device_capability()[0] >= 9:
         assert triton_ops.pdl_available(torch.cuda.current_device())[0], "Hopper: PDL should be on"
     triton_ops.pdl_available.cache_clear()
@@ -388,15 +396,8 @@ def test_attention_loads_before_its_wait_change_no_logprob(monkeypatch):
     first. A new key read before the wait would be the slot's stale one, and change them."""
     from fastpath.runtime.attention import triton_decode
 
-    prompts = [list(range(100, 140)), [128000, 9906], list(range(7, 300, 3)), [5] * 9, [42]]
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, logprobs=0)
     runs = {}
     for early in (False, True):
         monkeypatch.setattr(triton_decode, "EARLY_KV", early)
-        llm = LLM("random:llama-1b", device="cuda", dtype="bfloat16", max_seq_len=512, max_batch_size=8)
-        runs[early] = [
-            [(o.outputs[0].token_ids, o.outputs[0].cumulative_logprob) for o in llm.generate(p, params)]
-            for p in (prompts[:1], prompts)
-        ]
-        llm.close()
+        runs[early] = _greedy_runs_1b(max_tokens=40)
     assert runs[False] == runs[True]
