@@ -17,8 +17,11 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   then loads as before round 21;
 - "PDL, RoPE tables after the wait": the batch-1 q|k|v GEMV's epilogue reads the position, slot and
   cos/sin after its wait, as before round 21;
+- "PDL, small-M on Triton and cuBLAS": 2-16 rows' linears as round 21 ran them (the small-M Triton
+  kernel for o_proj, down_proj and the LM head, cuBLAS and the SiLU-mul kernel for the rest);
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
-  kernel reading earlier steps' keys and values before its wait, and the RoPE GEMV its tables.
+  kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
+  rows' linears on the tensor-core GEMV (mma_gemv.cu).
 
 The variants of round 20 and before read all of that after each wait, as those rounds did.
 
@@ -57,6 +60,7 @@ class Variant:
     gemv_config: tuple[int, int, int, int] | None = ENGINE_GEMV  # triton_ops.GEMV_CONFIG; None: autotuned
     early_kv: bool = True  # triton_decode.EARLY_KV
     early_rope: bool = True  # triton_ops.EARLY_ROPE
+    mma_small_m: bool = True  # triton_ops.MMA_SMALL_M
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
@@ -68,7 +72,7 @@ class Variant:
         triton_ops.pdl_available.cache_clear()
         triton_decode.PDL, triton_decode.EARLY_KV = self.pdl_attention, self.early_kv
         triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = self.rope_in_gemv, self.gemv_config
-        triton_ops.EARLY_ROPE = self.early_rope
+        triton_ops.EARLY_ROPE, triton_ops.MMA_SMALL_M = self.early_rope, self.mma_small_m
 
 
 ROUND_20 = dict(early_kv=False, early_rope=False)  # the loads of rounds 20 and before, after each wait
@@ -81,6 +85,7 @@ VARIANTS = {
     "PDL, GEMV 4x1024": Variant(gemv_config=(4, 1024, 8, 3), **ROUND_20),
     "PDL, attention waits first": Variant(early_kv=False),
     "PDL, RoPE tables after the wait": Variant(early_rope=False),
+    "PDL, small-M on Triton and cuBLAS": Variant(mma_small_m=False),
     "PDL": Variant(),
 }
 

@@ -3,8 +3,9 @@
 from HBM as in a step (one weight per layer, more than L2 holds), in a CUDA graph replayed back to back.
 
 Side by side, per (M, linear): cuBLAS (`F.linear`), fastpath's `TritonOps.linear` as the engine runs
-it (autotuned), and every config of the small-M kernel at M's row tile, so the autotuner's pick can be
-checked against the best. Bandwidth is the weight's bytes over the time, against device copy bandwidth.
+it, every config of the small-M Triton kernel at M's row tile, and the tensor-core GEMV (mma_gemv.cu)
+at each warps x chunks-in-flight build, so the engine's pick can be checked against the best. gate_up
+is also timed with its SiLU-mul: cuBLAS then the silu_mul kernel, against the gated tensor-core GEMV. Bandwidth is the weight's bytes over the time, against device copy bandwidth.
 
     python bench/linear.py --out DIR [--m 1 8 16 32 64 128] [--layers 16]
 """
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, replay_seconds, write_outputs
+
+MMA_BUILDS = [(4, 4), (8, 2), (8, 4), (8, 8), (16, 2), (16, 4)]  # (warps a block, chunks in flight)
 
 
 def shapes(config) -> dict[str, tuple[int, int]]:
@@ -66,8 +69,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("bench/linear.py needs a CUDA device")
         return
+    from fastpath.runtime.kernels import mma_gemv, triton_ops
     from fastpath.runtime.kernels import triton_kernels as K
-    from fastpath.runtime.kernels import triton_ops
     from fastpath.runtime.model.presets import PRESETS
 
     config = PRESETS["llama-1b"]
@@ -94,6 +97,20 @@ def main() -> None:
                         impls[label + (" pdl" if pdl else "")] = lambda x, w, cfg=cfg, pdl=pdl: ops.small_m(
                             x, w, None, cfg, pdl
                         )
+            if 2 <= m <= mma_gemv.MAX_ROWS and mma_gemv.available(0)[0]:
+                for warps, unroll in MMA_BUILDS:
+                    for pdl in (False, True) if args.pdl else (False,):
+                        label = f"mma w{warps} u{unroll}" + (" pdl" if pdl else "")
+                        impls[label] = lambda x, w, a=(warps, unroll, pdl): mma_gemv.linear(
+                            x, w, warps=a[0], unroll=a[1], pdl=a[2]
+                        )
+                        if name == "gate_up":
+                            impls[label.replace("mma", "mma gated")] = lambda x, w, a=(warps, unroll, pdl): (
+                                mma_gemv.linear(x, w, gated=True, warps=a[0], unroll=a[1], pdl=a[2])
+                            )
+                if name == "gate_up":
+                    impls["cuBLAS + silu_mul"] = lambda x, w: ops.silu_mul(F.linear(x, w))
+                    impls["fastpath gated"] = ops.gated_linear
             for impl, fn in impls.items():
                 try:
                     seconds = time_linears(fn, x, weights, args.replays)
@@ -134,13 +151,20 @@ def main() -> None:
     md = (
         f"Copy bandwidth {bw / 1e12:.2f} TB/s.\n\nThe step's linears ({config.num_layers} layers and the LM head), "
         "µs per step:\n\n"
-        + markdown_table(["M", "cuBLAS", "fastpath", "best config each"], summary)
+        + markdown_table(
+            ["M", "cuBLAS", "fastpath", "best config each", "best tensor-core GEMV build each"], summary
+        )
         + "\n\n"
         + md
     )
     write_outputs(
         args.out, args.name, {"env": environment(), "copy_bandwidth_bytes_per_s": bw, "rows": rows}, md
     )
+
+
+def _plain(times: dict[str, float]) -> dict[str, float]:
+    """The impls without the SiLU-mul: gate_up's gated rows are compared with each other, not here."""
+    return {k: v for k, v in times.items() if "gated" not in k and "silu" not in k}
 
 
 def step_summary(rows: list[dict], layers: int) -> list[list[object]]:
@@ -160,7 +184,8 @@ def step_summary(rows: list[dict], layers: int) -> list[list[object]]:
         cells = [
             total(lambda t: t.get("cuBLAS")),
             total(lambda t: t.get("fastpath")),
-            total(lambda t: min(t.values())),
+            total(lambda t: min(_plain(t).values())),
+            total(lambda t: min((v for k, v in _plain(t).items() if k.startswith("mma")), default=None)),
         ]
         out.append([m, *(f"{c:.0f}" if c is not None else "—" for c in cells)])
     return out

@@ -9,6 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from . import mma_gemv
 from . import triton_kernels as K
 from .guided_mask_triton import guided_mask
 from .torch_ops import TorchOps
@@ -26,6 +27,9 @@ GEMV_CONFIG: tuple[int, int, int, int] | None = (2, 2048, 4, 2)
 # them after it, for bench/ab_step.py to compare.
 EARLY_ROPE = True
 GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_small_m (bench/linear.py)
+# 2-16 rows on the tensor-core GEMV (mma_gemv.cu) where it builds; False keeps round 21's small-M
+# Triton kernel and cuBLAS, for bench/ab_step.py to compare.
+MMA_SMALL_M = True
 
 
 def _pow2(n: int) -> int:
@@ -70,7 +74,11 @@ class TritonOps(TorchOps):
 
     def describe(self, device: torch.device) -> str:
         on, why = pdl_available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
-        return f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}"
+        mma = mma_gemv.available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
+        return (
+            f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}; "
+            f"2-16 rows on the tensor-core GEMV {'on' if mma[0] and MMA_SMALL_M else 'off: ' + (mma[1] if MMA_SMALL_M else 'MMA_SMALL_M')}"
+        )
 
     def _pdl(self, x: torch.Tensor) -> dict:
         return pdl_args(x)
@@ -95,6 +103,8 @@ class TritonOps(TorchOps):
             return F.linear(x, weight, bias)
         if x.shape[0] == 1:
             return self._gemv(x, weight, bias)
+        if self._mma(x, weight, bias):
+            return mma_gemv.linear(x, weight, bias, pdl=bool(self._pdl(x)))
         config = K.small_m_config(x.shape[0], *weight.shape)
         if config is None:
             return F.linear(x, weight, bias)
@@ -177,7 +187,19 @@ class TritonOps(TorchOps):
         # One row: the SiLU-mul in the GEMV's epilogue, one launch and no [1, 2I] round trip.
         if self._streams(x) and x.shape[0] == 1 and weight.shape[0] % 2 == 0:
             return self._gemv(x, weight, None, gated=True)
+        if weight.shape[0] % 2 == 0 and self._mma(x, weight, None):
+            return mma_gemv.linear(x, weight, gated=True, pdl=bool(self._pdl(x)))
         return super().gated_linear(x, weight)
+
+    @staticmethod
+    def _mma(x, weight, bias) -> bool:
+        """Whether 2-16 rows go to the tensor-core GEMV: on, fitting, and built on this device."""
+        return (
+            MMA_SMALL_M
+            and x.dim() == 2
+            and mma_gemv.fits(x, weight, bias)
+            and mma_gemv.available(x.device.index or 0)[0]
+        )
 
     def _gemv(self, x, weight, bias, gated: bool = False):
         x = x.contiguous()

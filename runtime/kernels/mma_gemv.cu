@@ -1,0 +1,190 @@
+// y[M, N] = x[M, K] @ w[N, K]^T for 2 <= M <= 16 decode rows: bf16 in and out, fp32 sums.
+// Compiled at run time by NVRTC (mma_gemv.py), one build per set of the macros below.
+//
+// At 2-16 rows a linear is one pass over its weight, and what sets its time is how many of the
+// weight's bytes are in flight, as in the batch-1 GEMV: cuBLAS's and Triton's GEMM tiles stream a
+// small matrix at 33-50% of copy bandwidth there (docs/performance.md, rounds 16 and 20). Here each
+// warp streams 16 rows of w (GATED: 16 of the gate and the 16 matching of the up) over its share of
+// K with 16-byte loads that land straight in mma.sync's A fragments: no shared memory, no ldmatrix.
+// The decode rows are the B fragment (n = 8 rows a tile), so the tensor cores do the products that
+// the CUDA cores could not keep up with at 8 rows (round 18).
+//
+// The k order: lane (g, c) = (lane / 4, lane % 4) loads w[row][k0 + 8c, k0 + 8c + 8) and
+// x[r][k0 + 8c, ...) of each 32-wide chunk. mma h (0, 1) takes words 2h and 2h + 1 of both as its k
+// slots {2c, 2c + 1} and {2c + 8, 2c + 9}, so every slot pairs the same k in A and B, and the sum is
+// w . x with its k's in another (fixed) order.
+//
+// The warps of a block split K; their partial sums meet in shared memory and one warp adds them in
+// warp order, so the result does not depend on timing (deterministic). The first chunks of w are
+// loaded before griddepcontrol.wait: under programmatic dependent launch the weight stream starts
+// while the kernel that writes x still runs. Without that launch attribute the wait returns at once.
+
+#ifndef ROW_TILES
+#define ROW_TILES 1  // 8-row tiles of x: 1 for M <= 8, 2 for M <= 16
+#endif
+#ifndef GATED
+#define GATED 0  // w holds 2N rows, gate then up; y = silu(gate) * up
+#endif
+#ifndef HAS_BIAS
+#define HAS_BIAS 0
+#endif
+#ifndef WARPS
+#define WARPS 8
+#endif
+#ifndef UNROLL
+#define UNROLL 4  // 32-wide chunks of K a warp has in flight, twice over (the next group while this one sums)
+#endif
+
+#define SETS (GATED ? 2 : 1)
+#define LOADS (2 * SETS)  // w rows a lane loads: g and g + 8 of each set
+#define VALUES (SETS * ROW_TILES * 4)
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+__device__ __forceinline__ uint4 load_weight(const u16* p) {
+    uint4 v;  // volatile: never hoisted out of the bounds check that guards it
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// x comes from the kernel before this one: read from L2 after the wait, never through the
+// non-coherent path, which may hold lines from before that kernel wrote them.
+__device__ __forceinline__ uint4 load_rows(const u16* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// One group of UNROLL chunks from `chunk` on; chunks at or past `hi`, rows past N and k past K read 0.
+__device__ __forceinline__ void load_group(uint4 (&dst)[UNROLL][LOADS], const u16* const (&rows)[LOADS],
+                                           const bool (&live)[LOADS], int chunk, int hi, int K, int c) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int k = (chunk + u) * 32 + 8 * c;
+        const bool in = chunk + u < hi && k < K;
+#pragma unroll
+        for (int r = 0; r < LOADS; ++r)
+            dst[u][r] = in && live[r] ? load_weight(rows[r] + k) : make_uint4(0, 0, 0, 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ bias, u16* __restrict__ y,
+         int M, int N, int K, int stride_x, int stride_w, int stride_y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const int n0 = blockIdx.x * 16;
+    const int chunks = (K + 31) / 32;
+    const int per = (chunks + WARPS - 1) / WARPS;
+    const int lo = warp * per, hi = min(chunks, lo + per);
+
+    const u16* rows[LOADS];
+    bool live[LOADS];
+#pragma unroll
+    for (int r = 0; r < LOADS; ++r) {
+        const int n = n0 + g + 8 * (r & 1);
+        live[r] = n < N;
+        rows[r] = w + (long long)(n + (r >> 1) * N) * stride_w + 8 * c;
+    }
+    uint4 cur[UNROLL][LOADS];
+    load_group(cur, rows, live, lo, hi, K, c);
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+
+    const u16* xrow[ROW_TILES];
+    bool xlive[ROW_TILES];
+#pragma unroll
+    for (int t = 0; t < ROW_TILES; ++t) {
+        const int r = 8 * t + g;
+        xlive[t] = r < M;
+        xrow[t] = x + (long long)r * stride_x + 8 * c;
+    }
+    float acc[SETS][ROW_TILES][4] = {};
+    for (int base = lo; base < hi; base += UNROLL) {
+        uint4 next[UNROLL][LOADS];
+        const bool more = base + UNROLL < hi;
+        if (more) load_group(next, rows, live, base + UNROLL, hi, K, c);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            if (base + u >= hi) break;  // the same for every lane: mma.sync needs the whole warp
+            const int k = (base + u) * 32;
+            const bool in = k + 8 * c < K;
+#pragma unroll
+            for (int t = 0; t < ROW_TILES; ++t) {
+                const uint4 xv = in && xlive[t] ? load_rows(xrow[t] + k) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int s = 0; s < SETS; ++s) {
+                    const uint4 lo8 = cur[u][2 * s], hi8 = cur[u][2 * s + 1];
+                    mma(acc[s][t], lo8.x, hi8.x, lo8.y, hi8.y, xv.x, xv.y);
+                    mma(acc[s][t], lo8.z, hi8.z, lo8.w, hi8.w, xv.z, xv.w);
+                }
+            }
+        }
+        if (more) {
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int r = 0; r < LOADS; ++r) cur[u][r] = next[u][r];
+        }
+    }
+
+    // [warp][value][lane]: a warp's 32 lanes write 32 consecutive words (no bank conflicts).
+    __shared__ float partial[WARPS][VALUES][32];
+#pragma unroll
+    for (int s = 0; s < SETS; ++s)
+#pragma unroll
+        for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) partial[warp][(s * ROW_TILES + t) * 4 + e][lane] = acc[s][t][e];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            // C fragment: element e of lane (g, c) is output row g (+8 for e >= 2), decode row 2c (+1 if odd).
+            const int n = n0 + g + 8 * (e >> 1), m = 8 * t + 2 * c + (e & 1);
+            float sum[SETS];
+#pragma unroll
+            for (int s = 0; s < SETS; ++s) {
+                sum[s] = 0.0f;
+                for (int v = 0; v < WARPS; ++v) sum[s] += partial[v][(s * ROW_TILES + t) * 4 + e][lane];
+            }
+            if (n >= N || m >= M) continue;
+            float out = sum[0];
+#if HAS_BIAS
+            out += bf16_to_f32(bias[n]);
+#endif
+#if GATED
+            // Rounded as the GEMV's gated epilogue and the silu_mul kernel round it.
+            const float gate = round_bf16(out);
+            const float act = round_bf16(gate / (1.0f + __expf(-gate)));
+            out = act * round_bf16(sum[1]);
+#endif
+            y[(long long)m * stride_y + n] = f32_to_bf16(out);
+        }
+}

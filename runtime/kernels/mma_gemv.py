@@ -1,0 +1,234 @@
+"""Linears at 2-16 rows on the tensor cores, streamed as a GEMV: mma_gemv.cu, compiled by NVRTC.
+
+The kernel is CUDA C++ because what makes it fast cannot be said in Triton: each lane's 16-byte loads
+of the weight land in mma.sync's A fragments, in an order of K both operands share (mma_gemv.cu).
+NVRTC builds it once a process for each variant (rows, gate, bias, warps, chunks in flight); the
+launch goes through the driver's cuLaunchKernelEx, with programmatic dependent launch where the
+engine's Triton kernels have it, so CUDA graphs capture it like any kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("mma_gemv.cu")
+MAX_ROWS = 16
+_PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One build of mma_gemv.cu: its macros."""
+
+    row_tiles: int  # 8-row tiles of x
+    gated: bool
+    has_bias: bool
+    warps: int
+    unroll: int
+
+    def options(self) -> list[str]:
+        return [
+            f"-DROW_TILES={self.row_tiles}",
+            f"-DGATED={int(self.gated)}",
+            f"-DHAS_BIAS={int(self.has_bias)}",
+            f"-DWARPS={self.warps}",
+            f"-DUNROLL={self.unroll}",
+        ]
+
+
+def variant_for(
+    m: int, k: int, gated: bool, has_bias: bool, warps: int | None = None, unroll: int | None = None
+):
+    """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so a
+    block's warps each stream 8-16 chunks of 32 columns; 2 chunks at a time when gated (its 4 row
+    loads a chunk hold as many registers as 8 chunks of one set's 2)."""
+    return Variant(
+        row_tiles=1 if m <= 8 else 2,
+        gated=gated,
+        has_bias=has_bias,
+        warps=warps or (8 if k <= 4096 else 16),
+        unroll=unroll or (2 if gated else 4),
+    )
+
+
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether x @ weight^T can run here: bf16, 2-16 rows, K a multiple of 8 and rows 16-byte aligned
+    (the kernel's loads are 16 bytes wide)."""
+    m, k = x.shape
+    return (
+        x.is_cuda
+        and 2 <= m <= MAX_ROWS
+        and x.dtype == weight.dtype == torch.bfloat16
+        and (bias is None or (bias.dtype == torch.bfloat16 and bias.is_contiguous()))
+        and weight.shape[1] == k
+        and k % 8 == 0
+        and x.stride(1) == 1
+        and weight.stride(1) == 1
+        and x.stride(0) % 8 == 0
+        and weight.stride(0) % 8 == 0
+        and x.data_ptr() % 16 == 0
+        and weight.data_ptr() % 16 == 0
+    )
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    gated: bool = False,
+    pdl: bool = False,
+    warps: int | None = None,
+    unroll: int | None = None,
+) -> torch.Tensor:
+    """x @ weight^T (+ bias), or with `gated` silu(gate) * up of weight's two halves, for `fits` inputs."""
+    m, k = x.shape
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    variant = variant_for(m, k, gated, bias is not None, warps, unroll)
+    function = _function(x.device.index or 0, variant)
+    args = (
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+    )
+    _launch(
+        function,
+        (-(-n // 16), 1, 1),
+        (variant.warps * 32, 1, 1),
+        args,
+        torch.cuda.current_stream(x.device),
+        pdl,
+    )
+    return y
+
+
+@functools.cache
+def available(device_index: int) -> tuple[bool, str]:
+    """Whether the kernel builds and loads on this device, and why not (for the engine's info)."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA"
+    if torch.cuda.get_device_capability(device_index) < (8, 0):
+        return False, "needs compute capability 8.0 or newer (bf16 mma.sync)"
+    try:
+        _function(device_index, variant_for(8, 4096, False, False))
+    except (OSError, RuntimeError, AttributeError) as e:  # no NVRTC, a failed build, an old driver
+        return False, f"NVRTC: {e}"
+    return True, "on"
+
+
+@functools.cache
+def _function(device_index: int, variant: Variant) -> ctypes.c_void_p:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin = _compile(SOURCE.read_text(), f"sm_{major}{minor}", tuple(variant.options()))
+    cuda = _driver()
+    with torch.cuda.device(device_index):
+        torch.cuda.current_stream(device_index)  # the device's primary context, current on this thread
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+        _check(cuda.cuModuleGetFunction(ctypes.byref(function), module, b"mma_gemv"), "cuModuleGetFunction")
+    return function
+
+
+@functools.cache
+def _compile(source: str, arch: str, options: tuple[str, ...]) -> bytes:
+    nvrtc = _nvrtc()
+    program = ctypes.c_void_p()
+    _check_nvrtc(
+        nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"mma_gemv.cu", 0, None, None)
+    )
+    try:
+        flags = [f"--gpu-architecture={arch}", "-std=c++17", *options]
+        array = (ctypes.c_char_p * len(flags))(*(f.encode() for f in flags))
+        if nvrtc.nvrtcCompileProgram(program, len(flags), array) != 0:
+            size = ctypes.c_size_t()
+            nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+            log = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetProgramLog(program, log)
+            raise RuntimeError(f"mma_gemv.cu {' '.join(options)} did not compile:\n{log.value.decode()}")
+        size = ctypes.c_size_t()
+        _check_nvrtc(nvrtc, nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size)))
+        cubin = ctypes.create_string_buffer(size.value)
+        _check_nvrtc(nvrtc, nvrtc.nvrtcGetCUBIN(program, cubin))
+        return cubin.raw
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+class _Attribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+class _Config(ctypes.Structure):
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_Attribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+def _launch(function, grid, block, args, stream, pdl: bool) -> None:
+    values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
+    params = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values))
+    attribute = _Attribute(id=_PDL_ATTRIBUTE)
+    attribute.value[0] = 1  # programmaticStreamSerializationAllowed
+    config = _Config(
+        grid=(ctypes.c_uint * 3)(*grid),
+        block=(ctypes.c_uint * 3)(*block),
+        shared_bytes=0,
+        stream=ctypes.c_void_p(stream.cuda_stream),
+        attrs=ctypes.pointer(attribute) if pdl else None,
+        num_attrs=1 if pdl else 0,
+    )
+    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), function, params, None), "cuLaunchKernelEx")
+
+
+@functools.cache
+def _driver() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.cache
+def _nvrtc() -> ctypes.CDLL:
+    """NVRTC of the CUDA major torch was built with: the loader's, the nvidia-* wheels', or CUDA_HOME's."""
+    major = (torch.version.cuda or "13").split(".")[0]
+    names = [f"libnvrtc.so.{major}", "libnvrtc.so"]
+    roots = [os.environ.get("CUDA_HOME", "/usr/local/cuda") + "/lib64"]
+    roots += [p for entry in sys.path for p in glob.glob(os.path.join(entry, "nvidia", "*", "lib"))]
+    for candidate in names + [os.path.join(r, n) for r in roots for n in names]:
+        try:
+            return ctypes.CDLL(candidate)
+        except OSError:
+            continue
+    raise OSError(f"libnvrtc.so.{major} not found (tried the loader's path, CUDA_HOME and the nvidia wheels)")
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        name = ctypes.c_char_p()
+        _driver().cuGetErrorName(result, ctypes.byref(name))
+        raise RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({result})")
+
+
+def _check_nvrtc(nvrtc: ctypes.CDLL, result: int) -> None:
+    if result != 0:
+        nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise RuntimeError(f"NVRTC error: {nvrtc.nvrtcGetErrorString(result).decode()}")

@@ -1,0 +1,116 @@
+"""The tensor-core GEMV for 2-16 decode rows (mma_gemv.cu) on a CUDA device: against cuBLAS, bit for bit
+across launches, PDL, graph replay and the rows beside a row, and the engine's use of it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytestmark = pytest.mark.gpu
+
+# (N, K): the 1.24B Llama's o_proj, q|k|v and down_proj, then ragged ones: N not a multiple of the
+# 16-row tile, K not a multiple of the 32-wide chunk nor of the 8 warps' shares.
+SHAPES = [(2048, 2048), (3072, 2048), (2048, 8192), (1000, 264), (24, 4104)]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return float((got.float() - want.float()).norm() / want.float().norm()) < 1e-2
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_kernel():
+    from fastpath.runtime.kernels import mma_gemv
+
+    on, why = mma_gemv.available(0)
+    if not on:
+        pytest.fail(f"the tensor-core GEMV did not build on this GPU: {why}")
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_close_to_cublas_and_the_same_bits_every_launch(n, k):
+    from fastpath.runtime.kernels import mma_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    for m in (2, 3, 8, 9, 16):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        for b in (None, bias):
+            runs = [mma_gemv.linear(x, w, b, pdl=pdl) for pdl in (False, True, False)]
+            assert runs[0].shape == (m, n)
+            assert _close(runs[0], F.linear(x, w, b)), (m, n, k, b is not None)
+            assert all(torch.equal(runs[0], r) for r in runs[1:]), (m, n, k)
+
+
+def test_a_row_gets_the_same_bits_whatever_rows_sit_beside_it():
+    """Each output is one fixed sum over K, whatever M is: batch composition changes no bit."""
+    from fastpath.runtime.kernels import mma_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    w = torch.randn(3072, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    x = torch.randn(16, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
+    full = mma_gemv.linear(x, w)
+    for m in (2, 5, 8, 9, 13):
+        assert torch.equal(mma_gemv.linear(x[:m], w), full[:m]), m
+    assert torch.equal(mma_gemv.linear(x[7:9], w), full[7:9])
+
+
+def test_gated_matches_the_silu_mul_after_the_linear():
+    from fastpath.runtime.kernels import mma_gemv
+    from fastpath.runtime.kernels.torch_ops import TorchOps
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    w = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    for m in (2, 8, 16):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
+        got = mma_gemv.linear(x, w, gated=True, pdl=True)
+        assert got.shape == (m, 8192)
+        assert _close(got, TorchOps().gated_linear(x, w)), m
+        # The same products as the plain build, rounded and combined as silu_mul rounds them.
+        apart = TorchOps().silu_mul(mma_gemv.linear(x, w))
+        assert (got.float() - apart.float()).abs().max() <= 2**-7 * apart.float().abs().max(), m
+
+
+def test_graph_replay_gives_the_eager_bits_under_pdl():
+    from fastpath.runtime.kernels import mma_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    ws = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02 for _ in range(3)]
+    x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def chain(x):  # each launch reads what the one before it wrote: the PDL wait must hold
+        for w in ws:
+            x = mma_gemv.linear(x, w, pdl=True) * 8
+        return x
+
+    eager = chain(x)
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = chain(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    x.copy_(torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16, generator=g))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, chain(x))
+
+
+def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere():
+    from fastpath.runtime.kernels import mma_gemv
+    from fastpath.runtime.kernels.triton_ops import TritonOps
+
+    ops = TritonOps()
+    g = torch.Generator(device="cuda").manual_seed(4)
+    w = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    x = torch.randn(16, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
+    assert torch.equal(ops.linear(x[:8], w), mma_gemv.linear(x[:8], w))
+    assert "tensor-core GEMV on" in ops.describe(torch.device("cuda", 0))
+    # What the kernel does not take goes to the other paths, and is still right.
+    odd = torch.randn(2048, 2044, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    assert not mma_gemv.fits(x[:8, :2044], odd, None)  # K not a multiple of 8
+    assert _close(ops.linear(x[:8, :2044].contiguous(), odd), F.linear(x[:8, :2044], odd))
+    assert not mma_gemv.fits(x[:8, 1:2041], w[:, :2040], None)  # rows not 16-byte aligned
+    assert not mma_gemv.fits(x.float(), w.float(), None)
+    assert _close(ops.linear(x[:, :2040], w[:, :2040]), F.linear(x[:, :2040], w[:, :2040]))

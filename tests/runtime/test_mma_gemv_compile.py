@@ -1,0 +1,54 @@
+"""mma_gemv.cu built for the H200 (sm_90) on the CPU with nvcc, where the CUDA toolkit is: every build the
+engine launches compiles without spilling, and the weight's first loads come before the PDL wait."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from fastpath.runtime.kernels import mma_gemv
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
+
+BUILDS = sorted(
+    {
+        mma_gemv.variant_for(m, k, gated, bias and not gated)
+        for m in (8, 16)
+        for k in (2048, 8192)
+        for gated in (False, True)
+        for bias in (False, True)
+    },
+    key=repr,
+)
+
+
+def _nvcc(variant, out, kind: str) -> str:
+    cmd = [NVCC, "-arch=sm_90", f"-{kind}", "-o", str(out), *variant.options(), str(mma_gemv.SOURCE)]
+    done = subprocess.run([*cmd, "-Xptxas", "-v"] if kind == "cubin" else cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
+@pytest.mark.parametrize("variant", BUILDS, ids=repr)
+def test_every_engine_build_compiles_for_sm90_without_spills(variant, tmp_path):
+    info = _nvcc(variant, tmp_path / "k.cubin", "cubin")
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info)
+    assert spills and all(s == ("0", "0") for s in spills), info
+
+
+def test_the_weight_stream_starts_before_the_wait_and_x_after(tmp_path):
+    variant = mma_gemv.variant_for(8, 2048, False, False)
+    _nvcc(variant, tmp_path / "k.ptx", "ptx")
+    ptx = (tmp_path / "k.ptx").read_text()
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") < wait
+    before = ptx[:wait]
+    # UNROLL chunks of the lane's two rows, 16 bytes each, streamed past L1.
+    assert before.count("ld.global.nc.L1::no_allocate.v4.u32") == 2 * variant.unroll
+    # x is written by the kernel before this one: no load of it may precede the wait, and none may take
+    # the non-coherent path.
+    assert "ld.global.cg.v4.u32" not in before and "ld.global.cg.v4.u32" in ptx[wait:]
+    assert ptx.count("ld.global.nc") == 2 * variant.unroll * 2  # the weight's: before the wait and in the loop
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 2 * variant.unroll
