@@ -50,5 +50,6 @@ def test_the_weight_stream_starts_before_the_wait_and_x_after(tmp_path):
     # x is written by the kernel before this one: no load of it may precede the wait, and none may take
     # the non-coherent path.
     assert "ld.global.cg.v4.u32" not in before and "ld.global.cg.v4.u32" in ptx[wait:]
-    assert ptx.count("ld.global.nc") == 2 * variant.unroll * 2  # the weight's: before the wait and in the loop
+    # The weight's loads: one group before the wait and the next group's in the loop.
+    assert ptx.count("ld.global.nc") == 2 * variant.unroll * 2
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 2 * variant.unroll
