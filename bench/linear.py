@@ -22,7 +22,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, replay_seconds, write_outputs
 
-MMA_BUILDS = [(4, 4), (8, 2), (8, 4), (8, 8), (16, 2), (16, 4)]  # (warps a block, chunks in flight)
+# (warps a block, chunks a slot, slots): the engine's (8, 2, 4) and (16, 2, 4), gated (8, 1, 4), and around
+MMA_BUILDS = [(8, 2, 4), (8, 1, 4), (8, 2, 2), (8, 1, 8), (4, 2, 4), (16, 2, 4), (16, 1, 4), (16, 2, 2)]
 
 
 def shapes(config) -> dict[str, tuple[int, int]]:
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument(
         "--pdl", action="store_true", help="each small-M config also with programmatic dependent launch"
     )
+    ap.add_argument("--no-small-m", action="store_true", help="leave out the small-M Triton kernel's configs")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/linear.py needs a CUDA device")
@@ -89,7 +91,7 @@ def main() -> None:
         for m in args.m:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
             impls = {"cuBLAS": lambda x, w: F.linear(x, w), "fastpath": ops.linear}
-            if 2 <= m <= max(K.SMALL_M_BLOCKS):
+            if 2 <= m <= max(K.SMALL_M_BLOCKS) and not args.no_small_m:
                 block_m = next(b for b in K.SMALL_M_BLOCKS if m <= b)
                 for cfg in K.small_m_configs(block_m, k):
                     label = "{BLOCK_N}x{BLOCK_K} split {SPLIT_K} w{num_warps} s{num_stages}".format(**cfg)
@@ -98,15 +100,14 @@ def main() -> None:
                             x, w, None, cfg, pdl
                         )
             if 2 <= m <= mma_gemv.MAX_ROWS and mma_gemv.available(0)[0]:
-                for warps, unroll in MMA_BUILDS:
+                for warps, unroll, stages in MMA_BUILDS:
                     for pdl in (False, True) if args.pdl else (False,):
-                        label = f"mma w{warps} u{unroll}" + (" pdl" if pdl else "")
-                        impls[label] = lambda x, w, a=(warps, unroll, pdl): mma_gemv.linear(
-                            x, w, warps=a[0], unroll=a[1], pdl=a[2]
-                        )
+                        label = f"mma w{warps} u{unroll} s{stages}" + (" pdl" if pdl else "")
+                        build = dict(warps=warps, unroll=unroll, stages=stages, pdl=pdl)
+                        impls[label] = lambda x, w, b=build: mma_gemv.linear(x, w, **b)
                         if name == "gate_up":
-                            impls[label.replace("mma", "mma gated")] = lambda x, w, a=(warps, unroll, pdl): (
-                                mma_gemv.linear(x, w, gated=True, warps=a[0], unroll=a[1], pdl=a[2])
+                            impls[label.replace("mma", "mma gated")] = lambda x, w, b=build: mma_gemv.linear(
+                                x, w, gated=True, **b
                             )
                 if name == "gate_up":
                     impls["cuBLAS + silu_mul"] = lambda x, w: ops.silu_mul(F.linear(x, w))

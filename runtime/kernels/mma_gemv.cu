@@ -5,7 +5,9 @@
 // weight's bytes are in flight, as in the batch-1 GEMV: cuBLAS's and Triton's GEMM tiles stream a
 // small matrix at 33-50% of copy bandwidth there (docs/performance.md, rounds 16 and 20). Here each
 // warp streams 16 rows of w (GATED: 16 of the gate and the 16 matching of the up) over its share of
-// K with 16-byte loads that land straight in mma.sync's A fragments: no shared memory, no ldmatrix.
+// K, each lane copying (cp.async) exactly the 16-byte pieces that make its own mma.sync A fragments
+// into a private ring of STAGES slots in shared memory. A lane reads back only what it copied, so the
+// ring needs no barrier, and the bytes in flight are bounded by shared memory, not registers.
 // The decode rows are the B fragment (n = 8 rows a tile), so the tensor cores do the products that
 // the CUDA cores could not keep up with at 8 rows (round 18).
 //
@@ -15,9 +17,10 @@
 // w . x with its k's in another (fixed) order.
 //
 // The warps of a block split K; their partial sums meet in shared memory and one warp adds them in
-// warp order, so the result does not depend on timing (deterministic). The first chunks of w are
-// loaded before griddepcontrol.wait: under programmatic dependent launch the weight stream starts
-// while the kernel that writes x still runs. Without that launch attribute the wait returns at once.
+// warp order, so the result does not depend on timing (deterministic). The ring's first STAGES
+// slots are requested before griddepcontrol.wait: under programmatic dependent launch the weight
+// stream starts while the kernel that writes x still runs. Without that attribute the wait returns
+// at once.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1  // 8-row tiles of x: 1 for M <= 8, 2 for M <= 16
@@ -32,23 +35,19 @@
 #define WARPS 8
 #endif
 #ifndef UNROLL
-#define UNROLL 4  // 32-wide chunks of K a warp has in flight, twice over (the next group while this one sums)
+#define UNROLL 2  // 32-wide chunks of K in a slot of the ring
+#endif
+#ifndef STAGES
+#define STAGES 4  // slots of the ring: chunks in flight a warp = STAGES * UNROLL
 #endif
 
 #define SETS (GATED ? 2 : 1)
-#define LOADS (2 * SETS)  // w rows a lane loads: g and g + 8 of each set
+#define LOADS (2 * SETS)  // w rows a lane copies: g and g + 8 of each set
 #define VALUES (SETS * ROW_TILES * 4)
+#define SLOT_BYTES (UNROLL * LOADS * 32 * 16)
 
 typedef unsigned int u32;
 typedef unsigned short u16;
-
-__device__ __forceinline__ uint4 load_weight(const u16* p) {
-    uint4 v;  // volatile: never hoisted out of the bounds check that guards it
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 
 // x comes from the kernel before this one: read from L2 after the wait, never through the
 // non-coherent path, which may hold lines from before that kernel wrote them.
@@ -58,6 +57,23 @@ __device__ __forceinline__ uint4 load_rows(const u16* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
+}
+
+// 16 bytes of w into shared memory, past L1; `bytes` 0 writes zeros and reads nothing.
+__device__ __forceinline__ void copy_weight(u32 dst, const u16* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ uint4 load_shared(u32 src) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(src));
+    return v;
+}
+
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
 }
 
 __device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -77,28 +93,49 @@ __device__ __forceinline__ u16 f32_to_bf16(float f) {
 
 __device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
-// One group of UNROLL chunks from `chunk` on; chunks at or past `hi`, rows past N and k past K read 0.
-__device__ __forceinline__ void load_group(uint4 (&dst)[UNROLL][LOADS], const u16* const (&rows)[LOADS],
-                                           const bool (&live)[LOADS], int chunk, int hi, int K, int c) {
+// Slot `slot` of the lane's ring: UNROLL chunks from `chunk` on, each of its LOADS rows; chunks at or
+// past `hi`, rows past N and k past K become zeros. One commit group a slot, empty or not, so the
+// count that cp.async.wait_group keeps stays the same in every lane and every iteration.
+__device__ __forceinline__ void request(u32 slot, const u16* const (&rows)[LOADS], const bool (&live)[LOADS],
+                                        int chunk, int hi, int K, int c, const u16* any) {
+    if (chunk < hi) {  // the same in every lane of the warp
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-        const int k = (chunk + u) * 32 + 8 * c;
-        const bool in = chunk + u < hi && k < K;
+        const int k = (chunk + u) * 32;
+        const bool in = chunk + u < hi && k + 8 * c < K;
 #pragma unroll
-        for (int r = 0; r < LOADS; ++r)
-            dst[u][r] = in && live[r] ? load_weight(rows[r] + k) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < LOADS; ++r) {
+            const bool on = in && live[r];
+            copy_weight(slot + (u * LOADS + r) * 512, on ? rows[r] + k : any, on ? 16 : 0);
+        }
+    }
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
+// The decode rows' pieces for UNROLL chunks from `chunk` on: the B fragments; zeros past M, K or hi.
+__device__ __forceinline__ void load_x(uint4 (&dst)[UNROLL][ROW_TILES], const u16* const (&xrow)[ROW_TILES],
+                                       const bool (&xlive)[ROW_TILES], int chunk, int hi, int K, int c) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int k = (chunk + u) * 32;
+        const bool in = chunk + u < hi && k + 8 * c < K;
+#pragma unroll
+        for (int t = 0; t < ROW_TILES; ++t) dst[u][t] = in && xlive[t] ? load_rows(xrow[t] + k) : make_uint4(0, 0, 0, 0);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ bias, u16* __restrict__ y,
          int M, int N, int K, int stride_x, int stride_w, int stride_y) {
+    extern __shared__ uint4 ring[];  // [WARPS][STAGES][UNROLL][LOADS][32 lanes]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     const int n0 = blockIdx.x * 16;
     const int chunks = (K + 31) / 32;
     const int per = (chunks + WARPS - 1) / WARPS;
     const int lo = warp * per, hi = min(chunks, lo + per);
+    const int groups = hi > lo ? (hi - lo + UNROLL - 1) / UNROLL : 0;
 
     const u16* rows[LOADS];
     bool live[LOADS];
@@ -108,8 +145,9 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
         live[r] = n < N;
         rows[r] = w + (long long)(n + (r >> 1) * N) * stride_w + 8 * c;
     }
-    uint4 cur[UNROLL][LOADS];
-    load_group(cur, rows, live, lo, hi, K, c);
+    const u32 mine = shared_address(ring) + warp * (STAGES * SLOT_BYTES) + lane * 16;
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) request(mine + s * SLOT_BYTES, rows, live, lo + s * UNROLL, hi, K, c, w);
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -124,33 +162,37 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
         xrow[t] = x + (long long)r * stride_x + 8 * c;
     }
     float acc[SETS][ROW_TILES][4] = {};
-    for (int base = lo; base < hi; base += UNROLL) {
-        uint4 next[UNROLL][LOADS];
-        const bool more = base + UNROLL < hi;
-        if (more) load_group(next, rows, live, base + UNROLL, hi, K, c);
+    // x one group ahead, so its trip to L2 overlaps the products of the group before.
+    uint4 xv[UNROLL][ROW_TILES], xnext[UNROLL][ROW_TILES];
+    load_x(xv, xrow, xlive, lo, hi, K, c);
+    for (int i = 0; i < groups; ++i) {
+        const int base = lo + i * UNROLL;
+        load_x(xnext, xrow, xlive, base + UNROLL, hi, K, c);
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
+        const u32 slot = mine + (i % STAGES) * SLOT_BYTES;
+        uint4 wv[UNROLL][LOADS];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            if (base + u >= hi) break;  // the same for every lane: mma.sync needs the whole warp
-            const int k = (base + u) * 32;
-            const bool in = k + 8 * c < K;
+        for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-            for (int t = 0; t < ROW_TILES; ++t) {
-                const uint4 xv = in && xlive[t] ? load_rows(xrow[t] + k) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < LOADS; ++r) wv[u][r] = load_shared(slot + (u * LOADS + r) * 512);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int t = 0; t < ROW_TILES; ++t)
 #pragma unroll
                 for (int s = 0; s < SETS; ++s) {
-                    const uint4 lo8 = cur[u][2 * s], hi8 = cur[u][2 * s + 1];
-                    mma(acc[s][t], lo8.x, hi8.x, lo8.y, hi8.y, xv.x, xv.y);
-                    mma(acc[s][t], lo8.z, hi8.z, lo8.w, hi8.w, xv.z, xv.w);
+                    const uint4 lo8 = wv[u][2 * s], hi8 = wv[u][2 * s + 1];
+                    mma(acc[s][t], lo8.x, hi8.x, lo8.y, hi8.y, xv[u][t].x, xv[u][t].y);
+                    mma(acc[s][t], lo8.z, hi8.z, lo8.w, hi8.w, xv[u][t].z, xv[u][t].w);
                 }
-            }
-        }
-        if (more) {
+        // The slot is read (its values went into the products above): refill it STAGES groups ahead.
+        request(slot, rows, live, base + STAGES * UNROLL, hi, K, c, w);
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u)
+        for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-                for (int r = 0; r < LOADS; ++r) cur[u][r] = next[u][r];
-        }
+            for (int t = 0; t < ROW_TILES; ++t) xv[u][t] = xnext[u][t];
     }
+    asm volatile("cp.async.wait_all;");
 
     // [warp][value][lane]: a warp's 32 lanes write 32 consecutive words (no bank conflicts).
     __shared__ float partial[WARPS][VALUES][32];

@@ -1,7 +1,8 @@
 """Linears at 2-16 rows on the tensor cores, streamed as a GEMV: mma_gemv.cu, compiled by NVRTC.
 
-The kernel is CUDA C++ because what makes it fast cannot be said in Triton: each lane's 16-byte loads
-of the weight land in mma.sync's A fragments, in an order of K both operands share (mma_gemv.cu).
+The kernel is CUDA C++ because what makes it fast cannot be said in Triton: each lane copies the 16-byte
+pieces of the weight that make its own mma.sync A fragments, in an order of K both operands share, into
+a private ring in shared memory that needs no barrier (mma_gemv.cu).
 NVRTC builds it once a process for each variant (rows, gate, bias, warps, chunks in flight); the
 launch goes through the driver's cuLaunchKernelEx, with programmatic dependent launch where the
 engine's Triton kernels have it, so CUDA graphs capture it like any kernel.
@@ -22,6 +23,7 @@ import torch
 SOURCE = Path(__file__).with_name("mma_gemv.cu")
 MAX_ROWS = 16
 _PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +34,8 @@ class Variant:
     gated: bool
     has_bias: bool
     warps: int
-    unroll: int
+    unroll: int  # 32-wide chunks of K a slot of a warp's ring holds
+    stages: int  # slots of the ring
 
     def options(self) -> list[str]:
         return [
@@ -41,21 +44,34 @@ class Variant:
             f"-DHAS_BIAS={int(self.has_bias)}",
             f"-DWARPS={self.warps}",
             f"-DUNROLL={self.unroll}",
+            f"-DSTAGES={self.stages}",
         ]
+
+    @property
+    def ring_bytes(self) -> int:
+        """Dynamic shared memory: each lane's 16-byte pieces of 2 rows (4 gated) a chunk, every slot."""
+        return self.warps * self.stages * self.unroll * (4 if self.gated else 2) * 32 * 16
 
 
 def variant_for(
-    m: int, k: int, gated: bool, has_bias: bool, warps: int | None = None, unroll: int | None = None
-):
-    """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so a
-    block's warps each stream 8-16 chunks of 32 columns; 2 chunks at a time when gated (its 4 row
-    loads a chunk hold as many registers as 8 chunks of one set's 2)."""
+    m: int,
+    k: int,
+    gated: bool,
+    has_bias: bool,
+    warps: int | None = None,
+    unroll: int | None = None,
+    stages: int | None = None,
+) -> Variant:
+    """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so
+    each warp streams 8-16 chunks of 32 columns; 8 chunks in flight a warp (4 gated, whose chunks are
+    twice the bytes), 64 KB of ring a block."""
     return Variant(
         row_tiles=1 if m <= 8 else 2,
         gated=gated,
         has_bias=has_bias,
         warps=warps or (8 if k <= 4096 else 16),
-        unroll=unroll or (2 if gated else 4),
+        unroll=unroll or (1 if gated else 2),
+        stages=stages or 4,
     )
 
 
@@ -88,12 +104,13 @@ def linear(
     pdl: bool = False,
     warps: int | None = None,
     unroll: int | None = None,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """x @ weight^T (+ bias), or with `gated` silu(gate) * up of weight's two halves, for `fits` inputs."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    variant = variant_for(m, k, gated, bias is not None, warps, unroll)
+    variant = variant_for(m, k, gated, bias is not None, warps, unroll, stages)
     function = _function(x.device.index or 0, variant)
     args = (
         x,
@@ -107,14 +124,8 @@ def linear(
         weight.stride(0),
         y.stride(0),
     )
-    _launch(
-        function,
-        (-(-n // 16), 1, 1),
-        (variant.warps * 32, 1, 1),
-        args,
-        torch.cuda.current_stream(x.device),
-        pdl,
-    )
+    grid, block = (-(-n // 16), 1, 1), (variant.warps * 32, 1, 1)
+    _launch(function, grid, block, variant.ring_bytes, args, torch.cuda.current_stream(x.device), pdl)
     return y
 
 
@@ -142,6 +153,10 @@ def _function(device_index: int, variant: Variant) -> ctypes.c_void_p:
         module, function = ctypes.c_void_p(), ctypes.c_void_p()
         _check(cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
         _check(cuda.cuModuleGetFunction(ctypes.byref(function), module, b"mma_gemv"), "cuModuleGetFunction")
+        # Past 48 KB of dynamic shared memory a kernel has to ask for it.
+        _check(
+            cuda.cuFuncSetAttribute(function, _MAX_DYNAMIC_SHARED, variant.ring_bytes), "cuFuncSetAttribute"
+        )
     return function
 
 
@@ -185,7 +200,7 @@ class _Config(ctypes.Structure):
     ]
 
 
-def _launch(function, grid, block, args, stream, pdl: bool) -> None:
+def _launch(function, grid, block, shared_bytes: int, args, stream, pdl: bool) -> None:
     values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
     params = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values))
     attribute = _Attribute(id=_PDL_ATTRIBUTE)
@@ -193,7 +208,7 @@ def _launch(function, grid, block, args, stream, pdl: bool) -> None:
     config = _Config(
         grid=(ctypes.c_uint * 3)(*grid),
         block=(ctypes.c_uint * 3)(*block),
-        shared_bytes=0,
+        shared_bytes=shared_bytes,
         stream=ctypes.c_void_p(stream.cuda_stream),
         attrs=ctypes.pointer(attribute) if pdl else None,
         num_attrs=1 if pdl else 0,

@@ -38,18 +38,21 @@ def test_every_engine_build_compiles_for_sm90_without_spills(variant, tmp_path):
     assert spills and all(s == ("0", "0") for s in spills), info
 
 
-def test_the_weight_stream_starts_before_the_wait_and_x_after(tmp_path):
+def test_the_ring_is_requested_before_the_wait_and_x_read_after(tmp_path):
     variant = mma_gemv.variant_for(8, 2048, False, False)
     _nvcc(variant, tmp_path / "k.ptx", "ptx")
     ptx = (tmp_path / "k.ptx").read_text()
     wait = ptx.index("griddepcontrol.wait")
     assert ptx.index("griddepcontrol.launch_dependents") < wait
     before = ptx[:wait]
-    # UNROLL chunks of the lane's two rows, 16 bytes each, streamed past L1.
-    assert before.count("ld.global.nc.L1::no_allocate.v4.u32") == 2 * variant.unroll
+    # Every slot of the ring: its chunks of the lane's two rows, 16 bytes each, one commit group a slot.
+    pieces = variant.stages * variant.unroll * 2
+    assert before.count("cp.async.cg.shared.global") == pieces
+    assert before.count("cp.async.commit_group") == variant.stages
+    # In the loop, one slot refilled a group.
+    assert ptx.count("cp.async.cg.shared.global") == pieces + variant.unroll * 2
     # x is written by the kernel before this one: no load of it may precede the wait, and none may take
     # the non-coherent path.
-    assert "ld.global.cg.v4.u32" not in before and "ld.global.cg.v4.u32" in ptx[wait:]
-    # The weight's loads: one group before the wait and the next group's in the loop.
-    assert ptx.count("ld.global.nc") == 2 * variant.unroll * 2
+    assert "ld.global" not in before and "ld.global.cg.v4.u32" in ptx[wait:]
+    assert "ld.global.nc" not in ptx
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 2 * variant.unroll
