@@ -162,35 +162,39 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
         xrow[t] = x + (long long)r * stride_x + 8 * c;
     }
     float acc[SETS][ROW_TILES][4] = {};
-    // x one group ahead, so its trip to L2 overlaps the products of the group before.
-    uint4 xv[UNROLL][ROW_TILES], xnext[UNROLL][ROW_TILES];
-    load_x(xv, xrow, xlive, lo, hi, K, c);
-    for (int i = 0; i < groups; ++i) {
-        const int base = lo + i * UNROLL;
-        load_x(xnext, xrow, xlive, base + UNROLL, hi, K, c);
-        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
-        const u32 slot = mine + (i % STAGES) * SLOT_BYTES;
-        uint4 wv[UNROLL][LOADS];
+    // x as far ahead as w: a register ring beside the shared one, indexed by the same (unrolled) slot,
+    // so no group waits on a trip to L2 for x that the ring already made for w.
+    uint4 xv[STAGES][UNROLL][ROW_TILES];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+    for (int s = 0; s < STAGES; ++s) load_x(xv[s], xrow, xlive, lo + s * UNROLL, hi, K, c);
+    for (int i0 = 0; i0 < groups; i0 += STAGES) {
 #pragma unroll
-            for (int r = 0; r < LOADS; ++r) wv[u][r] = load_shared(slot + (u * LOADS + r) * 512);
+        for (int j = 0; j < STAGES; ++j) {
+            const int i = i0 + j;
+            if (i >= groups) break;  // the same in every lane of the warp
+            const int base = lo + i * UNROLL;
+            asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
+            const u32 slot = mine + j * SLOT_BYTES;
+            uint4 wv[UNROLL][LOADS];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+            for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-            for (int t = 0; t < ROW_TILES; ++t)
+                for (int r = 0; r < LOADS; ++r) wv[u][r] = load_shared(slot + (u * LOADS + r) * 512);
 #pragma unroll
-                for (int s = 0; s < SETS; ++s) {
-                    const uint4 lo8 = wv[u][2 * s], hi8 = wv[u][2 * s + 1];
-                    mma(acc[s][t], lo8.x, hi8.x, lo8.y, hi8.y, xv[u][t].x, xv[u][t].y);
-                    mma(acc[s][t], lo8.z, hi8.z, lo8.w, hi8.w, xv[u][t].z, xv[u][t].w);
-                }
-        // The slot is read (its values went into the products above): refill it STAGES groups ahead.
-        request(slot, rows, live, base + STAGES * UNROLL, hi, K, c, w);
+            for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
+                for (int t = 0; t < ROW_TILES; ++t)
 #pragma unroll
-            for (int t = 0; t < ROW_TILES; ++t) xv[u][t] = xnext[u][t];
+                    for (int s = 0; s < SETS; ++s) {
+                        const uint4 lo8 = wv[u][2 * s], hi8 = wv[u][2 * s + 1], b = xv[j][u][t];
+                        mma(acc[s][t], lo8.x, hi8.x, lo8.y, hi8.y, b.x, b.y);
+                        mma(acc[s][t], lo8.z, hi8.z, lo8.w, hi8.w, b.z, b.w);
+                    }
+            // Both slots are read (their values went into the products above): refill them STAGES
+            // groups ahead.
+            request(slot, rows, live, base + STAGES * UNROLL, hi, K, c, w);
+            load_x(xv[j], xrow, xlive, base + STAGES * UNROLL, hi, K, c);
+        }
     }
     asm volatile("cp.async.wait_all;");
 
