@@ -22,6 +22,13 @@ import torch
 
 SOURCE = Path(__file__).with_name("mma_gemv.cu")
 MAX_ROWS = 16
+# The largest weight it takes, in elements. On the 1.24B Llama at 8 and 16 rows (bench/linear.py, round
+# 22) it beat cuBLAS and the small-M Triton kernel on q|k|v, o_proj and down_proj (down_proj's 16.8M
+# elements the largest), and lost on gate_up_proj (33.5M; 21.1 against cuBLAS and the SiLU-mul's 20.0 µs)
+# and the LM head (165 against 124 µs): over many rows of tiles its short blocks, each with its own ramp
+# and closing barrier, fall behind cuBLAS's pipelined tiles, where one pass of a small matrix's blocks,
+# its whole weight requested at once, comes out ahead.
+MAX_WEIGHT = 1 << 24
 _PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
@@ -76,12 +83,13 @@ def variant_for(
 
 
 def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether x @ weight^T can run here: bf16, 2-16 rows, K a multiple of 8 and rows 16-byte aligned
-    (the kernel's loads are 16 bytes wide)."""
+    """Whether x @ weight^T runs here: bf16, 2-16 rows, a weight of at most MAX_WEIGHT elements, K a
+    multiple of 8 and rows 16-byte aligned (the kernel's copies are 16 bytes wide)."""
     m, k = x.shape
     return (
         x.is_cuda
         and 2 <= m <= MAX_ROWS
+        and weight.numel() <= MAX_WEIGHT
         and x.dtype == weight.dtype == torch.bfloat16
         and (bias is None or (bias.dtype == torch.bfloat16 and bias.is_contiguous()))
         and weight.shape[1] == k

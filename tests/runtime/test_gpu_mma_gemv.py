@@ -107,10 +107,17 @@ def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere():
     x = torch.randn(16, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
     assert torch.equal(ops.linear(x[:8], w), mma_gemv.linear(x[:8], w))
     assert "tensor-core GEMV on" in ops.describe(torch.device("cuda", 0))
-    # What the kernel does not take goes to the other paths, and is still right.
+    # What the kernel does not take goes to the other paths, and is still right; a strided x it takes.
     odd = torch.randn(2048, 2044, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     assert not mma_gemv.fits(x[:8, :2044], odd, None)  # K not a multiple of 8
     assert _close(ops.linear(x[:8, :2044].contiguous(), odd), F.linear(x[:8, :2044], odd))
     assert not mma_gemv.fits(x[:8, 1:2041], w[:, :2040], None)  # rows not 16-byte aligned
     assert not mma_gemv.fits(x.float(), w.float(), None)
+    # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT: cuBLAS, then the SiLU-mul kernel.
+    gate_up = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    assert gate_up.numel() > mma_gemv.MAX_WEIGHT and not mma_gemv.fits(x[:8], gate_up, None)
+    assert torch.equal(ops.gated_linear(x[:8], gate_up), ops.silu_mul(F.linear(x[:8], gate_up)))
+    # A smaller MLP's gate_up takes the gated build: the SiLU-mul in its epilogue.
+    small = gate_up[:4096]
+    assert torch.equal(ops.gated_linear(x[:8], small), mma_gemv.linear(x[:8], small, gated=True, pdl=True))
     assert _close(ops.linear(x[:, :2040], w[:, :2040]), F.linear(x[:, :2040], w[:, :2040]))
