@@ -74,10 +74,12 @@ class TritonOps(TorchOps):
 
     def describe(self, device: torch.device) -> str:
         on, why = pdl_available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
-        mma = mma_gemv.available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
+        mma, mma_why = mma_gemv.available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
+        if not MMA_SMALL_M:
+            mma, mma_why = False, "triton_ops.MMA_SMALL_M is False"
         return (
             f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}; "
-            f"2-16 rows on the tensor-core GEMV {'on' if mma[0] and MMA_SMALL_M else 'off: ' + (mma[1] if MMA_SMALL_M else 'MMA_SMALL_M')}"
+            f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}"
         )
 
     def _pdl(self, x: torch.Tensor) -> dict:
