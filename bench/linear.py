@@ -5,7 +5,8 @@ from HBM as in a step (one weight per layer, more than L2 holds), in a CUDA grap
 Side by side, per (M, linear): cuBLAS (`F.linear`), fastpath's `TritonOps.linear` as the engine runs
 it, every config of the small-M Triton kernel at M's row tile, and the tensor-core GEMV (mma_gemv.cu)
 at each warps x chunks-in-flight build, so the engine's pick can be checked against the best. gate_up
-is also timed with its SiLU-mul: cuBLAS then the silu_mul kernel, against the gated tensor-core GEMV. Bandwidth is the weight's bytes over the time, against device copy bandwidth.
+is also timed with its SiLU-mul: cuBLAS then the silu_mul kernel, against the gated tensor-core GEMV.
+Bandwidth is the weight's bytes over the time, against device copy bandwidth.
 
     python bench/linear.py --out DIR [--m 1 8 16 32 64 128] [--layers 16]
 """

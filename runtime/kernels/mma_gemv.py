@@ -154,7 +154,7 @@ def available(device_index: int) -> tuple[bool, str]:
 @functools.cache
 def _function(device_index: int, variant: Variant) -> ctypes.c_void_p:
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = _compile(SOURCE.read_text(), f"sm_{major}{minor}", tuple(variant.options()))
+    cubin = _compile(_source(), f"sm_{major}{minor}", tuple(variant.options()))
     cuda = _driver()
     with torch.cuda.device(device_index):
         torch.cuda.current_stream(device_index)  # the device's primary context, current on this thread
@@ -166,6 +166,11 @@ def _function(device_index: int, variant: Variant) -> ctypes.c_void_p:
             cuda.cuFuncSetAttribute(function, _MAX_DYNAMIC_SHARED, variant.ring_bytes), "cuFuncSetAttribute"
         )
     return function
+
+
+@functools.cache
+def _source() -> str:
+    return SOURCE.read_text()
 
 
 @functools.cache
@@ -208,17 +213,19 @@ class _Config(ctypes.Structure):
     ]
 
 
+# The launch attribute a PDL launch passes, built once: programmaticStreamSerializationAllowed = 1.
+_PDL = ctypes.pointer(_Attribute(_PDL_ATTRIBUTE, b"", (ctypes.c_ubyte * 64)(1)))
+
+
 def _launch(function, grid, block, shared_bytes: int, args, stream, pdl: bool) -> None:
     values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
     params = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values))
-    attribute = _Attribute(id=_PDL_ATTRIBUTE)
-    attribute.value[0] = 1  # programmaticStreamSerializationAllowed
     config = _Config(
         grid=(ctypes.c_uint * 3)(*grid),
         block=(ctypes.c_uint * 3)(*block),
         shared_bytes=shared_bytes,
         stream=ctypes.c_void_p(stream.cuda_stream),
-        attrs=ctypes.pointer(attribute) if pdl else None,
+        attrs=_PDL if pdl else None,
         num_attrs=1 if pdl else 0,
     )
     _check(_driver().cuLaunchKernelEx(ctypes.byref(config), function, params, None), "cuLaunchKernelEx")
