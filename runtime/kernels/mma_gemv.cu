@@ -42,6 +42,12 @@
 #ifndef STAGES
 #define STAGES 4  // slots of the ring: chunks in flight a warp = STAGES * UNROLL
 #endif
+#ifndef ROPE
+#define ROPE 0  // q|k|v with RoPE and the KV-cache write in the epilogue (heads of HEAD_DIM, see below)
+#endif
+#if ROPE && (GATED || !defined(HEAD_DIM) || HEAD_DIM % 16)
+#error "ROPE needs HEAD_DIM, a multiple of 16, and no GATED"
+#endif
 
 #define SETS (GATED ? 2 : 1)
 #define LOADS (2 * SETS)  // w rows a lane copies: g and g + 8 of each set
@@ -127,13 +133,75 @@ __device__ __forceinline__ void load_x(uint4 (&dst)[UNROLL][ROW_TILES], const u1
     }
 }
 
+#if ROPE
+#define HALF (HEAD_DIM / 2)
+// Output row of block blockIdx.x's pair g, its first (hi 0) or second (hi 1) half.
+__device__ __forceinline__ int feature(int g, int hi) {
+    const int head = blockIdx.x / (HEAD_DIM / 16), i = (blockIdx.x % (HEAD_DIM / 16)) * 8 + g;
+    return head * HEAD_DIM + i + hi * HALF;
+}
+
+// Warp 0's end of a q|k|v block: each decode row's pair rounded as the projection rounds it, rotated
+// and rounded as qkv_rope_cache_kernel rounds it (each product, then their sum), then q stored, or k
+// rotated and v as it is written into the paged cache at the row's slot.
+__device__ __forceinline__ void rope_epilogue(const float (&partial)[WARPS][VALUES][32], int g, int c, int M,
+                                              const u16* bias, u16* q, const long long* positions,
+                                              const long long* slots, const float* cos_table,
+                                              const float* sin_table, int stride_table, u16* k_cache,
+                                              u16* v_cache, int heads, int kv_heads) {
+    const int lo = feature(g, 0);
+    const int head = lo / HEAD_DIM, i = lo % HEAD_DIM;
+    const int lane = g * 4 + c;
+#pragma unroll
+    for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            // C fragment: elements p and 2 + p of lane (g, c) are rows g and g + 8 (the pair's halves) of
+            // decode row 2c + p.
+            const int m = 8 * t + 2 * c + p;
+            float sum_lo = 0.0f, sum_hi = 0.0f;
+            for (int v = 0; v < WARPS; ++v) {
+                sum_lo += partial[v][t * 4 + p][lane];
+                sum_hi += partial[v][t * 4 + 2 + p][lane];
+            }
+            if (m >= M) continue;
+#if HAS_BIAS
+            sum_lo += bf16_to_f32(bias[lo]);
+            sum_hi += bf16_to_f32(bias[lo + HALF]);
+#endif
+            const float a = round_bf16(sum_lo), b = round_bf16(sum_hi);
+            if (head >= heads + kv_heads) {  // v: written as projected
+                u16* dst = v_cache + slots[m] * kv_heads * HEAD_DIM + (lo - (heads + kv_heads) * HEAD_DIM);
+                dst[0] = f32_to_bf16(a);
+                dst[HALF] = f32_to_bf16(b);
+                continue;
+            }
+            const long long row = positions[m] * stride_table;
+            const float c_lo = round_bf16(cos_table[row + i]), c_hi = round_bf16(cos_table[row + i + HALF]);
+            const float s_lo = round_bf16(sin_table[row + i]), s_hi = round_bf16(sin_table[row + i + HALF]);
+            const u16 out_lo = f32_to_bf16(round_bf16(a * c_lo) + round_bf16(-b * s_lo));
+            const u16 out_hi = f32_to_bf16(round_bf16(b * c_hi) + round_bf16(a * s_hi));
+            u16* dst = head < heads ? q + (long long)m * heads * HEAD_DIM + lo
+                                    : k_cache + slots[m] * kv_heads * HEAD_DIM + (lo - heads * HEAD_DIM);
+            dst[0] = out_lo;
+            dst[HALF] = out_hi;
+        }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
 mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __restrict__ bias, u16* __restrict__ y,
-         int M, int N, int K, int stride_x, int stride_w, int stride_y) {
+         int M, int N, int K, int stride_x, int stride_w, int stride_y
+#if ROPE
+         , const long long* __restrict__ positions, const long long* __restrict__ slots,
+         const float* __restrict__ cos_table, const float* __restrict__ sin_table, int stride_table,
+         u16* __restrict__ k_cache, u16* __restrict__ v_cache, int heads, int kv_heads
+#endif
+) {
     extern __shared__ uint4 ring[];  // [WARPS][STAGES][UNROLL][LOADS][32 lanes]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-    const int n0 = blockIdx.x * 16;
+    [[maybe_unused]] const int n0 = blockIdx.x * 16;  // ROPE: feature() instead
     const int chunks = (K + 31) / 32;
     const int per = (chunks + WARPS - 1) / WARPS;
     const int lo = warp * per, hi = min(chunks, lo + per);
@@ -143,7 +211,13 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
     bool live[LOADS];
 #pragma unroll
     for (int r = 0; r < LOADS; ++r) {
+#if ROPE
+        // A block's 16 rows are 8 pairs (i, i + HEAD_DIM / 2) of one head, the halves RoPE rotates into
+        // each other: lane (g, c) ends with both of pair g for its decode rows.
+        const int n = feature(g, r & 1);
+#else
         const int n = n0 + g + 8 * (r & 1);
+#endif
         live[r] = n < N;
         rows[r] = w + (long long)(n + (r >> 1) * N) * stride_w + 8 * c;
     }
@@ -210,6 +284,10 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
             for (int e = 0; e < 4; ++e) partial[warp][(s * ROW_TILES + t) * 4 + e][lane] = acc[s][t][e];
     __syncthreads();
     if (warp != 0) return;
+#if ROPE
+    rope_epilogue(partial, g, c, M, bias, y, positions, slots, cos_table, sin_table, stride_table, k_cache,
+                  v_cache, heads, kv_heads);
+#else
 #pragma unroll
     for (int t = 0; t < ROW_TILES; ++t)
 #pragma unroll
@@ -235,4 +313,5 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
 #endif
             y[(long long)m * stride_y + n] = f32_to_bf16(out);
         }
+#endif
 }

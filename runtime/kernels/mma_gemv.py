@@ -43,8 +43,10 @@ class Variant:
     warps: int
     unroll: int  # 32-wide chunks of K a slot of a warp's ring holds
     stages: int  # slots of the ring
+    rope_dim: int = 0  # q|k|v with RoPE and the cache write in the epilogue, heads of this size; 0: off
 
     def options(self) -> list[str]:
+        rope = ["-DROPE=1", f"-DHEAD_DIM={self.rope_dim}"] if self.rope_dim else []
         return [
             f"-DROW_TILES={self.row_tiles}",
             f"-DGATED={int(self.gated)}",
@@ -52,6 +54,7 @@ class Variant:
             f"-DWARPS={self.warps}",
             f"-DUNROLL={self.unroll}",
             f"-DSTAGES={self.stages}",
+            *rope,
         ]
 
     @property
@@ -68,6 +71,7 @@ def variant_for(
     warps: int | None = None,
     unroll: int | None = None,
     stages: int | None = None,
+    rope_dim: int = 0,
 ) -> Variant:
     """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so
     each warp streams 8-16 chunks of 32 columns; 8 chunks in flight a warp (4 gated, whose chunks are
@@ -79,6 +83,7 @@ def variant_for(
         warps=warps or (8 if k <= 4096 else 16),
         unroll=unroll or (1 if gated else 2),
         stages=stages or 4,
+        rope_dim=rope_dim,
     )
 
 
@@ -135,6 +140,66 @@ def linear(
     grid, block = (-(-n // 16), 1, 1), (variant.warps * 32, 1, 1)
     _launch(function, grid, block, variant.ring_bytes, args, torch.cuda.current_stream(x.device), pdl)
     return y
+
+
+def fits_rope(x, weight, bias, positions, slots, cos, sin, k_cache, v_cache, shape) -> bool:
+    """Whether `linear_rope_cache` takes this q|k|v projection: `fits`, heads of a multiple of 16
+    elements, the weight exactly the heads' rows, int64 positions and slots, an fp32 table and bf16
+    caches laid out [slots, kv_heads, dim]."""
+    heads, kv_heads, dim = shape
+    return (
+        fits(x, weight, bias)
+        and dim % 16 == 0
+        and weight.shape[0] == (heads + 2 * kv_heads) * dim
+        and positions.dtype == slots.dtype == torch.int64
+        and positions.is_contiguous()
+        and slots.is_contiguous()
+        and cos.dtype == sin.dtype == torch.float32
+        and cos.stride() == sin.stride()
+        and cos.stride(1) == 1
+        and k_cache.dtype == v_cache.dtype == torch.bfloat16
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+    )
+
+
+def linear_rope_cache(
+    x, weight, bias, positions, slots, cos, sin, k_cache, v_cache, shape, *, pdl: bool = False
+) -> torch.Tensor:
+    """q of the q|k|v projection of x with RoPE applied, k (rotated) and v written into the paged
+    caches at `slots`: mma_gemv.linear then TritonOps.qkv_rope_cache in one launch, rounded as those
+    two round (the projection, each RoPE product, their sum). For `fits_rope` inputs; returns
+    [M, heads, dim]."""
+    heads, kv_heads, dim = shape
+    m, k = x.shape
+    n = weight.shape[0]
+    q = torch.empty(m, heads, dim, device=x.device, dtype=x.dtype)
+    variant = variant_for(m, k, False, bias is not None, rope_dim=dim)
+    function = _function(x.device.index or 0, variant)
+    args = (
+        x,
+        weight,
+        bias if bias is not None else weight,
+        q,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        heads * dim,
+        positions,
+        slots,
+        cos,
+        sin,
+        cos.stride(0),
+        k_cache,
+        v_cache,
+        heads,
+        kv_heads,
+    )
+    grid, block = (n // 16, 1, 1), (variant.warps * 32, 1, 1)
+    _launch(function, grid, block, variant.ring_bytes, args, torch.cuda.current_stream(x.device), pdl)
+    return q
 
 
 @functools.cache

@@ -30,6 +30,10 @@ GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_smal
 # 2-16 rows on the tensor-core GEMV (mma_gemv.cu) where it builds; False keeps round 21's small-M
 # Triton kernel and cuBLAS, for bench/ab_step.py to compare.
 MMA_SMALL_M = True
+# 2-16 rows' q|k|v with RoPE and the KV-cache write in the tensor-core GEMV's epilogue, one launch where
+# there are two. Off: written in round 23 without a GPU (compiled with nvcc, not yet run); the GPU tests
+# and bench/ab_step.py's "fused q|k|v RoPE at 2-16 rows" variant turn it on to check and time it.
+MMA_ROPE = False
 
 
 def _pow2(n: int) -> int:
@@ -77,9 +81,10 @@ class TritonOps(TorchOps):
         mma, mma_why = mma_gemv.available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
         if not MMA_SMALL_M:
             mma, mma_why = False, "triton_ops.MMA_SMALL_M is False"
+        rope = "; q|k|v RoPE in its epilogue" if mma and MMA_ROPE else ""
         return (
             f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}; "
-            f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}"
+            f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}{rope}"
         )
 
     def _pdl(self, x: torch.Tensor) -> dict:
@@ -229,6 +234,16 @@ class TritonOps(TorchOps):
         # k_norm and eps go unused: the fused path runs only for models without per-head norms.
         positions, cos, sin, q_norm, _, _, k_cache, v_cache, slots, shape = args
         heads, kv_heads, dim = shape
+        if (
+            MMA_ROPE
+            and q_norm is None
+            and self._mma(x, weight, bias)
+            and mma_gemv.fits_rope(x, weight, bias, positions, slots, cos, sin, k_cache, v_cache, shape)
+        ):
+            pdl = bool(self._pdl(x))
+            return mma_gemv.linear_rope_cache(
+                x, weight, bias, positions, slots, cos, sin, k_cache, v_cache, shape, pdl=pdl
+            )
         fused = (
             FUSE_QKV_ROPE
             and self._streams(x)

@@ -125,3 +125,98 @@ def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere():
     small = gate_up[:4096]
     assert torch.equal(ops.gated_linear(x[:8], small), mma_gemv.linear(x[:8], small, gated=True, pdl=True))
     assert _close(ops.linear(x[:, :2040], w[:, :2040]), F.linear(x[:, :2040], w[:, :2040]))
+
+
+def _rope_tables(dim: int, positions: int = 4096):
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, device="cuda").float() / dim))
+    freqs = torch.arange(positions, device="cuda").float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().contiguous(), emb.sin().contiguous()
+
+
+# (heads, kv_heads, dim) at hidden 2048: the 1.24B Llama's, and Qwen2-style 128-wide heads.
+ROPE_SHAPES = [(32, 8, 64), (16, 2, 128)]
+
+
+@pytest.mark.parametrize("shape", ROPE_SHAPES)
+def test_rope_epilogue_gives_the_bits_of_the_linear_then_the_rope_kernel(shape, monkeypatch):
+    """triton_ops.MMA_ROPE's one launch against mma_gemv.linear then qkv_rope_cache_kernel: the same q and
+    the same caches, bit for bit, with and without bias, under PDL, and through the engine's op."""
+    from fastpath.runtime.kernels import mma_gemv, triton_ops
+    from fastpath.runtime.kernels.torch_ops import TorchOps
+
+    heads, kv_heads, dim = shape
+    n, k, slots_total = (heads + 2 * kv_heads) * dim, 2048, 512
+    g = torch.Generator(device="cuda").manual_seed(sum(shape))
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    cos, sin = _rope_tables(dim)
+    caches = torch.randn(2, slots_total, kv_heads, dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    ops = triton_ops.TritonOps()
+    for m in (2, 8, 9, 16):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        positions = torch.randint(0, 4096, (m,), device="cuda", generator=g)
+        slots = torch.randperm(slots_total, device="cuda", generator=g)[:m]
+        for b in (None, bias):
+            kc, vc = caches.clone().unbind(0)
+            kc_ref, vc_ref = caches.clone().unbind(0)
+            assert mma_gemv.fits_rope(x, w, b, positions, slots, cos, sin, kc, vc, shape)
+            q = mma_gemv.linear_rope_cache(x, w, b, positions, slots, cos, sin, kc, vc, shape, pdl=True)
+            qkv = mma_gemv.linear(x, w, b)
+            q_ref = ops.qkv_rope_cache(
+                qkv, positions, cos, sin, None, None, 1e-6, kc_ref, vc_ref, slots, shape
+            )
+            label = (shape, m, b is not None)
+            assert torch.equal(q, q_ref), label
+            assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref), label
+            # And both right: plain torch's projection and RoPE, to bf16 rounding.
+            kc_t, vc_t = caches.clone().unbind(0)
+            q_t = TorchOps().qkv_linear_rope_cache(
+                x, w, b, positions, cos, sin, None, None, 1e-6, kc_t, vc_t, slots, shape
+            )
+            assert _close(q, q_t) and _close(kc[slots], kc_t[slots]) and _close(vc[slots], vc_t[slots]), label
+        # The engine's op takes it when MMA_ROPE is on, and gives the same bits as when it is off.
+        outs = []
+        for on in (False, True):
+            monkeypatch.setattr(triton_ops, "MMA_ROPE", on)
+            kc, vc = caches.clone().unbind(0)
+            q = ops.qkv_linear_rope_cache(
+                x, w, None, positions, cos, sin, None, None, 1e-6, kc, vc, slots, shape
+            )
+            outs.append((q, kc, vc))
+        assert all(torch.equal(off, on) for off, on in zip(*outs, strict=True)), m
+    assert "q|k|v RoPE in its epilogue" in ops.describe(torch.device("cuda", 0))
+
+
+def test_rope_epilogue_replays_in_a_graph_with_new_positions():
+    """Captured once, replayed after the positions, slots and x change: the eager bits each time."""
+    from fastpath.runtime.kernels import mma_gemv
+
+    heads, kv_heads, dim = shape = ROPE_SHAPES[0]
+    n, k = (heads + 2 * kv_heads) * dim, 2048
+    g = torch.Generator(device="cuda").manual_seed(5)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    cos, sin = _rope_tables(dim)
+    x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16, generator=g)
+    positions = torch.randint(0, 4096, (8,), device="cuda", generator=g)
+    slots = torch.randperm(256, device="cuda", generator=g)[:8]
+    kc, vc = torch.zeros(2, 256, kv_heads, dim, device="cuda", dtype=torch.bfloat16).unbind(0)
+
+    def step():
+        return mma_gemv.linear_rope_cache(x, w, None, positions, slots, cos, sin, kc, vc, shape, pdl=True)
+
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = step()
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        x.copy_(torch.randn(8, k, device="cuda", dtype=torch.bfloat16, generator=g))
+        positions.copy_(torch.randint(0, 4096, (8,), device="cuda", generator=g))
+        slots.copy_(torch.randperm(256, device="cuda", generator=g)[:8])
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = (out.clone(), kc[slots].clone(), vc[slots].clone())
+        eager = step()
+        assert torch.equal(replayed[0], eager)
+        assert torch.equal(replayed[1], kc[slots]) and torch.equal(replayed[2], vc[slots])

@@ -19,6 +19,13 @@ BUILDS = sorted(
         for k in (2048, 8192)
         for gated in (False, True)
         for bias in (False, True)
+    }
+    # q|k|v with RoPE in the epilogue (triton_ops.MMA_ROPE): Llama's 64- and Qwen2's 128-wide heads.
+    | {
+        mma_gemv.variant_for(m, 2048, False, bias, rope_dim=d)
+        for m in (8, 16)
+        for bias in (False, True)
+        for d in (64, 128)
     },
     key=repr,
 )
@@ -60,3 +67,32 @@ def test_the_ring_is_requested_before_the_wait_and_x_read_after(tmp_path):
         == 2 * variant.unroll * variant.stages
     )
     assert "ld.local" not in ptx and "st.local" not in ptx  # the x ring stays in registers
+
+
+def test_the_rope_build_changes_only_the_rows_a_block_takes_and_its_epilogue(tmp_path):
+    """The RoPE build streams as the plain one (same copies, same products); its epilogue reads the
+    positions, slots and tables only after the wait, and writes bf16 to q and the caches."""
+    plain, rope = (
+        mma_gemv.variant_for(8, 2048, False, False),
+        mma_gemv.variant_for(8, 2048, False, False, rope_dim=64),
+    )
+    _nvcc(plain, tmp_path / "plain.ptx", "ptx")
+    _nvcc(rope, tmp_path / "rope.ptx", "ptx")
+    a, b = (tmp_path / "plain.ptx").read_text(), (tmp_path / "rope.ptx").read_text()
+    for op in ("cp.async.cg.shared.global", "cp.async.commit_group", "mma.sync.aligned.m16n8k16"):
+        assert a.count(op) == b.count(op), op
+    wait = b.index("griddepcontrol.wait")
+    assert "ld.global" not in b[:wait]
+    # x still never on the non-coherent path; the positions, slots (written before the step's chain
+    # began) and the cos/sin tables may be.
+    assert "ld.global.nc.v4" not in b and set(re.findall(r"ld\.global\.nc\.(\w+)", b)) <= {"f32", "u64"}
+    assert "ld.local" not in b and "st.local" not in b
+    # q's and k's two halves, v's two: six bf16 stores a decode row, none of them fp32.
+    assert b.count("st.global.b16") + b.count("st.global.u16") >= 6
+
+
+def test_a_rope_build_without_a_head_size_does_not_compile(tmp_path):
+    out = tmp_path / "k.ptx"
+    done = subprocess.run([NVCC, "-arch=sm_90", "-ptx", "-o", str(out), "-DROPE=1", str(mma_gemv.SOURCE)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode != 0 and "ROPE needs HEAD_DIM" in done.stderr
