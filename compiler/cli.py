@@ -11,7 +11,6 @@ this module and what it imports on that path stay free of torch, Jinja and the b
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -86,8 +85,14 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 
 def manifest_path(manifest: str, out_dir: Path) -> str:
-    """How the lock file names a manifest: relative to the output folder's parent, whatever the cwd."""
-    return Path(os.path.relpath(Path(manifest).resolve(), out_dir.resolve().parent)).as_posix()
+    """How the lock file names a manifest: relative to the output folder's parent (the repository, for
+    ./generated), else to the working directory, else its file name alone. Never a path that climbs
+    out, so an installed package carries no trace of the build machine's folders."""
+    source = Path(manifest).resolve()
+    for root in (out_dir.resolve().parent, Path.cwd().resolve()):
+        if source.is_relative_to(root):
+            return source.relative_to(root).as_posix()
+    return source.name
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -> int:
@@ -99,6 +104,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -
         return OK
     if not args.manifests:
         parser(prog).error("give at least one MANIFEST")
+    # A file named twice (a shell glob and its path) is one manifest, not a collision with itself.
+    first: dict[Path, str] = {}
+    for m in args.manifests:
+        first.setdefault(Path(m).resolve(), m)
+    args.manifests = list(first.values())
     if args.python and not args.install:
         parser(prog).error("--python goes with --install")
     out_dir = args.output_dir or Path.cwd() / "generated"

@@ -3,22 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from fastpath.schema.errors import ManifestError
+from fastpath.schema.errors import Diagnostic, ManifestError
 from fastpath.schema.fieldtypes import python_package, split_import_path
 from fastpath.schema.loader import LoadedManifest
 from fastpath.vocab import (
+    ALLOW_LONG_ENV,
+    CATALOG_POSITIONS,
     CATALOG_SPLITS,
     DEFAULT_FMHA_ORDER,
     DISPATCH_CHAINS,
     LOOP_VS_GUIDED,
     RANDOM_PREFIX,
+    RANDOM_PRESET_POSITIONS,
     RANDOM_PRESET_SPLITS,
     default_graph_batch_sizes,
     tensor_parallel_problems,
 )
 
+from . import hook_lookup
 from .plan import Decision, HookPlan, HookRef, Plan, ServePlan
 
 
@@ -29,6 +34,7 @@ def resolve(loaded: LoadedManifest, manifest_path: str | None = None) -> Plan:
     if not manifest_path.isprintable():
         # It goes into a one-line comment of every generated file: a newline would end the comment.
         raise ManifestError.at(loaded.filename, 1, 1, f"the manifest's path {manifest_path!r} is unprintable")
+    _check_context_length(loaded)
     hooks = _hooks(loaded)
     cuda_graphs, graph_sizes, graph_reason = _cuda_graphs(loaded)
     fmha_order, fmha_reason = _fmha_order(loaded)
@@ -113,21 +119,55 @@ def _tensor_parallel(loaded: LoadedManifest) -> Decision:
     )
 
 
-def _model_splits(checkpoint: str) -> tuple[int, int, int] | None:
-    """(heads, KV heads, intermediate size) of a preset or a checkpoint's config.json; None if unreadable.
+def _check_context_length(loaded: LoadedManifest) -> None:
+    """max_seq_len against the model's max_position_embeddings, where the model's config is at hand: the
+    engine refuses it at load (vLLM does too), so a deployment learns it here, not on the server."""
+    m = loaded.manifest
+    positions = _model_positions(m.model.checkpoint)
+    if positions is None or m.runtime.max_seq_len <= positions or os.environ.get(ALLOW_LONG_ENV) == "1":
+        return
+    line, column = loaded.document.values.get(("runtime", "max_seq_len"), (1, 1))
+    message = (
+        f"max_seq_len {m.runtime.max_seq_len} is longer than the model's max_position_embeddings "
+        f"{positions} ({m.model.checkpoint}): positions past it give worse text; set {ALLOW_LONG_ENV}=1 "
+        "where it is compiled and where it runs to allow it anyway"
+    )
+    raise ManifestError.at(loaded.filename, line, column, message, "runtime.max_seq_len")
 
-    Read with json, not the runtime's ModelConfig: the compiler (and --validate) never imports torch.
-    """
+
+def _config_json(checkpoint: str) -> dict | None:
+    """A checkpoint folder's config.json, or None where it is not readable here (the engine checks when
+    it loads the model). Read with json, not the runtime's ModelConfig: the compiler (and --validate)
+    never imports torch."""
+    try:
+        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def _model_positions(checkpoint: str) -> int | None:
+    """max_position_embeddings of a preset, a catalog model or a checkpoint's config.json; None if unknown."""
+    if checkpoint.startswith(RANDOM_PREFIX):
+        return RANDOM_PRESET_POSITIONS.get(checkpoint.removeprefix(RANDOM_PREFIX))
+    if checkpoint in CATALOG_POSITIONS:
+        return CATALOG_POSITIONS[checkpoint]
+    value = (_config_json(checkpoint) or {}).get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _model_splits(checkpoint: str) -> tuple[int, int, int] | None:
+    """(heads, KV heads, intermediate size) of a preset or a checkpoint's config.json; None if unreadable."""
     if checkpoint.startswith(RANDOM_PREFIX):
         return RANDOM_PRESET_SPLITS.get(checkpoint.removeprefix(RANDOM_PREFIX))
     if checkpoint in CATALOG_SPLITS:
         return CATALOG_SPLITS[checkpoint]
+    config = _config_json(checkpoint)
     try:
-        config = json.loads((Path(checkpoint) / "config.json").read_text(encoding="utf-8"))
         heads = int(config["num_attention_heads"])
         return heads, int(config.get("num_key_value_heads") or heads), int(config["intermediate_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not readable here: the engine checks when it loads the model
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _at(loaded: LoadedManifest, *key: str | int) -> str:
@@ -136,30 +176,35 @@ def _at(loaded: LoadedManifest, *key: str | int) -> str:
     return f" at line {line}" if line else ""
 
 
-def _hook_ref(loaded: LoadedManifest, path: str, *key: str | int) -> HookRef:
-    module, attr = split_import_path(path)
-    return HookRef(module, attr, loaded.line_of(*key))
-
-
 def _hooks(loaded: LoadedManifest) -> HookPlan:
     hooks = loaded.manifest.hooks
     events = hooks.executor_events
+    problems: list[Diagnostic] = []
+
+    def ref(path: str, *key: str | int) -> HookRef:
+        module, attr = split_import_path(path)
+        if (problem := hook_lookup.problem(module, attr)) is not None:
+            line, column = loaded.document.values.get(key, (loaded.line_of(*key) or 1, 1))
+            where = ".".join(map(str, key))
+            problems.append(Diagnostic(loaded.filename, line, column, f"hook {path!r}: {problem}", where))
+        return HookRef(module, attr, loaded.line_of(*key))
 
     def refs(event: str) -> tuple[HookRef, ...]:
         paths = getattr(events, event)
-        return tuple(_hook_ref(loaded, p, "hooks", "executor_events", event, i) for i, p in enumerate(paths))
+        return tuple(ref(p, "hooks", "executor_events", event, i) for i, p in enumerate(paths))
 
-    return HookPlan(
+    plan = HookPlan(
         loop_on_execution_stream=hooks.loop_on_execution_stream,
-        decode_prologue=(
-            _hook_ref(loaded, hooks.decode_prologue, "hooks", "decode_prologue")
-            if hooks.decode_prologue
-            else None
-        ),
+        decode_prologue=ref(hooks.decode_prologue, "hooks", "decode_prologue")
+        if hooks.decode_prologue
+        else None,
         after_warmup=refs("after_warmup"),
         before_overlap_loop=refs("before_overlap_loop"),
         at_shutdown=refs("at_shutdown"),
     )
+    if problems:
+        raise ManifestError(problems)
+    return plan
 
 
 def _hook_decisions(loaded: LoadedManifest, hooks: HookPlan) -> list[Decision]:

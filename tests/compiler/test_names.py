@@ -28,6 +28,9 @@ def compile_named(tmp_path, name, *args):
         ("pytest", "a name taken by the test runner"),
         ("json", "which shadows an existing module"),
         ("dist", "the wheelhouse folder"),
+        ("sitecustomize", "the module every Python start imports"),
+        ("usercustomize", "the module every Python start imports"),
+        ("nvidia", "the namespace of the CUDA libraries' wheels"),
     ],
 )
 def test_a_name_that_imports_here_is_refused_with_its_owner_and_nothing_is_written(

@@ -48,3 +48,10 @@ def test_the_hook_flags_only_the_bad_manifest_with_lines_and_columns(tmp_path):
     )
     assert "deploy/b.yaml:7:16: error: runtime.max_seq_len: must be a valid integer, got 'long'" in out
     assert "deploy/a.yaml:" not in out  # the valid one has no message
+
+
+def test_every_hook_runs_in_one_process_so_names_are_compared_across_all_files():
+    import yaml
+
+    hooks = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
+    assert hooks and all(h["require_serial"] is True and h["entry"].endswith("--validate") for h in hooks)

@@ -244,3 +244,34 @@ def test_tensor_parallel_reads_a_checkpoints_config_json(tmp_path):
         ManifestError, match="num_attention_heads 12 is not divisible by tensor_parallel_size 8"
     ):
         resolve(parse_manifest(_tp_manifest(8, str(tmp_path)), "t.yaml"))
+
+
+def test_the_torch_free_positions_table_matches_the_runtimes_presets():
+    from fastpath.runtime.model.presets import PRESETS
+    from fastpath.vocab import RANDOM_PRESET_POSITIONS
+
+    assert {name: cfg.max_position_embeddings for name, cfg in PRESETS.items()} == RANDOM_PRESET_POSITIONS
+
+
+def test_a_max_seq_len_past_the_models_positions_is_refused_at_its_line(monkeypatch, tmp_path):
+    from fastpath.vocab import ALLOW_LONG_ENV
+
+    monkeypatch.delenv(ALLOW_LONG_ENV, raising=False)
+    body = "runtime:\n  max_batch_size: 4\n  max_seq_len: 4096\n"
+    with pytest.raises(ManifestError) as e:
+        plan_of(body)
+    assert str(e.value).startswith("m.yaml:7:16: error: max_seq_len 4096 is longer than the model's")
+    assert "max_position_embeddings 2048 (random:tiny-llama)" in str(e.value) and ALLOW_LONG_ENV in str(
+        e.value
+    )
+    assert plan_of(body.replace("4096", "2048")).max_seq_len == 2048
+    monkeypatch.setenv(ALLOW_LONG_ENV, "1")
+    assert plan_of(body).max_seq_len == 4096
+    # A checkpoint folder's config.json is read; one that is not readable here is left to the engine.
+    monkeypatch.delenv(ALLOW_LONG_ENV)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 1024}))
+    folder = f"schema_version: 1\nname: m\nmodel:\n  checkpoint: {tmp_path}\nruntime:\n  max_seq_len: 2048\n"
+    with pytest.raises(ManifestError, match="max_position_embeddings 1024"):
+        resolve(parse_manifest(folder, "m.yaml"))
+    (tmp_path / "config.json").write_text("{not json")
+    assert resolve(parse_manifest(folder, "m.yaml")).max_seq_len == 2048

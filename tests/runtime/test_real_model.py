@@ -114,10 +114,11 @@ def test_converted_once_into_a_checkpoint_with_its_chat_template(converted):
 
 
 def test_the_vocab_knows_what_tensor_parallelism_splits_in_the_model(engine):
-    from fastpath.vocab import CATALOG_SPLITS
+    from fastpath.vocab import CATALOG_POSITIONS, CATALOG_SPLITS
 
     cfg = engine.llm.config.model
     assert CATALOG_SPLITS[NAME] == (cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size)
+    assert CATALOG_POSITIONS[NAME] == cfg.max_position_embeddings
 
 
 @pytest.mark.slow

@@ -1,0 +1,95 @@
+"""Hook import paths looked up where the manifest is compiled: found, parsed, never imported."""
+
+import sys
+
+import pytest
+
+from fastpath.compiler import hook_lookup
+from fastpath.compiler.resolve import resolve
+from fastpath.schema import ManifestError, parse_manifest
+
+HEAD = "schema_version: 1\nname: m\nmodel:\n  checkpoint: random:tiny-llama\nhooks:\n"
+
+
+def test_a_misspelled_fastpath_hook_is_an_error_at_its_line_with_the_name_it_meant():
+    with pytest.raises(ManifestError) as e:
+        resolve(
+            parse_manifest(
+                HEAD + "  decode_prologue: fastpath.runtime.prologues:FusedDecodePrologu\n", "m.yaml"
+            )
+        )
+    assert str(e.value) == (
+        "m.yaml:6:20: error: hook 'fastpath.runtime.prologues:FusedDecodePrologu': fastpath.runtime.prologues "
+        "defines no 'FusedDecodePrologu'; did you mean 'FusedDecodePrologue'?"
+    )
+    assert [d.path for d in e.value.diagnostics] == ["hooks.decode_prologue"]
+
+
+def test_every_bad_hook_is_reported_at_once():
+    body = "  executor_events:\n    at_shutdown: [fastpath.runtime.nothere:x, fastpath.runtime.events:nope]\n"
+    with pytest.raises(ManifestError) as e:
+        resolve(parse_manifest(HEAD + body, "m.yaml"))
+    messages = [d.message for d in e.value.diagnostics]
+    assert len(messages) == 2
+    assert "fastpath has no module 'fastpath.runtime.nothere'" in messages[0]
+    assert "fastpath.runtime.events defines no 'nope'" in messages[1]
+
+
+def test_fastpaths_own_hooks_resolve_and_nothing_is_imported():
+    before = set(sys.modules)
+    plan = resolve(
+        parse_manifest(
+            HEAD + "  decode_prologue: fastpath.runtime.prologues:FusedDecodePrologue\n"
+            "  executor_events: {after_warmup: [fastpath.runtime.events:retain_host_pages]}\n",
+            "m.yaml",
+        )
+    )
+    assert plan.hooks.decode_prologue.attr == "FusedDecodePrologue"
+    assert not {m for m in set(sys.modules) - before if m.startswith(("fastpath.runtime", "torch"))}
+
+
+def test_a_module_not_found_here_is_left_to_the_deploy_machine():
+    assert hook_lookup.problem("surely_not_installed_pkg.hooks", "Prologue") is None
+
+
+@pytest.fixture
+def user_hooks(tmp_path, monkeypatch):
+    pkg = tmp_path / "myhooks_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "defs.py").write_text(
+        "import os.path\nfrom json import dumps as to_json\n"
+        "try:\n    import fancy\nexcept ImportError:\n    fancy = None\n"
+        "if True:\n    class Prologue:\n        pass\nelse:\n    def Prologue():\n        pass\n"
+        "(a, [b, c]) = 1, [2, 3]\nCOUNT: int = 0\nasync def on_event(executor):\n    pass\n"
+    )
+    (pkg / "star.py").write_text("from os.path import *\n")
+    (pkg / "lazy.py").write_text("def __getattr__(name):\n    return name\n")
+    (pkg / "sub").mkdir()
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "broken.py").write_text("def (:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "myhooks_pkg"
+    assert not [m for m in sys.modules if m.startswith("myhooks_pkg")], "a lookup imported the module"
+
+
+@pytest.mark.parametrize("name", ["Prologue", "to_json", "os", "fancy", "a", "b", "c", "COUNT", "on_event"])
+def test_every_way_a_module_binds_a_name_counts(user_hooks, name):
+    assert hook_lookup.problem(f"{user_hooks}.defs", name) is None
+
+
+def test_a_name_the_module_does_not_bind_is_an_error(user_hooks):
+    assert hook_lookup.problem(f"{user_hooks}.defs", "Prologu") == (
+        "myhooks_pkg.defs defines no 'Prologu'; did you mean 'Prologue'?"
+    )
+
+
+@pytest.mark.parametrize("module", ["star", "lazy", "broken"])
+def test_where_the_source_cannot_tell_the_name_is_taken_on_trust(user_hooks, module):
+    assert hook_lookup.problem(f"{user_hooks}.{module}", "Anything") is None
+
+
+def test_a_submodule_named_as_the_attribute_is_found(user_hooks):
+    assert hook_lookup.problem(user_hooks, "sub") is None
+    assert hook_lookup.problem(user_hooks, "defs") is None
+    assert "defines no 'nothing'" in hook_lookup.problem(user_hooks, "nothing")
