@@ -603,7 +603,7 @@ def flat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:
         if kind != "text" or not isinstance(part.get("text"), str):
             raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
         texts.append(part["text"])
-    return {**message, "content": "".join(texts)}
+    return {**message, "content": "\n".join(texts)}  # as vLLM joins them
 
 
 def _prompt_list(prompts: Any) -> list[Any]:

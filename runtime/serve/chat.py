@@ -71,7 +71,9 @@ async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: R
     usage = Usage(gen.prompt_tokens, sum(len(c.token_ids) for c in out.outputs))
     request.state.completion_tokens = usage.completion_tokens
     raw = _raw(gen)
-    choices = [chat_choice(c.index, c, body.return_token_ids, raw) for c in out.outputs]
+    choices = [
+        chat_choice(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0) for c in out.outputs
+    ]
     extra = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
     return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
 
@@ -96,7 +98,7 @@ async def _events(
                 so_far[c.index] = so_far.get(c.index, 0) + len(c.token_ids)
                 if not worth_sending(c, body.return_token_ids):
                     continue
-                delta = chat_delta(c.index, c, body.return_token_ids, raw)
+                delta = chat_delta(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
                 mine = Usage(gen.prompt_tokens, so_far[c.index])  # vLLM: this choice's counts
                 yield sse(env.body([delta], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:

@@ -60,9 +60,11 @@ class Body(BaseModel):
         checks = 0
         for k, v in data.items():
             if k not in known:
-                # Bounded: a body of 500k unknown keys must not hold the event loop in difflib.
+                # A field of another route (chat's top_logprobs sent to completions) is no misspelling:
+                # ignored, as vLLM ignores it. Bounded: a body of 500k unknown keys must not hold the
+                # event loop in difflib.
                 checks += 1
-                if checks > _MAX_SPELL_CHECKS or misspelling_of(k, known) is None:
+                if k in every_key() or checks > _MAX_SPELL_CHECKS or misspelling_of(k, known) is None:
                     cls._ignore(k)
                     continue
             default_for_null = (
@@ -92,6 +94,23 @@ class Body(BaseModel):
             _log.warning(
                 "ignoring the request field %r of %s: this server does not use it", key, cls.__name__
             )
+
+
+def every_key() -> frozenset[str]:
+    """Every field (and alias) of every request body this server reads."""
+    global _EVERY
+    if _EVERY is None:
+        keys: set[str] = set()
+        stack = list(Body.__subclasses__())
+        while stack:
+            cls = stack.pop()
+            keys |= cls._known_keys()
+            stack += cls.__subclasses__()
+        _EVERY = frozenset(keys)
+    return _EVERY
+
+
+_EVERY: frozenset[str] | None = None
 
 
 class StreamOptions(Body):
@@ -245,7 +264,7 @@ class ChatMessage(Body):
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.text for part in content)
+            content = "\n".join(part.text for part in content)  # as vLLM joins them
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         for key in ("name", "tool_calls", "tool_call_id"):
             value = getattr(self, key)

@@ -108,9 +108,13 @@ def completion_logprobs(
 TokenBytes = Callable[[int], bytes]
 
 
-def chat_logprobs(c: CompletionOutput, raw: TokenBytes | None = None) -> dict[str, list[Any]] | None:
-    """The chat shape: per token its text, logprob, bytes and the top alternatives. `raw`: a token's
-    own bytes (a piece of a multi-byte character has its bytes, not U+FFFD's)."""
+def chat_logprobs(
+    c: CompletionOutput, top: int = 0, raw: TokenBytes | None = None
+) -> dict[str, list[Any]] | None:
+    """The chat shape: per token its text, logprob, bytes and exactly its `top` most likely
+    alternatives (the request's top_logprobs; the sampled token is listed there only when it is one of
+    them, as OpenAI and vLLM do). `raw`: a token's own bytes (a piece of a multi-byte character has its
+    bytes, not U+FFFD's)."""
     if c.logprobs is None:
         return None
     content = []
@@ -118,7 +122,7 @@ def chat_logprobs(c: CompletionOutput, raw: TokenBytes | None = None) -> dict[st
         content.append(
             {
                 **_token(token, position[token], raw),
-                "top_logprobs": [_token(t, e, raw) for t, e in _ranked_items(position)],
+                "top_logprobs": [_token(t, e, raw) for t, e in _ranked_items(position)[:top]],
             }
         )
     return {"content": content}
@@ -186,12 +190,12 @@ def completion_choice(
 
 
 def chat_choice(
-    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None
+    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None, top: int = 0
 ) -> dict[str, Any]:
     choice = {
         "index": index,
         "message": {"role": "assistant", "content": c.text},
-        "logprobs": chat_logprobs(c, raw),
+        "logprobs": chat_logprobs(c, top, raw),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }
@@ -201,12 +205,12 @@ def chat_choice(
 
 
 def chat_delta(
-    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None
+    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None, top: int = 0
 ) -> dict[str, Any]:
     choice = {
         "index": index,
         "delta": {"content": c.text},
-        "logprobs": chat_logprobs(c, raw),
+        "logprobs": chat_logprobs(c, top, raw),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import validation_param
-from .protocol import Body, FieldError, misspelling_of
+from .protocol import FieldError, every_key, misspelling_of
 
 # Union fields, by their last key: the shapes they accept.
 _SHAPES = {
@@ -39,7 +39,7 @@ def explain(errors: Sequence[dict[str, Any]]) -> tuple[str | None, str]:
         return None, "the body must be a JSON object (Content-Type: application/json)"
     param = validation_param(loc)
     if kind == "extra_forbidden":
-        known = misspelling_of(str(loc[-1]), _every_key())
+        known = misspelling_of(str(loc[-1]), every_key() - {str(loc[-1])})
         hint = f"; did you mean {known!r}?" if known else ""
         return param, f"is not a field of this request{hint}"
     at = _union_at(loc)
@@ -61,13 +61,3 @@ def _union_at(loc: tuple[Any, ...]) -> int | None:
         if isinstance(loc[i], str) and loc[i] in _SHAPES:
             return i
     return None
-
-
-def _every_key() -> set[str]:
-    keys: set[str] = set()
-    stack = list(Body.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        keys |= cls._known_keys()
-        stack += cls.__subclasses__()
-    return keys

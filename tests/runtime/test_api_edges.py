@@ -84,9 +84,10 @@ def test_a_context_longer_than_the_model_was_trained_for_is_refused(monkeypatch)
 
 
 def test_chat_joins_text_parts_and_a_bad_conversation_fails_alone(llm):
-    plain = [{"role": "user", "content": "hello there"}]
+    """Text parts are joined with a newline, as vLLM joins them, so the words stay apart."""
+    plain = [{"role": "user", "content": "hello\nthere"}]
     parts = [
-        {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}
+        {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}
     ]
     expected = llm.chat(plain, GREEDY, use_tqdm=False)[0]
     assert llm.chat(parts, GREEDY, use_tqdm=False)[0].prompt_token_ids == expected.prompt_token_ids

@@ -150,14 +150,14 @@ def test_chat_uses_the_template_and_equals_offline_chat(url, llm):
 
 def test_streamed_chat_sends_the_role_first_then_content(url, llm):
     messages = [
-        {"role": "user", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]}
+        {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}
     ]
     stream = client(url).chat.completions.create(
         model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True, extra_body=TOKENS
     )
     chunks = list(stream)
     expected = llm.chat(
-        [{"role": "user", "content": "hello there"}],
+        [{"role": "user", "content": "hello\nthere"}],  # parts joined as vLLM joins them
         SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
         use_tqdm=False,
     )[0].outputs[0]
@@ -220,8 +220,39 @@ def test_logprobs_in_both_shapes(url):
     content = chat.choices[0].logprobs.content
     assert len(content) == 4
     assert "".join(t.token for t in content).rstrip("\ufffd") == chat.choices[0].message.content
-    assert all(t.logprob <= 0 and len(t.top_logprobs) <= 2 for t in content)
+    assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in content)
     assert all(bytes(t.bytes) == t.token.encode() for t in content)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_top_logprobs_lists_exactly_k_alternatives_even_when_the_sampled_token_is_not_one(url, stream):
+    """Sampled at a high temperature, most tokens are outside the top 2: OpenAI and vLLM still list
+    exactly 2 (and none without top_logprobs), the sampled token only where it is one of them."""
+    for top in (2, None):
+        kw = {"top_logprobs": top} if top is not None else {}
+        reply = client(url).chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=24,
+            temperature=5.0,
+            seed=3,
+            logprobs=True,
+            stream=stream,
+            extra_body={"ignore_eos": True},
+            **kw,
+        )
+        chunks = list(reply) if stream else [reply]
+        content = [
+            t for c in chunks for choice in c.choices if choice.logprobs for t in choice.logprobs.content
+        ]
+        assert len(content) == 24
+        outside = 0
+        for t in content:
+            assert len(t.top_logprobs) == (top or 0), (top, t)
+            ranked = [a.logprob for a in t.top_logprobs]
+            assert ranked == sorted(ranked, reverse=True)
+            outside += bool(top) and t.token not in {a.token for a in t.top_logprobs}
+        assert top is None or outside > 0  # the case this test is about did happen
 
 
 def test_a_stream_interval_gathers_tokens_per_event_and_loses_none(llm):

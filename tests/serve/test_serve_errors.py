@@ -154,6 +154,10 @@ def test_fields_this_server_does_not_use_are_ignored_and_misspellings_are_not(ht
     # Newer OpenAI fields, vLLM extras it does not implement, and a client's round-tripped reply.
     extra = {"store": False, "metadata": {"a": "b"}, "service_tier": "auto", "priority": 0}
     assert http.post("/v1/completions", json={**COMPLETION, **extra}).status_code == 200
+    # Chat's top_logprobs sent to completions (as clients that share one set of options do) is no
+    # misspelling of completions' logprobs: ignored, as vLLM ignores it.
+    r = http.post("/v1/completions", json={**COMPLETION, "top_logprobs": 2})
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
     reply = {"role": "assistant", "content": "hello", "refusal": None, "annotations": [], "tool_calls": None}
     messages = [{"role": "user", "content": "hi"}, reply, {"role": "user", "content": "again"}]
     r = http.post("/v1/chat/completions", json={**CHAT, "messages": messages, "prompt_cache_key": "k"})
