@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
@@ -63,6 +64,14 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     app = FastAPI(title="fastpath", summary="An OpenAI-compatible server for a fastpath engine")
     app.state.fastpath = state
     app.add_middleware(RequestMiddleware, state=state)
+    if config.allowed_origins:  # outermost: a preflight is answered before anything else runs
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id"],
+        )
     _errors(app)
     app.include_router(_public_routes())
     app.include_router(_v1_routes(), prefix="/v1", dependencies=[Depends(_require_api_key)])

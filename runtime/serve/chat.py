@@ -54,7 +54,7 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
         check_room(len(prompt["prompt_token_ids"]), body, state.llm.config.max_seq_len)
         return [prompt]
 
-    rid = request_id("chatcmpl")
+    rid = request_id("chatcmpl", request.headers.get("x-request-id"))
     request.state.request_id = rid
     gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(body))
     request.state.prompt_tokens = gen.prompt_tokens

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -110,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         action="store_true",
         help="let requests bring their own chat_template (vLLM's flag; a template runs on the server's CPU)",
     )
+    s.add_argument(
+        "--allowed-origins",
+        type=_origins,
+        default=(),
+        help="web origins whose pages may call the server from a browser (CORS), comma-separated or a "
+        "JSON list as vLLM takes it; '*' for any (default: none)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     e = parser.add_argument_group("engine")
     for flag, (key, kind, text) in ENGINE_FLAGS.items():
@@ -159,7 +167,21 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         stream_interval=args.stream_interval,
         api_server_count=args.api_server_count,
         trust_request_chat_template=args.trust_request_chat_template,
+        allowed_origins=args.allowed_origins,
     )
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    """'a,b' or vLLM's '["a", "b"]' -> ('a', 'b')."""
+    if text.lstrip().startswith("["):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON list: {exc}") from None
+        if not isinstance(value, list) or not all(isinstance(o, str) for o in value):
+            raise argparse.ArgumentTypeError("a JSON list of strings")
+        return tuple(o.strip() for o in value)
+    return tuple(o.strip() for o in text.split(",") if o.strip())
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -124,7 +124,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     def engine_prompts() -> list[Any]:
         return [_tokenized(p, body, state) for p in prompts]
 
-    rid = request_id("cmpl")
+    rid = request_id("cmpl", request.headers.get("x-request-id"))
     request.state.request_id = rid
     gen = await Generation.start(
         state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body)

@@ -24,6 +24,9 @@ class ServeConfig:
       --api-server-count); above one, the admission bounds are shared out among them.
     - `trust_request_chat_template`: requests may bring their own `chat_template`. Off by default,
       as in vLLM: a template is a program that runs on the server's CPU for as long as it likes.
+    - `allowed_origins`: web origins whose pages may call the server from a browser (CORS; "*" for
+      any). None by default, unlike vLLM's "*": any page a user opens could otherwise drive a server
+      on their machine.
     """
 
     host: str = "127.0.0.1"
@@ -38,8 +41,17 @@ class ServeConfig:
     stream_interval: int = 1
     api_server_count: int = 1
     trust_request_chat_template: bool = False
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        origins = self.allowed_origins
+        _check(
+            isinstance(origins, tuple)
+            and all(isinstance(o, str) and o.isprintable() and o.strip() == o != "" for o in origins),
+            "allowed_origins",
+            "a tuple of origins such as 'https://example.com', or '*'",
+            origins,
+        )
         _check(
             isinstance(self.host, str) and self.host.strip() == self.host != "",
             "host",

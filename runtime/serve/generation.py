@@ -9,6 +9,7 @@ still running, so its KV blocks are freed at the engine's next step.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,8 +25,15 @@ if TYPE_CHECKING:
     from .state import ServerState
 
 
-def request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"  # unique across API server processes too
+_CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: it goes back out in a header
+
+
+def request_id(prefix: str, client_id: str | None = None) -> str:
+    """The response's id: the client's X-Request-Id where it sent a usable one (so a gateway can match
+    the two, as vLLM does), else a fresh one, unique across API server processes too."""
+    if client_id is not None and _CLIENT_ID.fullmatch(client_id):
+        return f"{prefix}-{client_id}"
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class Generation:
@@ -166,12 +174,16 @@ class Generation:
 async def _submit_in_thread(state, prompts, params, rid, stream, keys: RequestKeys) -> list[RequestHandle]:
     loop = asyncio.get_running_loop()
 
+    # A client may send the same X-Request-Id twice: the engine's ids stay unique.
+    unique = uuid.uuid4().hex[:8]
+
     def submit_all() -> list[RequestHandle]:
         handles: list[RequestHandle] = []
         try:
             for i, prompt in enumerate(prompts()):
+                engine_id = f"{rid}-{unique}-{i}"
                 handles.append(
-                    state.llm.submit(prompt, params, request_id=f"{rid}-{i}", loop=loop, stream=stream)
+                    state.llm.submit(prompt, params, request_id=engine_id, loop=loop, stream=stream)
                 )
         except BaseException:
             for h in handles:

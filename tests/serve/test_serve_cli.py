@@ -151,3 +151,14 @@ def test_request_templates_and_generation_config_are_vllms_flags(calls):
     assert runtime_cli.engine_kwargs(plain)["generation_config"] == "vllm"
     assert runtime_cli.serve_config(plain).trust_request_chat_template is False
     assert runtime_cli.serve_config(trusting).trust_request_chat_template is True
+
+
+def test_allowed_origins_take_vllms_json_list_or_a_comma_list(calls, capsys):
+    for given in ('["https://a.example", "*"]', "https://a.example, *"):
+        assert main(["serve", "random:tiny-llama", "--allowed-origins", given]) == 0
+    assert main(["serve", "random:tiny-llama"]) == 0
+    origins = [runtime_cli.serve_config(args).allowed_origins for _, args, _ in calls]
+    assert origins == [("https://a.example", "*"), ("https://a.example", "*"), ()]
+    with pytest.raises(SystemExit):
+        main(["serve", "random:tiny-llama", "--allowed-origins", '["a", 3]'])
+    assert "--allowed-origins: a JSON list of strings" in capsys.readouterr().err
