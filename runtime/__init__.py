@@ -16,6 +16,8 @@ _EXPORTS = {
     "SamplingParams": ".engine.sampling_params",
     "GuidedDecodingParams": ".engine.sampling_params",
     "StructuredOutputsParams": ".engine.sampling_params",  # vLLM's newer name for GuidedDecodingParams
+    "TextPrompt": ".engine.prompts",  # vLLM's prompt dicts, typed
+    "TokensPrompt": ".engine.prompts",
     "RequestOutput": ".engine.outputs",
     "CompletionOutput": ".engine.outputs",
     "Logprob": ".engine.outputs",

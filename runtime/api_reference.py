@@ -59,6 +59,7 @@ def reference_markdown() -> str:
     from .engine.outputs import CompletionOutput, Logprob, RequestOutput
     from .engine.request import RequestHandle
     from .engine.sampling_params import GuidedDecodingParams, SamplingParams
+    from .engine.vllm_keywords import NEUTRAL
 
     aliases = ", ".join(f"`{a}` = `{n}`" for a, n in sorted(ALIASES.items()))
     lines = [
@@ -75,6 +76,16 @@ def reference_markdown() -> str:
         f"Keyword aliases: {aliases}. An unknown keyword is a TypeError with a suggestion.",
         "",
         *_fields_table(EngineOptions),
+        "",
+        "vLLM's keywords that fastpath has no setting for are accepted where their value asks for what",
+        "fastpath does (vLLM's default, mostly); another value is a ValueError saying what it does instead:",
+        "",
+        "| keyword | what fastpath does |",
+        "|---|---|",
+        *(f"| `{k}` | {rule.does} |" for k, rule in NEUTRAL.items()),
+        "",
+        "vLLM's pooling and beam-search methods (`encode`, `embed`, `classify`, `score`, `reward`,",
+        "`beam_search`) raise NotImplementedError saying so.",
         "",
         *_methods(LLM, LLM_METHODS),
         *_section("SamplingParams", SamplingParams),

@@ -44,7 +44,10 @@ def is_single_prompt(prompts: Any) -> bool:
 def encode(prompt: Prompt, tokenizer: Any, limits: Limits) -> Admitted:
     """The prompt's text (if any) and token ids; ValueError says what is wrong with it."""
     if isinstance(prompt, Mapping):
-        keys = set(prompt) - {"multi_modal_data", "mm_processor_kwargs"}
+        if prompt.get("multi_modal_data"):  # never dropped without a word
+            raise ValueError("multi_modal_data: this engine's models take text only")
+        # vLLM's keys that change nothing here: no multimodal data to process, no prefix cache to salt.
+        keys = set(prompt) - {"multi_modal_data", "mm_processor_kwargs", "cache_salt"}
         if keys == {"prompt_token_ids"} or keys == {"prompt_token_ids", "prompt"}:
             return Admitted(prompt.get("prompt"), check_ids(prompt["prompt_token_ids"], limits))
         if keys == {"prompt"}:

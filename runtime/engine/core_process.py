@@ -349,7 +349,11 @@ class LinkServer:
             plp = None
             if params.prompt_logprobs is not None:
                 plp = prompt_logprobs_when_room(
-                    self.core, llm.executor, prompt_ids, params.prompt_logprobs, llm.tokenizer
+                    self.core,
+                    llm.executor,
+                    prompt_ids,
+                    params.prompt_logprobs,
+                    llm.tokenizer if params.detokenize else None,  # no text asked for: none spelled
                 )
         except Exception as exc:
             link.keep(token, None)

@@ -22,7 +22,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -33,6 +33,7 @@ from ..hooks import RuntimeHooks, runtime_hooks_of
 from ..model.config import ModelConfig
 from ..model.presets import resolve_random
 from ..model.tokenizer import generation_eos_ids, resolve_tokenizer
+from . import vllm_keywords
 from .admission import (
     GuidedAdmission,
     Limits,
@@ -297,7 +298,11 @@ class LLM:
             guided = [self._guided_state(params.guided) for _ in range(params.n)]
         if params.prompt_logprobs is not None:
             handle.prompt_logprobs = prompt_logprobs_when_room(
-                self.core, self.executor, prompt_ids, params.prompt_logprobs, self.tokenizer
+                self.core,
+                self.executor,
+                prompt_ids,
+                params.prompt_logprobs,
+                _detokenizer(self.tokenizer, params),
             )
         return guided
 
@@ -341,6 +346,8 @@ class LLM:
         *,
         use_tqdm: bool | Callable[..., Any] = True,
         errors: str = "raise",
+        lora_request: Any = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """One output per prompt, in order. An invalid request fails alone: the rest still run, and a
         RequestError at the end carries every output (errors="return" hands them back instead).
@@ -353,7 +360,10 @@ class LLM:
           not; FASTPATH_PROGRESS=0 hides it); a callable is the tqdm class or factory to use, called
           with vLLM's keywords (total, desc, dynamic_ncols); False shows none.
         - `errors`: "raise" (a RequestError after the rest have run) or "return" (the failed
-          requests' outputs carry their `error`)."""
+          requests' outputs carry their `error`).
+        - `lora_request`, `priority`: vLLM's, accepted at None (and priorities of 0); fastpath has no
+          adapters and schedules first come, first served."""
+        vllm_keywords.check_call(lora_request=lora_request, priority=priority)
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
         if self.core is None:
@@ -444,6 +454,9 @@ class LLM:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: Sequence[Mapping[str, Any]] | None = None,
         use_tqdm: bool | Callable[..., Any] = True,
+        lora_request: Any = None,
+        chat_template_content_format: str = "auto",
+        mm_processor_kwargs: Mapping[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations, each rendered by the tokenizer's chat template (or
         `chat_template`) straight to token ids, so the template's BOS is the only one. A conversation
@@ -460,7 +473,14 @@ class LLM:
           final assistant message; use with add_generation_prompt=False).
         - `chat_template_kwargs`: extra variables for the template (e.g. enable_thinking).
         - `tools`: tool (function) definitions, passed to the template as `tools`.
-        - `use_tqdm`: as in generate()."""
+        - `use_tqdm`: as in generate().
+        - `lora_request`, `chat_template_content_format` ('auto' or 'string'), `mm_processor_kwargs`:
+          vLLM's, accepted where they ask for what fastpath does (no adapters; text parts joined)."""
+        vllm_keywords.check_call(
+            lora_request=lora_request,
+            chat_template_content_format=chat_template_content_format,
+            mm_processor_kwargs=mm_processor_kwargs,
+        )
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self._defaults)
         # What is wrong with the call itself fails the call, not each conversation.
@@ -532,6 +552,27 @@ class LLM:
             raise RuntimeError("stats are kept on rank 0")
         return self.core.stats()
 
+    # vLLM's pooling and beam-search entry points, so code written for them fails saying why.
+    def encode(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_NOT_HERE.format("encode"))
+
+    def embed(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_NOT_HERE.format("embed"))
+
+    def classify(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_NOT_HERE.format("classify"))
+
+    def score(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_NOT_HERE.format("score"))
+
+    def reward(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(_NOT_HERE.format("reward"))
+
+    def beam_search(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise NotImplementedError(
+            "LLM.beam_search is not supported: fastpath samples (n completions with their seeds, or greedy)"
+        )
+
     def prompt_logits(self, prompt: Prompt):
         """Next-token logits after one prompt (fp32, CPU). A diagnostic for comparing against an oracle."""
         if self.core is None:
@@ -589,6 +630,17 @@ def _close_engine(core: EngineCore | None, executor, parallel) -> None:
     finally:
         if parallel is not None:
             parallel.close()
+
+
+_NOT_HERE = (
+    "LLM.{} is vLLM's pooling API, which fastpath does not have: it runs generative Llama-family "
+    "models (generate, chat, stream); prompt_logits gives a prompt's next-token logits"
+)
+
+
+def _detokenizer(tokenizer: Any, params: SamplingParams) -> Any:
+    """The tokenizer that spells logprobs' tokens: none where the request asked for no text."""
+    return tokenizer if params.detokenize else None
 
 
 def flat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:

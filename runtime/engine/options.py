@@ -2,8 +2,10 @@
 
 Names follow vLLM where they overlap (`max_model_len`, `max_num_seqs`, `gpu_memory_utilization`,
 `enforce_eager`, `tensor_parallel_size`, `seed`, `tokenizer`, `dtype`); fastpath's own spellings
-(`max_seq_len`, `max_batch_size`, `tp`) are aliases of the same settings. An unknown keyword is a
-TypeError with a suggestion.
+(`max_seq_len`, `max_batch_size`, `tp`) are aliases of the same settings. vLLM's keywords that
+fastpath has no setting for are accepted at values that ask for what it does (`trust_remote_code`,
+`enable_prefix_caching=False`, ...; vllm_keywords.py). An unknown keyword is a TypeError with a
+suggestion.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fastpath.vocab import ALLOW_LONG_ENV, LLM_INT_BOUNDS, TP_ALLREDUCE
 
 from ..model.config import ModelConfig
 from ..runner.config import EngineConfig, resolve_device, resolve_dtype, resolve_graph_sizes
+from . import vllm_keywords
 from .sampling_params import doc
 
 # alias -> the setting it names
@@ -144,13 +147,17 @@ NAMES = tuple(f.name for f in fields(EngineOptions))
 
 
 def parse_options(kwargs: dict[str, Any]) -> EngineOptions:
-    """Resolve aliases and refuse unknown keywords."""
+    """Resolve aliases, accept vLLM's keywords where they ask for what fastpath does
+    (vllm_keywords.py), and refuse unknown keywords."""
     given: dict[str, Any] = {}
     spelled: dict[str, str] = {}
     for key, value in kwargs.items():
         name = ALIASES.get(key, key)
+        if name not in NAMES and key in vllm_keywords.NEUTRAL:
+            vllm_keywords.check(key, value)
+            continue
         if name not in NAMES:
-            close = difflib.get_close_matches(key, [*NAMES, *ALIASES], n=1)
+            close = difflib.get_close_matches(key, [*NAMES, *ALIASES, *vllm_keywords.NEUTRAL], n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TypeError(f"LLM() got an unexpected keyword argument {key!r}{hint}")
         if name in given and given[name] != value:

@@ -60,11 +60,10 @@ def prompt_logprobs(executor: Any, ids: list[int], k: int, tokenizer: Any) -> li
     tops = (torch.cat(top_ids).tolist(), torch.cat(top_lps).tolist()) if k else None
     text = token_text(tokenizer) if tokenizer is not None else (lambda t: None)
     for j, token in enumerate(ids[1:]):
-        entry: PositionLogprobs = {}
+        # The prompt's token first, then the top-k in rank order, as vLLM orders them.
+        entry: PositionLogprobs = {token: Logprob(chosen_host[j], ranks_host[j], text(token))}
         if tops is not None:
             for rank, (t, lp) in enumerate(zip(tops[0][j], tops[1][j], strict=True), 1):
                 entry[t] = Logprob(lp, rank, text(t))
-        if token not in entry:
-            entry[token] = Logprob(chosen_host[j], ranks_host[j], text(token))
         out.append(entry)
     return out

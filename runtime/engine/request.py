@@ -297,14 +297,14 @@ class RequestHandle:
         positions = []
         for j in range(start, upto):
             token = seq.output_ids[j]
-            entry: PositionLogprobs = {}
+            # The sampled token first, then the top-k in rank order, as vLLM orders them: code that
+            # reads the first entry as the sampled token's gets it.
+            rank = seq.ranks[j] if j < len(seq.ranks) else None
+            entry: PositionLogprobs = {token: Logprob(seq.logprobs[j], rank, self._token_text(token))}
             if k and j < len(seq.top_logprobs):
                 ids, lps = seq.top_logprobs[j]
                 for rank, (t, lp) in enumerate(zip(ids, lps, strict=True), 1):
                     entry[t] = Logprob(lp, rank, self._token_text(t))
-            if token not in entry:
-                rank = seq.ranks[j] if j < len(seq.ranks) else None
-                entry[token] = Logprob(seq.logprobs[j], rank, self._token_text(token))
             positions.append(entry)
         if delta:
             c.sent_logprobs = upto

@@ -192,6 +192,21 @@ def _token_ids(name: str, value: Any) -> list[int]:
     return ids
 
 
+# vLLM's SamplingParams fields fastpath lacks, and what to do instead: a TypeError that says so, not a
+# "did you mean" pointing at an unrelated field.
+VLLM_MISSING = {
+    "logit_bias": "no per-token bias; guided_decoding constrains which tokens may follow",
+    "allowed_token_ids": "no allow-list; guided_decoding=GuidedDecodingParams(choice=[...]) or a regex constrains the output",
+    "bad_words": "no banned words; guided_decoding (a regex or grammar) constrains the output",
+    "logits_processors": "no Python logits processors: sampling runs in fused kernels inside the step",
+    "truncate_prompt_tokens": "prompts are never truncated: a prompt longer than max_model_len is refused",
+    "best_of": "n completions are sampled and all returned; none are ranked away",
+    "output_kind": "generate() returns final outputs; stream() and submit() give deltas",
+    "extra_args": "no extension arguments",
+    "flat_logprobs": "logprobs are a list of {token id: Logprob} dicts, one a position",
+}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
     """How one request generates, with vLLM's names and meanings. Keyword-only; every field is checked
@@ -304,6 +319,10 @@ class SamplingParams:
         # A misspelt keyword gets the field it was meant to be, not only the dataclass's TypeError.
         names = cls.__dataclass_fields__
         for key in kwargs:
+            if key in VLLM_MISSING:
+                raise TypeError(
+                    f"SamplingParams({key}=...) is vLLM's, and fastpath does not have it: {VLLM_MISSING[key]}"
+                )
             if key not in names:
                 close = difflib.get_close_matches(key, list(names), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -99,11 +99,12 @@ class Sequence:
         # Under min_tokens the sampler bans stop tokens, except where a grammar allowed nothing else
         # (kernels/guided_mask.py): a guided row's stop token then ends it.
         if len(self.output_ids) > p.min_tokens or p.min_tokens == 0 or self.guided is not None:
-            if token in p.stop_token_ids:
-                self.finish_reason, self.stop_reason = "stop", token
-                return
+            # EOS first, as vLLM checks it: an EOS that is also a stop token id stops with no stop_reason.
             if token in self.eos_ids and not p.ignore_eos:
                 self.finish_reason = "stop"
+                return
+            if token in p.stop_token_ids:
+                self.finish_reason, self.stop_reason = "stop", token
                 return
         if len(self.prompt_ids) + len(self.output_ids) >= self.length_limit:
             self.finish_reason = "length"

@@ -162,3 +162,17 @@ def test_allowed_origins_take_vllms_json_list_or_a_comma_list(calls, capsys):
     with pytest.raises(SystemExit):
         main(["serve", "random:tiny-llama", "--allowed-origins", '["a", 3]'])
     assert "--allowed-origins: a JSON list of strings" in capsys.readouterr().err
+
+
+def test_a_vllm_serve_command_line_runs_with_its_neutral_flags(calls):
+    argv = ["serve", "random:tiny-llama", "--trust-remote-code", "--disable-log-stats", "--disable-log-requests",
+            "--no-enable-prefix-caching", "--kv-cache-dtype", "auto"]  # fmt: skip
+    assert main(argv) == 0
+    ((_, args, _),) = calls
+    kwargs = runtime_cli.engine_kwargs(args)
+    assert kwargs["trust_remote_code"] is True and kwargs["enable_prefix_caching"] is False
+    assert kwargs["kv_cache_dtype"] == "auto" and kwargs["disable_log_stats"] is True
+    assert runtime_cli.serve_config(args).access_log is False
+    from fastpath.runtime.engine.options import parse_options
+
+    parse_options(kwargs)  # what LLM() will be given: accepted

@@ -1,0 +1,133 @@
+"""Code written for vLLM's offline API: its keywords, prompt dicts, logprob order and entry points."""
+
+import pytest
+
+from fastpath.runtime import LLM, SamplingParams, TextPrompt, TokensPrompt
+from fastpath.runtime.engine.options import parse_options
+from fastpath.runtime.engine.outputs import RequestError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_text_checkpoint):
+    with LLM(
+        str(tiny_text_checkpoint),
+        device="cpu",
+        max_model_len=256,
+        max_num_seqs=4,
+        trust_remote_code=True,  # in most vLLM snippets: accepted, nothing from the checkpoint runs
+        enable_prefix_caching=False,
+        disable_log_stats=True,
+        swap_space=4,
+    ) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"quantization": "awq"}, "weights run unquantized"),
+        ({"kv_cache_dtype": "fp8"}, "the KV cache holds the model's dtype"),
+        ({"enable_prefix_caching": True}, "no prefix cache"),
+        ({"pipeline_parallel_size": 2}, "tensor parallelism only"),
+        ({"trust_remote_code": "yes"}, "none from the checkpoint"),
+        ({"max_logprobs": 50}, "at most 20 logprobs"),
+        ({"task": "embed"}, "no pooling models"),
+        ({"download_dir": "/tmp/x"}, "nothing is downloaded"),
+    ],
+)
+def test_vllm_keywords_asking_for_something_else_say_what_fastpath_does(kwargs, words):
+    (key,) = kwargs
+    with pytest.raises(ValueError, match=rf"^LLM\({key}=.* is not supported: .*{words}"):
+        parse_options(kwargs)
+
+
+def test_vllm_keywords_at_values_fastpath_honours_are_accepted_and_misspellings_still_caught():
+    ok = {"trust_remote_code": False, "revision": None, "tokenizer_mode": "auto", "kv_cache_dtype": "auto",
+          "quantization": None, "enable_chunked_prefill": True, "pipeline_parallel_size": 1, "max_logprobs": 20,
+          "task": "generate", "compilation_config": None, "distributed_executor_backend": "mp"}  # fmt: skip
+    assert parse_options({**ok, "max_model_len": 128}).max_seq_len == 128
+    with pytest.raises(TypeError, match="'kv_cache_dtyp'; did you mean 'kv_cache_dtype'"):
+        parse_options({"kv_cache_dtyp": "auto"})
+
+
+def test_the_sampled_token_comes_first_in_each_logprobs_dict_then_the_top_k_by_rank(llm):
+    params = SamplingParams(
+        max_tokens=12, temperature=3.0, seed=7, logprobs=3, prompt_logprobs=2, ignore_eos=True
+    )
+    out = llm.generate([[5, 6, 7, 8, 9]], params, use_tqdm=False)[0]
+    c = out.outputs[0]
+    outside = 0
+    for token, position in zip(c.token_ids, c.logprobs, strict=True):
+        first, *rest = position.items()
+        assert first[0] == token
+        ranks = [e.rank for _, e in rest]
+        assert ranks == sorted(ranks) and set(ranks) <= {1, 2, 3}
+        outside += len(position) == 4
+    assert outside  # sampled hot: some tokens fell outside the top 3, the case the order is about
+    for token, position in zip([6, 7, 8, 9], out.prompt_logprobs[1:], strict=True):
+        assert next(iter(position)) == token
+
+
+def test_detokenize_false_spells_no_token_in_prompt_logprobs_either(llm):
+    params = SamplingParams(max_tokens=2, logprobs=1, prompt_logprobs=1, detokenize=False)
+    out = llm.generate(["hello there"], params, use_tqdm=False)[0]
+    assert out.outputs[0].text == ""
+    assert all(e.decoded_token is None for p in out.outputs[0].logprobs for e in p.values())
+    assert all(e.decoded_token is None for p in out.prompt_logprobs[1:] for e in p.values())
+
+
+def test_vllms_prompt_dicts_and_their_extra_keys(llm):
+    ids = llm.get_tokenizer()("hello there")["input_ids"]
+    want = llm.generate([ids], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    prompts = [TokensPrompt(prompt_token_ids=ids, cache_salt="tenant-a"), TextPrompt(prompt="hello there"),
+               {"prompt": "hello there", "multi_modal_data": None, "mm_processor_kwargs": {}}]  # fmt: skip
+    for out in llm.generate(prompts, GREEDY, use_tqdm=False):
+        assert out.outputs[0].token_ids == want
+    # An image is never dropped without a word: it fails its request, and the rest run.
+    with pytest.raises(RequestError, match="multi_modal_data: this engine's models take text only"):
+        llm.generate(
+            [{"prompt": "hi", "multi_modal_data": {"image": object()}}, "hi"], GREEDY, use_tqdm=False
+        )
+
+
+def test_generate_and_chat_take_vllms_call_keywords_at_neutral_values(llm):
+    assert llm.generate(["hi"], GREEDY, use_tqdm=False, lora_request=None, priority=[0])
+    chat = [{"role": "user", "content": "hi"}]
+    assert llm.chat(chat, GREEDY, use_tqdm=False, lora_request=None, chat_template_content_format="string")
+    with pytest.raises(ValueError, match="lora_request is not supported"):
+        llm.generate(["hi"], GREEDY, use_tqdm=False, lora_request=object())
+    with pytest.raises(ValueError, match="priority is not supported"):
+        llm.generate(["hi"], GREEDY, use_tqdm=False, priority=[1])
+    with pytest.raises(ValueError, match="chat_template_content_format='openai' is not supported"):
+        llm.chat(chat, GREEDY, use_tqdm=False, chat_template_content_format="openai")
+
+
+@pytest.mark.parametrize("method", ["encode", "embed", "classify", "score", "reward", "beam_search"])
+def test_vllms_other_entry_points_say_they_are_not_here(llm, method):
+    with pytest.raises(NotImplementedError, match=rf"LLM\.{method} is"):
+        getattr(llm, method)(["hi"])
+
+
+@pytest.mark.parametrize(("field", "words"), [("logit_bias", "no per-token bias"),
+                                              ("allowed_token_ids", "no allow-list"),
+                                              ("truncate_prompt_tokens", "never truncated")])  # fmt: skip
+def test_vllms_sampling_fields_fastpath_lacks_say_so_instead_of_a_wrong_suggestion(field, words):
+    with pytest.raises(TypeError, match=rf"SamplingParams\({field}=\.\.\.\) is vLLM's.*{words}"):
+        SamplingParams(**{field: None})
+
+
+def test_an_eos_that_is_also_a_stop_token_stops_with_no_stop_reason_as_in_vllm():
+    from fastpath.runtime.engine.sequence import Sequence
+
+    def run(params, token):
+        seq = Sequence(0, [5, 6], params, 0, frozenset({2}), 64)
+        seq.num_pending = 1
+        seq.accept(token, -0.5)
+        return seq.finish_reason, seq.stop_reason
+
+    assert run(SamplingParams(stop_token_ids=[2, 9]), 2) == ("stop", None)  # EOS checked first
+    assert run(SamplingParams(stop_token_ids=[2, 9]), 9) == ("stop", 9)
+    assert run(SamplingParams(stop_token_ids=[2, 9], ignore_eos=True), 2) == ("stop", 2)
+    assert run(SamplingParams(), 2) == ("stop", None)
