@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import distribution
 from .build import BuildError
+from .swap import output_lock
 
 DIST_DIR = "dist"
 
@@ -46,17 +47,34 @@ def add_wheel(wheel: Path, house: Path, dist_name: str) -> Path:
 
 
 def fastpath_wheel(house: Path) -> Path:
-    """fastpath-llm's wheel of the running version, in `house`."""
+    """fastpath-llm's wheel of the running version, in `house`: built from the checkout fastpath runs
+    from; for an installed fastpath, the one already in `house` (put there by hand), else downloaded."""
     house.mkdir(parents=True, exist_ok=True)
     root = distribution.source_tree()
+    if root is None and (present := _present(house)) is not None:
+        return present
     with tempfile.TemporaryDirectory(prefix=".fastpath-wheel.", dir=house) as tmp:
         built = _build_from_source(root, Path(tmp)) if root else _download(Path(tmp))
         return add_wheel(built, house, distribution.DISTRIBUTION)
 
 
+def _present(house: Path) -> Path | None:
+    """A fastpath-llm wheel of the running version already in `house`."""
+    prefix = wheel_prefix(distribution.DISTRIBUTION) + distribution.version() + "-"
+    wheels = sorted(house.glob(prefix + "*.whl"))
+    return wheels[0] if len(wheels) == 1 else None
+
+
 def _build_from_source(root: Path, out: Path) -> Path:
-    log = out / "build.log"
     build_dir = root / "build" / "wheelhouse"  # kept: an unchanged rebuild compiles nothing
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # Two builds from one checkout share that folder: one at a time.
+    with output_lock(build_dir):
+        return _build_locked(root, out, build_dir)
+
+
+def _build_locked(root: Path, out: Path, build_dir: Path) -> Path:
+    log = out / "build.log"
     if importlib.util.find_spec("scikit_build_core") and importlib.util.find_spec("pybind11"):
         command = [sys.executable, "-c", _BUILD_WHEEL, str(out), str(build_dir)]
     else:
@@ -81,7 +99,7 @@ def _download(out: Path) -> Path:
     if done.returncode != 0:
         raise BuildError(
             f"fastpath runs from an installed wheel, and `pip download {requirement}` failed; put that "
-            f"wheel into the wheelhouse yourself:\n{done.stdout}{done.stderr}"
+            f"wheel into {out.parent} yourself and build again:\n{done.stdout}{done.stderr}"
         )
     return _one_wheel(out)
 

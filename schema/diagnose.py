@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ValidationError
@@ -46,6 +47,13 @@ def _describe(error: Any, doc: YamlDocument) -> tuple[Path, str, bool]:
         message = f"must be a mapping of keys, got {_short(error['input'])}"
         if error["input"] is None:
             message += " (write {} for an empty section)"
+    elif isinstance(error.get("input"), float) and not math.isfinite(error["input"]):
+        message = f"must be a finite number, got {error['input']!r}"  # not "less than 3600, got nan"
+    elif kind == "too_short":
+        least = (error.get("ctx") or {}).get("min_length", 1)
+        message = f"must list at least {least} item{'s' if least != 1 else ''}, got {_short(error['input'])}"
+    elif kind in ("tuple_type", "list_type"):
+        message = f"must be a list (write [x] for one item), got {_short(error['input'])}"
     else:
         message = error["msg"].replace("Input should be", "must be", 1) + f", got {_short(error['input'])}"
     return loc, f"{dotted(loc)}: {message}", False
