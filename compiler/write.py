@@ -122,7 +122,27 @@ def drift(files: Mapping[str, str], folder: Path) -> list[Drift]:
             elif not _same(folder, rel, text.encode("utf-8")):
                 result.append(Drift(rel, "differs"))
         result += [Drift(rel, "stale") for rel in sorted(owned_files(folder) - files.keys())]
+        result += [
+            Drift(rel, "not generated, and the wheel would ship it: remove it")
+            for rel in _strays(folder, files)
+        ]
         return result
+
+
+def _strays(folder: Path, files: Mapping[str, str]) -> list[str]:
+    """Python files in the generated Python package that the compiler did not write (build outputs,
+    caches and compiled extensions aside): the package's wheel takes its whole folder."""
+    packages = {Path(rel).parent for rel in files if Path(rel).name == "__init__.py"}
+    strays = []
+    for package in packages:
+        root = folder / package
+        if not root.is_dir():
+            continue
+        for path in root.rglob("*.py"):
+            rel = path.relative_to(folder).as_posix()
+            if rel not in files and "__pycache__" not in path.parts:
+                strays.append(rel)
+    return sorted(strays)
 
 
 def check_target(folder: Path, files: Mapping[str, str] | None = None) -> None:

@@ -226,3 +226,23 @@ def test_drift_reports_missing_differing_and_stale_files(target):
     now["pyproject.toml"] += "# edited\n"
     kinds = {d.path: d.kind for d in drift(now, target)}
     assert kinds == {"pyproject.toml": "differs", "pkg/new": "missing", "pkg/old": "stale", LOCK: "differs"}
+
+
+def test_drift_reports_python_files_the_compiler_did_not_write_in_the_package(target):
+    """The wheel takes the package's whole folder, so a stray module would ship; caches and build
+    outputs would not be reported."""
+    files = package()
+    write_package(files, target)
+    (target / "pkg/extra.py").write_text("import os\n")
+    (target / "pkg/sub").mkdir()
+    (target / "pkg/sub/deep.py").write_text("")
+    (target / "pkg/__pycache__").mkdir()
+    (target / "pkg/__pycache__/x.py").write_text("")
+    (target / "pkg/_host.cpython-312-x86_64-linux-gnu.so").write_bytes(b"\x7fELF")
+    (target / "build").mkdir()
+    (target / "build/gen.py").write_text("")  # outside the Python package: not shipped
+    kinds = {d.path: d.kind for d in drift(files, target)}
+    assert kinds == {
+        p: "not generated, and the wheel would ship it: remove it"
+        for p in ("pkg/extra.py", "pkg/sub/deep.py")
+    }
