@@ -63,7 +63,7 @@ class Variant:
     early_kv: bool = True  # triton_decode.EARLY_KV
     early_rope: bool = True  # triton_ops.EARLY_ROPE
     mma_small_m: bool = True  # triton_ops.MMA_SMALL_M
-    mma_rope: bool = False  # triton_ops.MMA_ROPE
+    mma_rope: bool = False  # triton_ops.MMA_ROPE (FASTPATH_MMA_ROPE=1)
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode

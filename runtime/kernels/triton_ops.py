@@ -31,9 +31,10 @@ GEMV_MAX_M = 16  # past 16 rows cuBLAS streams the weights faster than gemm_smal
 # Triton kernel and cuBLAS, for bench/ab_step.py to compare.
 MMA_SMALL_M = True
 # 2-16 rows' q|k|v with RoPE and the KV-cache write in the tensor-core GEMV's epilogue, one launch where
-# there are two. Off: written in round 23 without a GPU (compiled with nvcc, not yet run); the GPU tests
-# and bench/ab_step.py's "fused q|k|v RoPE at 2-16 rows" variant turn it on to check and time it.
-MMA_ROPE = False
+# there are two. Off unless FASTPATH_MMA_ROPE=1: written in round 23 without a GPU (compiled with nvcc,
+# not yet run); the GPU tests and bench/ab_step.py's "PDL, q|k|v RoPE in the tensor-core GEMV" variant
+# turn it on to check and time it.
+MMA_ROPE = os.environ.get("FASTPATH_MMA_ROPE") == "1"
 
 
 def _pow2(n: int) -> int:

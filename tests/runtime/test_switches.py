@@ -1,0 +1,30 @@
+"""Every FASTPATH_* variable the runtime reads is documented (the README's switches, or the architecture
+for the tests' own), and the one for a path not yet measured on a GPU is off unless set."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_fastpath_variable_the_runtime_reads_is_documented():
+    read = set()
+    for path in (ROOT / "runtime").rglob("*.py"):
+        read |= set(re.findall(r"\"(FASTPATH_[A-Z0-9_]+)\"", path.read_text(encoding="utf-8")))
+    readme = (ROOT / "README.md").read_text(encoding="utf-8") + (ROOT / "docs/architecture.md").read_text()
+    assert "FASTPATH_MMA_ROPE" in read
+    assert sorted(v for v in read if v not in readme) == []
+
+
+def test_the_unmeasured_rope_epilogue_is_off_unless_asked_for():
+    probe = "from fastpath.runtime.kernels import triton_ops; print(triton_ops.MMA_ROPE)"
+    env = {k: v for k, v in os.environ.items() if k != "FASTPATH_MMA_ROPE"}
+    for value, expected in ((None, "False"), ("1", "True"), ("0", "False")):
+        run_env = env if value is None else {**env, "FASTPATH_MMA_ROPE": value}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip() == expected, value
