@@ -41,8 +41,18 @@ def is_single_prompt(prompts: Any) -> bool:
     return isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], numbers.Integral)
 
 
-def encode(prompt: Prompt, tokenizer: Any, limits: Limits) -> Admitted:
-    """The prompt's text (if any) and token ids; ValueError says what is wrong with it."""
+def encode(prompt: Prompt, tokenizer: Any, limits: Limits, truncate: int | None = None) -> Admitted:
+    """The prompt's text (if any) and token ids, the last `truncate` of them when it is set (-1: as many
+    as leave room for one token); ValueError says what is wrong with it."""
+    admitted = _encode(prompt, tokenizer, limits if truncate is None else None)
+    if truncate is not None:
+        keep = limits.max_seq_len - 1 if truncate == -1 else truncate
+        admitted.prompt_ids = check_ids(admitted.prompt_ids[-keep:], limits)
+    return admitted
+
+
+def _encode(prompt: Prompt, tokenizer: Any, limits: Limits | None) -> Admitted:
+    """As encode, before truncation; `limits` None checks only what truncation cannot change."""
     if isinstance(prompt, Mapping):
         if prompt.get("multi_modal_data"):  # never dropped without a word
             raise ValueError("multi_modal_data: this engine's models take text only")
@@ -61,7 +71,9 @@ def encode(prompt: Prompt, tokenizer: Any, limits: Limits) -> Admitted:
     return Admitted(None, check_ids(prompt, limits))
 
 
-def check_ids(ids: Any, limits: Limits) -> list[int]:
+def check_ids(ids: Any, limits: Limits | None) -> list[int]:
+    """The ids as a list of ints; with `limits`, also within the vocabulary and leaving room to
+    generate (without, only their form: the caller truncates them first)."""
     if not isinstance(ids, (list, tuple)):
         raise ValueError(
             f"prompt must be a string, a list of token ids or a prompt dict, got {type(ids).__name__}"
@@ -75,10 +87,12 @@ def check_ids(ids: Any, limits: Limits) -> list[int]:
         out = [int(t) for t in ids]
     if not out:
         raise ValueError("empty prompt")
+    if limits is None:
+        return out
     if len(out) >= limits.max_seq_len:
         raise ValueError(
             f"prompt of {len(out)} tokens leaves no room to generate: "
-            f"max_seq_len (max_model_len) is {limits.max_seq_len}"
+            f"max_seq_len (max_model_len) is {limits.max_seq_len} (truncate_prompt_tokens keeps its last tokens)"
         )
     if min(out) < 0 or max(out) >= limits.vocab_size:  # then name the first, as the error always has
         bad = next(t for t in out if not 0 <= t < limits.vocab_size)

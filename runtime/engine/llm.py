@@ -261,7 +261,7 @@ class LLM:
         params = sampling_params if sampling_params is not None else self._defaults
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        admitted = encode(prompt, self.tokenizer, self._limits)
+        admitted = encode(prompt, self.tokenizer, self._limits, params.truncate_prompt_tokens)
         check_request(admitted.prompt_ids, params, self._limits)
         rid = request_id if request_id is not None else str(next(self._requests))
         handle = RequestHandle(

@@ -199,7 +199,6 @@ VLLM_MISSING = {
     "allowed_token_ids": "no allow-list; guided_decoding=GuidedDecodingParams(choice=[...]) or a regex constrains the output",
     "bad_words": "no banned words; guided_decoding (a regex or grammar) constrains the output",
     "logits_processors": "no Python logits processors: sampling runs in fused kernels inside the step",
-    "truncate_prompt_tokens": "prompts are never truncated: a prompt longer than max_model_len is refused",
     "best_of": "n completions are sampled and all returned; none are ranked away",
     "output_kind": "generate() returns final outputs; stream() and submit() give deltas",
     "extra_args": "no extension arguments",
@@ -291,6 +290,13 @@ class SamplingParams:
     prompt_logprobs: int | None = field(
         default=None, metadata=doc("The same for each prompt token (the first has none).")
     )
+    truncate_prompt_tokens: int | None = field(
+        default=None,
+        metadata=doc(
+            "Keep only the prompt's last k tokens (vLLM's); -1: as many as leave room for one more token "
+            "under max_model_len. None: a prompt too long is refused."
+        ),
+    )
     skip_special_tokens: bool = field(default=True, metadata=doc("Leave special tokens out of the text."))
     spaces_between_special_tokens: bool = field(
         default=True, metadata=doc("Accepted for vLLM compatibility.")
@@ -379,6 +385,14 @@ class SamplingParams:
             )
 
     def _check_lengths(self) -> None:
+        if self.truncate_prompt_tokens is not None:
+            k = self.truncate_prompt_tokens
+            _check(
+                _is_int(k) and (k == -1 or 1 <= k <= MAX_TOKEN_ID),
+                "truncate_prompt_tokens",
+                f"None, -1 or an int in [1, {MAX_TOKEN_ID}]",
+                k,
+            )
         if self.max_tokens is not None:
             _check(
                 _is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_TOKEN_ID,

@@ -95,6 +95,7 @@ def sampling_params(
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,
             guided_decoding=guided,
+            truncate_prompt_tokens=req.truncate_prompt_tokens,
         )
     except (ValueError, TypeError) as exc:
         message = str(exc)
@@ -112,8 +113,12 @@ def _respell(message: str, field: str | None, param: str | None) -> str:
 
 
 def check_room(prompt_tokens: int, req: SamplingFields, max_seq_len: int) -> None:
-    """An explicit max_tokens that the context cannot hold after this prompt is a 400, as in OpenAI's
-    API and vLLM's server (the offline API caps it instead). A default is capped."""
+    """An explicit max_tokens that the context cannot hold after this prompt (as truncate_prompt_tokens
+    leaves it) is a 400, as in OpenAI's API and vLLM's server (the offline API caps it instead). A
+    default is capped."""
+    k = req.truncate_prompt_tokens
+    if isinstance(k, int) and (k == -1 or k >= 1):  # a bad value is SamplingParams' to refuse
+        prompt_tokens = min(prompt_tokens, max_seq_len - 1 if k == -1 else k)
     key, value = _max_tokens(req)
     if value is None or key not in req.model_fields_set or prompt_tokens >= max_seq_len:
         return  # a prompt that fills the context is the engine's to refuse, naming the prompt

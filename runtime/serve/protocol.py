@@ -193,6 +193,7 @@ class SamplingFields(Body):
     guided_whitespace_pattern: str | None = None
     structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: what fits)
 
     @field_validator("logit_bias")
     @classmethod

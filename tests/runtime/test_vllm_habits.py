@@ -112,7 +112,7 @@ def test_vllms_other_entry_points_say_they_are_not_here(llm, method):
 
 @pytest.mark.parametrize(("field", "words"), [("logit_bias", "no per-token bias"),
                                               ("allowed_token_ids", "no allow-list"),
-                                              ("truncate_prompt_tokens", "never truncated")])  # fmt: skip
+                                              ("best_of", "all returned")])  # fmt: skip
 def test_vllms_sampling_fields_fastpath_lacks_say_so_instead_of_a_wrong_suggestion(field, words):
     with pytest.raises(TypeError, match=rf"SamplingParams\({field}=\.\.\.\) is vLLM's.*{words}"):
         SamplingParams(**{field: None})
@@ -131,3 +131,23 @@ def test_an_eos_that_is_also_a_stop_token_stops_with_no_stop_reason_as_in_vllm()
     assert run(SamplingParams(stop_token_ids=[2, 9]), 9) == ("stop", 9)
     assert run(SamplingParams(stop_token_ids=[2, 9], ignore_eos=True), 2) == ("stop", 2)
     assert run(SamplingParams(), 2) == ("stop", None)
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
+    long = [5 + i % 200 for i in range(400)]  # past max_model_len (256)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    with pytest.raises(RequestError, match="leaves no room to generate.*truncate_prompt_tokens"):
+        llm.generate([long], greedy, use_tqdm=False)
+    out = llm.generate([long], greedy.clone(truncate_prompt_tokens=10), use_tqdm=False)[0]
+    assert out.prompt_token_ids == long[-10:]
+    assert (
+        out.outputs[0].token_ids == llm.generate([long[-10:]], greedy, use_tqdm=False)[0].outputs[0].token_ids
+    )
+    # -1: as much of the prompt as leaves room for one token.
+    out = llm.generate([long], greedy.clone(truncate_prompt_tokens=-1), use_tqdm=False)[0]
+    assert out.prompt_token_ids == long[-255:] and len(out.outputs[0].token_ids) == 1
+    short = llm.generate([[5, 6, 7]], greedy.clone(truncate_prompt_tokens=100), use_tqdm=False)[0]
+    assert short.prompt_token_ids == [5, 6, 7]
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens must be None, -1 or an int"):
+            SamplingParams(truncate_prompt_tokens=bad)

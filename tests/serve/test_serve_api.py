@@ -419,3 +419,25 @@ def test_the_access_log_says_where_a_first_token_waited(llm, caplog, stream):
     assert line["status"] == 200 and line["prompt_tokens"] > 0
     # Arrival to the first batch slot, then to the first token, within the whole request.
     assert 0 <= line["queue_ms"] <= line["ttft_ms"] <= line["duration_ms"]
+
+
+@pytest.mark.parametrize("route", ["completions", "chat"])
+def test_truncate_prompt_tokens_keeps_a_long_prompts_tail_as_vllms_server_does(url, llm, route):
+    limit = llm.config.max_seq_len
+    http = httpx.Client(base_url=url, timeout=60)
+    if route == "completions":
+        body = {"model": "tiny", "prompt": [5 + i % 200 for i in range(limit + 50)], "max_tokens": 4}
+        path = "/v1/completions"
+    else:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi " * limit}], "max_tokens": 4}
+        path = "/v1/chat/completions"
+    r = http.post(path, json=body)
+    assert r.status_code == 400 and "truncate_prompt_tokens" in r.json()["error"]["message"]
+    r = http.post(path, json={**body, "truncate_prompt_tokens": 20, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 20 and r.json()["usage"]["completion_tokens"] == 4
+    # max_tokens is checked against the prompt as truncation leaves it.
+    r = http.post(path, json={**body, "truncate_prompt_tokens": -1, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = http.post(path, json={**body, "truncate_prompt_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
