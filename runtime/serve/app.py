@@ -51,13 +51,15 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     else `model_name` (what the command line named), else the engine's model. Behind
     `config.api_server_count` processes, each one's admission gate takes its share of the bounds."""
     config = config or ServeConfig()
-    name = config.served_model_name or model_name or _engine_model_name(llm)
+    served = config.served_model_name
+    names = (served,) if isinstance(served, str) else served or (model_name or _engine_model_name(llm),)
     state = ServerState(
         llm=llm,
         config=config,
-        model_name=name,
+        model_name=names[0],
+        aliases=tuple(names[1:]),
         gate=AdmissionGate(llm.config.max_batch_size, config.max_queued_requests, config.api_server_count),
-        metrics=ServerMetrics(llm.stats, name),
+        metrics=ServerMetrics(llm.stats, names[0]),
         created=int(time.time()),
         routes=ROUTES,
     )
@@ -139,9 +141,9 @@ def _public_routes() -> APIRouter:
     return router
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
     return {
-        "id": state.model_name,
+        "id": name,
         "object": "model",
         "created": state.created,
         "owned_by": "fastpath",
@@ -154,13 +156,14 @@ def _v1_routes() -> APIRouter:
 
     @router.get("/models")
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [_model_card(request.app.state.fastpath)]})
+        state: ServerState = request.app.state.fastpath
+        return JSONResponse({"object": "list", "data": [_model_card(state, name) for name in state.names]})
 
     @router.get("/models/{model:path}")
     async def model(model: str, request: Request) -> Response:
         state: ServerState = request.app.state.fastpath
         state.check_model(model)
-        return JSONResponse(_model_card(state))
+        return JSONResponse(_model_card(state, model))
 
     router.add_api_route("/completions", create_completion, methods=["POST"])
     router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])

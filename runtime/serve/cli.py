@@ -67,7 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     s = parser.add_argument_group("server")
     s.add_argument("--host", default=d["host"], help="address to listen on (default: %(default)s)")
     s.add_argument("--port", type=int, default=d["port"], help="port (default: %(default)s)")
-    s.add_argument("--served-model-name", default=d["served_model_name"], help="the name /v1/models lists")
+    s.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=d["served_model_name"],
+        help="the names requests may use, as vLLM's (responses carry the first; default: the model)",
+    )
     s.add_argument(
         "--api-key",
         default=None,
@@ -170,7 +175,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(
         host=args.host,
         port=args.port,
-        served_model_name=args.served_model_name,
+        served_model_name=_names(args.served_model_name),
         api_key=api_key,
         max_queued_requests=args.max_queued_requests,
         max_tokens=args.max_tokens,
@@ -182,6 +187,13 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         trust_request_chat_template=args.trust_request_chat_template,
         allowed_origins=args.allowed_origins,
     )
+
+
+def _names(given: str | list[str] | None) -> str | tuple[str, ...] | None:
+    """--served-model-name's one name as a str (as a manifest gives it), several as a tuple."""
+    if given is None or isinstance(given, str):
+        return given
+    return given[0] if len(given) == 1 else tuple(given)
 
 
 def _origins(text: str) -> tuple[str, ...]:

@@ -12,7 +12,8 @@ DEFAULT_PORT = 8000
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
-    """- `served_model_name`: the name /v1/models lists and requests must use (None: the model as given).
+    """- `served_model_name`: the name /v1/models lists and requests must use (None: the model as given);
+      several (a tuple) are aliases, as vLLM's `--served-model-name a b`, and responses carry the first.
     - `api_key`: when set, /v1/* needs `Authorization: Bearer <api_key>`.
     - `max_queued_requests`: completions that may wait beyond a full batch; more get 503.
     - `max_tokens`: the most a request may ask for, and the default when it asks for none.
@@ -31,7 +32,7 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    served_model_name: str | None = None
+    served_model_name: str | tuple[str, ...] | None = None
     api_key: str | None = None
     max_queued_requests: int = 1024
     max_tokens: int | None = None
@@ -60,11 +61,13 @@ class ServeConfig:
         )
         _check(_int(self.port) and 0 <= self.port <= 65535, "port", "an int in [0, 65535]", self.port)
         if self.served_model_name is not None:
-            ok = isinstance(self.served_model_name, str) and self.served_model_name.isprintable()
+            names = self.served_model_name
+            names = (names,) if isinstance(names, str) else names
+            ok = isinstance(names, tuple) and len(names) >= 1 and len(set(names)) == len(names)
             _check(
-                ok and self.served_model_name != "",
+                ok and all(isinstance(n, str) and n.isprintable() and n != "" for n in names),
                 "served_model_name",
-                "a printable name",
+                "a printable name, or a tuple of distinct ones (the first is the one responses carry)",
                 self.served_model_name,
             )
         if self.api_key is not None:

@@ -19,12 +19,17 @@ class ServerState:
     metrics: ServerMetrics
     created: int  # when the server started (unix seconds), for /v1/models
     routes: frozenset[str] = frozenset()  # the paths metrics label by; any other is "other"
+    aliases: tuple[str, ...] = ()  # further names requests may use (vLLM's --served-model-name a b)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name the server answers to; responses carry the first."""
+        return (self.model_name, *self.aliases)
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise ServeError(
-                f"the model {model!r} does not exist; this server serves {self.model_name!r}", "model", 404
-            )
+        if model is not None and model not in self.names:
+            served = ", ".join(map(repr, self.names))
+            raise ServeError(f"the model {model!r} does not exist; this server serves {served}", "model", 404)
 
     def check_chat_template(self, chat_template: str | None) -> None:
         if chat_template is not None and not self.config.trust_request_chat_template:

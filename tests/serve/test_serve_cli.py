@@ -176,3 +176,9 @@ def test_a_vllm_serve_command_line_runs_with_its_neutral_flags(calls):
     from fastpath.runtime.engine.options import parse_options
 
     parse_options(kwargs)  # what LLM() will be given: accepted
+
+
+def test_served_model_name_takes_vllms_several_names(calls):
+    assert main(["serve", "random:tiny-llama", "--served-model-name", "a", "b"]) == 0
+    assert main(["serve", "random:tiny-llama", "--served-model-name", "a"]) == 0
+    assert [runtime_cli.serve_config(args).served_model_name for _, args, _ in calls] == [("a", "b"), "a"]

@@ -57,3 +57,24 @@ def test_without_allowed_origins_no_page_gets_cors_headers(llm):
 def test_bad_allowed_origins_are_refused_naming_the_option(origins):
     with pytest.raises(ValueError, match="allowed_origins"):
         ServeConfig(allowed_origins=origins)
+
+
+def test_served_model_names_are_aliases_and_responses_carry_the_first(llm):
+    names = ("llama-prod", "tiny", "default")
+    with running(llm, served_model_name=names) as url, httpx.Client(base_url=url, timeout=30) as http:
+        listed = http.get("/v1/models").json()["data"]
+        assert [m["id"] for m in listed] == ["llama-prod", "tiny", "default"]
+        assert http.get("/v1/models/default").json()["id"] == "default"
+        for name in ("tiny", "default", None):
+            body = (
+                {**COMPLETION, "model": name}
+                if name
+                else {k: v for k, v in COMPLETION.items() if k != "model"}
+            )
+            r = http.post("/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["model"] == "llama-prod", r.text
+        r = http.post("/v1/completions", json={**COMPLETION, "model": "other"})
+        assert r.status_code == 404 and "'llama-prod', 'tiny', 'default'" in r.json()["error"]["message"]
+    for bad in ((), ("a", "a"), ("a", "")):
+        with pytest.raises(ValueError, match="served_model_name"):
+            ServeConfig(served_model_name=bad)
