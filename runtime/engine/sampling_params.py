@@ -233,7 +233,10 @@ class SamplingParams:
     )
     seed: int | None = field(
         default=None,
-        metadata=doc("Per-request randomness in [0, 2**63); None derives one from the engine's seed."),
+        metadata=doc(
+            "Per-request randomness, any int64 as in vLLM (a negative one taken mod 2**63); None derives "
+            "one from the engine's seed."
+        ),
     )
     max_tokens: int | None = field(
         default=16, metadata=doc("The most tokens to generate; None: until the sequence limit.")
@@ -378,9 +381,9 @@ class SamplingParams:
         _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, "min_p", "a number in [0, 1]", self.min_p)
         if self.seed is not None:
             _check(
-                _is_int(self.seed) and 0 <= self.seed <= MAX_INT64,
+                _is_int(self.seed) and -MAX_INT64 - 1 <= self.seed <= MAX_INT64,
                 "seed",
-                f"None or an int in [0, {MAX_INT64}]",
+                f"None or an int64, in [{-MAX_INT64 - 1}, {MAX_INT64}]",
                 self.seed,
             )
 

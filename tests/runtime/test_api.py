@@ -33,8 +33,11 @@ def _deep(depth: int) -> dict:
         ({"top_p": 0.0}, "SamplingParams.top_p must be a number in (0, 1], got 0.0"),
         ({"top_k": -2}, "SamplingParams.top_k must be an int in [-1, 2147483647]"),
         ({"min_p": 1.5}, "SamplingParams.min_p must be a number in [0, 1]"),
-        ({"seed": 1 << 63}, "SamplingParams.seed must be None or an int in [0, 9223372036854775807]"),
-        ({"seed": -1}, "SamplingParams.seed must be"),
+        (
+            {"seed": 1 << 63},
+            "SamplingParams.seed must be None or an int64, in [-9223372036854775808, 9223372036854775807]",
+        ),
+        ({"seed": -(1 << 63) - 1}, "SamplingParams.seed must be"),
         ({"max_tokens": 0}, "SamplingParams.max_tokens must be None or an int in [1, 2147483647]"),
         ({"min_tokens": 5, "max_tokens": 2}, "min_tokens (5) must not exceed max_tokens (2)"),
         ({"n": 0}, "SamplingParams.n must be an int in [1, 256]"),

@@ -151,3 +151,11 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="truncate_prompt_tokens must be None, -1 or an int"):
             SamplingParams(truncate_prompt_tokens=bad)
+
+
+def test_a_negative_seed_is_a_seed_as_in_vllm(llm):
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=-1, ignore_eos=True)
+    a, b = (llm.generate(["hi"], params, use_tqdm=False)[0].outputs[0].token_ids for _ in range(2))
+    assert a == b
+    same = llm.generate(["hi"], params.clone(seed=(1 << 63) - 1), use_tqdm=False)[0].outputs[0].token_ids
+    assert same == a  # taken mod 2**63

@@ -42,7 +42,7 @@ BAD = [
     (COMPLETION, {"top_k": -2}, "top_k", "top_k"),
     (COMPLETION, {"min_p": 1.5}, "min_p", "[0, 1]"),
     (COMPLETION, {"repetition_penalty": 0}, "repetition_penalty", "(0, 100]"),
-    (COMPLETION, {"seed": -1}, "seed", "seed"),
+    (COMPLETION, {"seed": -(2**63) - 1}, "seed", "int64"),
     (COMPLETION, {"stop": [""]}, "stop", "non-empty"),
     (COMPLETION, {"min_tokens": 5}, "min_tokens", "must not exceed"),
     (COMPLETION, {"temperature": "hot"}, "temperature", "valid number"),
