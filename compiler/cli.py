@@ -85,14 +85,12 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 
 def manifest_path(manifest: str, out_dir: Path) -> str:
-    """How the lock file names a manifest: relative to the output folder's parent (the repository, for
-    ./generated), else to the working directory, else its file name alone. Never a path that climbs
-    out, so an installed package carries no trace of the build machine's folders."""
-    source = Path(manifest).resolve()
-    for root in (out_dir.resolve().parent, Path.cwd().resolve()):
-        if source.is_relative_to(root):
-            return source.relative_to(root).as_posix()
-    return source.name
+    """How the lock file names a manifest, whatever the working directory: relative to the output
+    folder's parent (the repository, for ./generated) when it is inside it, else its file name alone.
+    Never a path that climbs out, so an installed package carries no trace of the build machine's
+    folders."""
+    source, root = Path(manifest).resolve(), out_dir.resolve().parent
+    return source.relative_to(root).as_posix() if source.is_relative_to(root) else source.name
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -> int:

@@ -21,9 +21,9 @@ OWN = "fastpath"
 
 def problem(module: str, attr: str) -> str | None:
     """Why `module:attr` will not import where the package runs, when that shows already here; else None."""
-    loaded = sys.modules.get(module)
-    if loaded is not None:  # already imported by this process: ask it
-        if hasattr(loaded, attr):
+    if module in sys.modules:  # already imported by this process (or blocked): ask it
+        loaded = sys.modules[module]
+        if loaded is None or hasattr(loaded, attr) or _find_submodule(loaded, attr):
             return None
         return f"{module} has no {attr!r}" + did_you_mean(attr, _public(dir(loaded)))
     spec = _find(module)
@@ -50,9 +50,8 @@ def _find(module: str) -> ModuleSpec | None:
             locations = spec.submodule_search_locations if spec is not None else None
         try:
             if i == 0:
-                spec = (
-                    importlib.util.find_spec(name) if name not in sys.modules else sys.modules[name].__spec__
-                )
+                top = sys.modules.get(name, ...)  # None: an import blocked on purpose
+                spec = importlib.util.find_spec(name) if top is ... else getattr(top, "__spec__", None)
             elif locations is None:
                 return None  # a module, not a package: it has no submodules to find
             else:
@@ -64,8 +63,14 @@ def _find(module: str) -> ModuleSpec | None:
     return spec
 
 
+# Calls through which a module can bind names its statements do not show.
+_DYNAMIC = {"globals", "vars", "setattr", "exec", "eval", "__import__", "import_module"}
+
+
 def _defined(spec: ModuleSpec) -> set[str] | None:
-    """Names bound at the module's top level, or None where its source cannot tell."""
+    """Names bound at the module's top level, or None where its source cannot tell: no Python source,
+    a star import, a module __getattr__, or names bound dynamically (globals(), setattr, exec,
+    sys.modules)."""
     if not spec.has_location or not (spec.origin or "").endswith(".py"):
         return None
     try:
@@ -74,39 +79,74 @@ def _defined(spec: ModuleSpec) -> set[str] | None:
     except (OSError, SyntaxError, ValueError):
         return None
     names: set[str] = set()
-    if not _bind(tree.body, names):
-        return None
-    return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return None
+        if isinstance(node, ast.Call) and _callee(node.func) in _DYNAMIC:
+            return None
+        if isinstance(node, ast.Attribute) and node.attr == "modules" and _callee(node.value) == "sys":
+            return None  # sys.modules[__name__] = ... swaps the module
+        if isinstance(node, ast.Global):
+            names.update(node.names)  # a function that binds a module name when it runs
+    _bind(tree.body, names)
+    return None if "__getattr__" in names else names
 
 
-def _bind(body: list[ast.stmt], names: set[str]) -> bool:
-    """Add the names `body` binds to `names`; False where a star import or a module __getattr__ makes
-    that unknowable."""
+def _callee(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    return func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _bind(body: list[ast.stmt], names: set[str]) -> None:
+    """Add the names a module's top-level statements bind, in any branch, to `names`."""
     for node in body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name == "__getattr__":
-                return False
             names.add(node.name)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            for alias in node.names:
-                if alias.name == "*":
-                    return False
-                names.add(alias.asname or alias.name.split(".")[0])
-        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
-        elif isinstance(node, ast.If | ast.Try | ast.With | ast.For | ast.While):
-            blocks = [getattr(node, f, []) for f in ("body", "orelse", "finalbody")]
-            blocks += [h.body for h in getattr(node, "handlers", [])]
-            if not all(_bind(block, names) for block in blocks):
-                return False
-    return True
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+            continue
+        nested = _blocks(node)
+        inner = {id(stmt) for block in nested for stmt in block}
+        # Assignments, for and with targets, walrus, match captures, except names: every name stored
+        # by this statement outside the statements nested in it (those are walked as a body below).
+        stack = [node]
+        while stack:
+            child = stack.pop()
+            if child is not node and id(child) in inner:
+                continue
+            if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Store):
+                names.add(child.id)
+            elif isinstance(child, ast.MatchAs | ast.MatchStar) and child.name:
+                names.add(child.name)
+            elif isinstance(child, ast.MatchMapping) and child.rest:
+                names.add(child.rest)
+            elif isinstance(child, ast.ExceptHandler) and child.name:
+                names.add(child.name)
+            if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+                stack.extend(ast.iter_child_nodes(child))
+        for block in nested:
+            _bind(block, names)
+
+
+def _blocks(node: ast.stmt) -> list[list[ast.stmt]]:
+    """The statement lists nested in a compound statement (if, try, with, for, while, match)."""
+    blocks = [getattr(node, f, None) for f in ("body", "orelse", "finalbody")]
+    blocks += [h.body for h in getattr(node, "handlers", [])]
+    blocks += [case.body for case in getattr(node, "cases", [])]
+    return [b for b in blocks if isinstance(b, list) and b and isinstance(b[0], ast.stmt)]
 
 
 def _is_submodule(spec: ModuleSpec, attr: str) -> bool:
     locations = spec.submodule_search_locations
     return locations is not None and PathFinder.find_spec(f"{spec.name}.{attr}", list(locations)) is not None
+
+
+def _find_submodule(module: object, attr: str) -> bool:
+    """Whether an imported package has a submodule `attr` not yet imported."""
+    spec = getattr(module, "__spec__", None)
+    return spec is not None and _is_submodule(spec, attr)
 
 
 def _public(names) -> list[str]:

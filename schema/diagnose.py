@@ -13,6 +13,9 @@ from .suggest import did_you_mean
 from .yaml_source import Mark, Path, YamlDocument
 
 _MAPPING_TYPES = {"model_type", "model_attributes_type", "dict_type"}
+# The checks a NaN or an infinity fails on a number field (a string field's "must be a string" stays).
+_NUMBER_BOUNDS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number",
+                  "int_from_float", "int_type", "int_parsing", "multiple_of"}  # fmt: skip
 
 
 def diagnostics(exc: ValidationError, doc: YamlDocument, filename: str) -> list[Diagnostic]:
@@ -47,7 +50,9 @@ def _describe(error: Any, doc: YamlDocument) -> tuple[Path, str, bool]:
         message = f"must be a mapping of keys, got {_short(error['input'])}"
         if error["input"] is None:
             message += " (write {} for an empty section)"
-    elif isinstance(error.get("input"), float) and not math.isfinite(error["input"]):
+    elif (
+        kind in _NUMBER_BOUNDS and isinstance(error.get("input"), float) and not math.isfinite(error["input"])
+    ):
         message = f"must be a finite number, got {error['input']!r}"  # not "less than 3600, got nan"
     elif kind == "too_short":
         least = (error.get("ctx") or {}).get("min_length", 1)

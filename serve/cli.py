@@ -21,10 +21,25 @@ def _parser(prog: str, defaults: dict[str, Any] | None) -> argparse.ArgumentPars
 
     parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible HTTP server for fastpath.")
     parser.add_argument(
-        "target", metavar="MODEL_OR_MANIFEST", help="an HF folder, random:<preset>, or a manifest .yaml"
+        "target",
+        metavar="MODEL_OR_MANIFEST",
+        nargs="?",
+        help="an HF folder, random:<preset>, or a manifest .yaml",
     )
     add_arguments(parser, defaults)
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, where --served-model-name (several names, vLLM's) may come before the model: it
+    then took the model as one more name."""
+    args = parser.parse_args(argv)
+    names = args.served_model_name
+    if args.target is None and isinstance(names, list) and len(names) > 1:
+        args.target = names.pop()
+    if args.target is None:
+        parser.error("the following arguments are required: MODEL_OR_MANIFEST")
+    return args
 
 
 def _is_manifest(target: str) -> bool:
@@ -46,11 +61,11 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "fastpath serve") 
     from fastpath.runtime.serve.cli import run
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    target = _parser(prog, None).parse_args(argv).target
+    target = _parse(_parser(prog, None), argv).target
     if not _is_manifest(target):
         from fastpath.runtime import LLM
 
-        args = _parser(prog, None).parse_args(argv)
+        args = _parse(_parser(prog, None), argv)
         return run(lambda **kw: LLM(target, **kw), args, model_name=target)
     from fastpath.schema.errors import ManifestError
 
@@ -60,7 +75,7 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "fastpath serve") 
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # Parsed again so that the manifest's serve section is the default and a flag still wins.
-    return run(factory, _parser(prog, defaults).parse_args(argv), model_name=model_name)
+    return run(factory, _parse(_parser(prog, defaults), argv), model_name=model_name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -44,6 +44,11 @@ def is_single_prompt(prompts: Any) -> bool:
 def encode(prompt: Prompt, tokenizer: Any, limits: Limits, truncate: int | None = None) -> Admitted:
     """The prompt's text (if any) and token ids, the last `truncate` of them when it is set (-1: as many
     as leave room for one token); ValueError says what is wrong with it."""
+    if truncate is not None and truncate >= limits.max_seq_len:
+        raise ValueError(
+            f"truncate_prompt_tokens {truncate} leaves no room to generate: max_seq_len (max_model_len) is "
+            f"{limits.max_seq_len}; choose a smaller one, or -1 for as many as leave room"
+        )
     admitted = _encode(prompt, tokenizer, limits if truncate is None else None)
     if truncate is not None:
         keep = limits.max_seq_len - 1 if truncate == -1 else truncate
@@ -146,6 +151,7 @@ def make_sequences(
     limits: Limits,
     guided: list[Any],
     eos_ids: frozenset[int],
+    primary_eos: int | None = None,
 ) -> list[Sequence]:
     return [
         Sequence(
@@ -156,6 +162,7 @@ def make_sequences(
             eos_ids,
             limits.max_seq_len,
             index=i,
+            primary_eos=primary_eos,
             guided=guided[i],
         )
         for i, (seq_id, seed) in enumerate(zip(seq_ids, seeds, strict=True))

@@ -376,6 +376,7 @@ class LinkServer:
                     self.llm.eos_ids,
                     limits.max_seq_len,
                     index=index,
+                    primary_eos=self.llm.primary_eos,
                     guided=guided[k] if guided is not None else None,
                 )
                 seq.streams = streams

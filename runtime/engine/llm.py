@@ -90,8 +90,11 @@ class LLM:
         self._generation_defaults = generation_defaults(o.generation_config, checkpoint)
         self._defaults = SamplingParams(**self._generation_defaults)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
+        # The EOS that stops with no stop_reason (vLLM's: the tokenizer's, else the model's first).
+        self.primary_eos = next(iter(cfg.eos_token_ids), None)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_ids |= {self.tokenizer.eos_token_id}
+            self.primary_eos = self.tokenizer.eos_token_id
         return o
 
     def _start(self, hooks: RuntimeHooks, executor_cls: type, tp_timeout_s: float) -> None:
@@ -278,7 +281,14 @@ class LLM:
         seq_ids = [next(self._ids) for _ in range(params.n)]
         derived = _derived_seed(self.config.seed, seq_ids[0])
         seqs = make_sequences(
-            seq_ids, admitted, params, completion_seeds(params, derived), self._limits, guided, self.eos_ids
+            seq_ids,
+            admitted,
+            params,
+            completion_seeds(params, derived),
+            self._limits,
+            guided,
+            self.eos_ids,
+            self.primary_eos,
         )
         for seq in seqs:
             handle.attach(seq)

@@ -24,6 +24,10 @@ class Sequence:
     eos_ids: frozenset[int]
     max_seq_len: int
     index: int = 0  # which of its request's n completions this is
+    # The tokenizer's own EOS, which stops with no stop_reason ahead of stop_token_ids; the model's
+    # other EOS ids (generation_config's) stop after them, with their id, as vLLM makes them stop
+    # tokens. None: every EOS id stops with none.
+    primary_eos: int | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # of each chosen token, when the request asks
     ranks: list[int] = field(default_factory=list)  # of each chosen token among the raw logits, likewise
@@ -99,12 +103,18 @@ class Sequence:
         # Under min_tokens the sampler bans stop tokens, except where a grammar allowed nothing else
         # (kernels/guided_mask.py): a guided row's stop token then ends it.
         if len(self.output_ids) > p.min_tokens or p.min_tokens == 0 or self.guided is not None:
-            # EOS first, as vLLM checks it: an EOS that is also a stop token id stops with no stop_reason.
-            if token in self.eos_ids and not p.ignore_eos:
+            # vLLM's order: the tokenizer's EOS (no stop_reason), then stop_token_ids, then the other
+            # EOS ids, which vLLM adds to the stop tokens (their id as stop_reason).
+            eos = not p.ignore_eos and token in self.eos_ids
+            if eos and token == self.primary_eos:
                 self.finish_reason = "stop"
                 return
             if token in p.stop_token_ids:
                 self.finish_reason, self.stop_reason = "stop", token
+                return
+            if eos:
+                self.finish_reason = "stop"
+                self.stop_reason = token if self.primary_eos is not None else None
                 return
         if len(self.prompt_ids) + len(self.output_ids) >= self.length_limit:
             self.finish_reason = "length"

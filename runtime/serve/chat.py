@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.token_bytes import token_bytes
 from .errors import RequestInvalid, ServeError, error_body
-from .generation import Generation, request_id
+from .generation import Generation, client_request_id, request_id
 from .params import check_room, request_keys, sampling_params
 from .protocol import ChatRequest
 from .responses import (
@@ -54,8 +54,10 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
         check_room(len(prompt["prompt_token_ids"]), body, state.llm.config.max_seq_len)
         return [prompt]
 
-    rid = request_id("chatcmpl", request.headers.get("x-request-id"))
+    client = client_request_id(request.headers.get("x-request-id"))
+    rid = request_id("chatcmpl", client)
     request.state.request_id = rid
+    request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
     gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(body))
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.outputs import CompletionOutput, RequestOutput
 from .errors import ServeError, error_body
-from .generation import Generation, request_id
+from .generation import Generation, client_request_id, request_id
 from .params import check_room, request_keys, sampling_params
 from .protocol import CompletionRequest
 from .responses import (
@@ -124,8 +124,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     def engine_prompts() -> list[Any]:
         return [_tokenized(p, body, state) for p in prompts]
 
-    rid = request_id("cmpl", request.headers.get("x-request-id"))
+    client = client_request_id(request.headers.get("x-request-id"))
+    rid = request_id("cmpl", client)
     request.state.request_id = rid
+    request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
     gen = await Generation.start(
         state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body)
     )

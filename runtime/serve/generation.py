@@ -28,10 +28,16 @@ if TYPE_CHECKING:
 _CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII: it goes back out in a header
 
 
+def client_request_id(header: str | None) -> str | None:
+    """The client's X-Request-Id, where it is one this server can send back in a header."""
+    return header if header is not None and _CLIENT_ID.fullmatch(header) else None
+
+
 def request_id(prefix: str, client_id: str | None = None) -> str:
-    """The response's id: the client's X-Request-Id where it sent a usable one (so a gateway can match
-    the two, as vLLM does), else a fresh one, unique across API server processes too."""
-    if client_id is not None and _CLIENT_ID.fullmatch(client_id):
+    """The response body's id: `prefix-` and the client's X-Request-Id where it sent a usable one (as
+    vLLM names it), else a fresh one, unique across API server processes too. The X-Request-Id
+    header goes back as the client sent it (middleware.py)."""
+    if client_request_id(client_id) is not None:
         return f"{prefix}-{client_id}"
     return f"{prefix}-{uuid.uuid4().hex}"
 

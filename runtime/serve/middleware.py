@@ -57,7 +57,8 @@ class RequestMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                rid = info.get("request_id")
+                # The client's own id as it sent it, as vLLM echoes it; else the response's.
+                rid = info.get("client_request_id") or info.get("request_id")
                 if rid is not None:
                     message = {
                         **message,

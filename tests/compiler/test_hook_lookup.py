@@ -63,6 +63,19 @@ def user_hooks(tmp_path, monkeypatch):
         "if True:\n    class Prologue:\n        pass\nelse:\n    def Prologue():\n        pass\n"
         "(a, [b, c]) = 1, [2, 3]\nCOUNT: int = 0\nasync def on_event(executor):\n    pass\n"
     )
+    (pkg / "more.py").write_text(
+        "def _setup():\n    global on_warmup\n    on_warmup = print\n_setup()\n"
+        "for looped in range(1):\n    pass\nwith open(__file__) as handle:\n    pass\n"
+        "match 1:\n    case 1 as matched:\n        pass\n    case {**rest}:\n        pass\n"
+        "try:\n    pass\nexcept* ValueError as group:\n    caught = 1\n"
+        "if (walrus := 3):\n    pass\n"
+    )
+    (pkg / "dynamic.py").write_text("globals()['made'] = 1\n")
+    (pkg / "swapped.py").write_text("import sys\nsys.modules[__name__] = object()\n")
+    (pkg / "lazy_assigned.py").write_text(
+        "def attach():\n    return lambda name: name\n__getattr__ = attach()\n"
+    )
+    (pkg / "lazy_imported.py").write_text("from os import getenv as __getattr__\n")
     (pkg / "star.py").write_text("from os.path import *\n")
     (pkg / "lazy.py").write_text("def __getattr__(name):\n    return name\n")
     (pkg / "sub").mkdir()
@@ -84,7 +97,20 @@ def test_a_name_the_module_does_not_bind_is_an_error(user_hooks):
     )
 
 
-@pytest.mark.parametrize("module", ["star", "lazy", "broken"])
+@pytest.mark.parametrize("name", ["on_warmup", "looped", "handle", "matched", "rest", "caught", "walrus"])
+def test_names_bound_by_globals_loops_withs_matches_and_handlers_count(user_hooks, name):
+    assert hook_lookup.problem(f"{user_hooks}.more", name) is None
+
+
+def test_a_blocked_import_is_left_to_the_deploy_machine(monkeypatch):
+    monkeypatch.setitem(sys.modules, "blocked_pkg", None)
+    assert hook_lookup.problem("blocked_pkg.hooks", "x") is None
+    assert hook_lookup.problem("blocked_pkg", "x") is None
+
+
+@pytest.mark.parametrize(
+    "module", ["star", "lazy", "broken", "dynamic", "swapped", "lazy_assigned", "lazy_imported"]
+)
 def test_where_the_source_cannot_tell_the_name_is_taken_on_trust(user_hooks, module):
     assert hook_lookup.problem(f"{user_hooks}.{module}", "Anything") is None
 

@@ -118,19 +118,25 @@ def test_vllms_sampling_fields_fastpath_lacks_say_so_instead_of_a_wrong_suggesti
         SamplingParams(**{field: None})
 
 
-def test_an_eos_that_is_also_a_stop_token_stops_with_no_stop_reason_as_in_vllm():
+def test_eos_and_stop_tokens_end_a_sequence_in_vllms_order():
+    """The tokenizer's EOS first (no stop_reason), then stop_token_ids, then the model's other EOS ids,
+    which vLLM makes stop tokens (their id as stop_reason)."""
     from fastpath.runtime.engine.sequence import Sequence
 
-    def run(params, token):
-        seq = Sequence(0, [5, 6], params, 0, frozenset({2}), 64)
+    def run(params, token, primary=2):
+        seq = Sequence(0, [5, 6], params, 0, frozenset({2, 7}), 64, primary_eos=primary)
         seq.num_pending = 1
         seq.accept(token, -0.5)
         return seq.finish_reason, seq.stop_reason
 
-    assert run(SamplingParams(stop_token_ids=[2, 9]), 2) == ("stop", None)  # EOS checked first
+    assert run(SamplingParams(stop_token_ids=[2, 9]), 2) == ("stop", None)  # the tokenizer's EOS first
     assert run(SamplingParams(stop_token_ids=[2, 9]), 9) == ("stop", 9)
-    assert run(SamplingParams(stop_token_ids=[2, 9], ignore_eos=True), 2) == ("stop", 2)
+    assert run(SamplingParams(stop_token_ids=[7]), 7) == ("stop", 7)
+    assert run(SamplingParams(), 7) == ("stop", 7)  # generation_config's EOS: a stop token in vLLM
     assert run(SamplingParams(), 2) == ("stop", None)
+    assert run(SamplingParams(stop_token_ids=[2, 9], ignore_eos=True), 2) == ("stop", 2)
+    assert run(SamplingParams(ignore_eos=True), 7) == (None, None)
+    assert run(SamplingParams(), 7, primary=None) == ("stop", None)  # no tokenizer: every EOS alike
 
 
 def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
@@ -146,6 +152,8 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(llm):
     # -1: as much of the prompt as leaves room for one token.
     out = llm.generate([long], greedy.clone(truncate_prompt_tokens=-1), use_tqdm=False)[0]
     assert out.prompt_token_ids == long[-255:] and len(out.outputs[0].token_ids) == 1
+    with pytest.raises(RequestError, match="truncate_prompt_tokens 300 leaves no room to generate"):
+        llm.generate([long], greedy.clone(truncate_prompt_tokens=300), use_tqdm=False)
     short = llm.generate([[5, 6, 7]], greedy.clone(truncate_prompt_tokens=100), use_tqdm=False)[0]
     assert short.prompt_token_ids == [5, 6, 7]
     for bad in (0, -2, 1.5, True):

@@ -178,7 +178,14 @@ def test_a_vllm_serve_command_line_runs_with_its_neutral_flags(calls):
     parse_options(kwargs)  # what LLM() will be given: accepted
 
 
-def test_served_model_name_takes_vllms_several_names(calls):
+def test_served_model_name_takes_vllms_several_names_before_or_after_the_model(calls, capsys):
     assert main(["serve", "random:tiny-llama", "--served-model-name", "a", "b"]) == 0
     assert main(["serve", "random:tiny-llama", "--served-model-name", "a"]) == 0
-    assert [runtime_cli.serve_config(args).served_model_name for _, args, _ in calls] == [("a", "b"), "a"]
+    assert main(["serve", "--served-model-name", "a", "b", "random:tiny-llama", "--port", "9"]) == 0
+    assert main(["serve", "--served-model-name", "a", "random:tiny-llama"]) == 0
+    names = [runtime_cli.serve_config(args).served_model_name for _, args, _ in calls]
+    assert names == [("a", "b"), "a", ("a", "b"), "a"]
+    assert [args.target for _, args, _ in calls] == ["random:tiny-llama"] * 4
+    with pytest.raises(SystemExit):
+        main(["serve", "--served-model-name", "a"])
+    assert "required: MODEL_OR_MANIFEST" in capsys.readouterr().err
