@@ -33,7 +33,7 @@ def problem(module: str, attr: str) -> str | None:
     names = _defined(spec)
     if names is None or attr in names or _is_submodule(spec, attr):
         return None
-    return f"{module} defines no {attr!r}" + did_you_mean(attr, _public(names))
+    return f"{module} has no {attr!r}" + did_you_mean(attr, _public(names))
 
 
 def _find(module: str) -> ModuleSpec | None:

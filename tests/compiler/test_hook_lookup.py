@@ -11,7 +11,13 @@ from fastpath.schema import ManifestError, parse_manifest
 HEAD = "schema_version: 1\nname: m\nmodel:\n  checkpoint: random:tiny-llama\nhooks:\n"
 
 
-def test_a_misspelled_fastpath_hook_is_an_error_at_its_line_with_the_name_it_meant():
+@pytest.mark.parametrize("imported", [False, True])
+def test_a_misspelled_fastpath_hook_is_an_error_at_its_line_with_the_name_it_meant(imported, monkeypatch):
+    """The same message whether this process has imported the module (asked) or not (its source read)."""
+    if imported:
+        import fastpath.runtime.prologues  # noqa: F401
+    else:
+        monkeypatch.delitem(sys.modules, "fastpath.runtime.prologues", raising=False)
     with pytest.raises(ManifestError) as e:
         resolve(
             parse_manifest(
@@ -20,7 +26,7 @@ def test_a_misspelled_fastpath_hook_is_an_error_at_its_line_with_the_name_it_mea
         )
     assert str(e.value) == (
         "m.yaml:6:20: error: hook 'fastpath.runtime.prologues:FusedDecodePrologu': fastpath.runtime.prologues "
-        "defines no 'FusedDecodePrologu'; did you mean 'FusedDecodePrologue'?"
+        "has no 'FusedDecodePrologu'; did you mean 'FusedDecodePrologue'?"
     )
     assert [d.path for d in e.value.diagnostics] == ["hooks.decode_prologue"]
 
@@ -32,7 +38,7 @@ def test_every_bad_hook_is_reported_at_once():
     messages = [d.message for d in e.value.diagnostics]
     assert len(messages) == 2
     assert "fastpath has no module 'fastpath.runtime.nothere'" in messages[0]
-    assert "fastpath.runtime.events defines no 'nope'" in messages[1]
+    assert "fastpath.runtime.events has no 'nope'" in messages[1]
 
 
 def test_fastpaths_own_hooks_resolve_and_nothing_is_imported():
@@ -93,7 +99,7 @@ def test_every_way_a_module_binds_a_name_counts(user_hooks, name):
 
 def test_a_name_the_module_does_not_bind_is_an_error(user_hooks):
     assert hook_lookup.problem(f"{user_hooks}.defs", "Prologu") == (
-        "myhooks_pkg.defs defines no 'Prologu'; did you mean 'Prologue'?"
+        "myhooks_pkg.defs has no 'Prologu'; did you mean 'Prologue'?"
     )
 
 
@@ -118,4 +124,4 @@ def test_where_the_source_cannot_tell_the_name_is_taken_on_trust(user_hooks, mod
 def test_a_submodule_named_as_the_attribute_is_found(user_hooks):
     assert hook_lookup.problem(user_hooks, "sub") is None
     assert hook_lookup.problem(user_hooks, "defs") is None
-    assert "defines no 'nothing'" in hook_lookup.problem(user_hooks, "nothing")
+    assert "has no 'nothing'" in hook_lookup.problem(user_hooks, "nothing")
