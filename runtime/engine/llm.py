@@ -662,9 +662,10 @@ def flat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:
     texts = []
     for part in content:
         kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-        if kind != "text" or not isinstance(part.get("text"), str):
+        # An assistant's refusal part (OpenAI's) is its text too.
+        if kind not in ("text", "refusal") or not isinstance(part.get(kind), str):
             raise ValueError(f"only text content parts are supported, got a part of type {kind!r}")
-        texts.append(part["text"])
+        texts.append(part[kind])
     return {**message, "content": "\n".join(texts)}  # as vLLM joins them
 
 

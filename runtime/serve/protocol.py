@@ -245,12 +245,25 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(Body):
-    type: Literal["text"]
-    text: str
+    """A text part; or an assistant reply's refusal, as OpenAI returns it and clients send it back."""
+
+    type: Literal["text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _its_own_field(self) -> TextPart:
+        if getattr(self, self.type) is None:
+            raise FieldError(self.type, f"a {self.type!r} part needs its {self.type!r} string")
+        return self
+
+    def as_text(self) -> str:
+        return self.text if self.type == "text" else self.refusal
 
 
 class ChatMessage(Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # "function" is OpenAI's deprecated spelling of a tool result, which clients still send.
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     # What a client sends back of an earlier reply, and what tool results carry: templates read
@@ -265,7 +278,7 @@ class ChatMessage(Body):
     def as_template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
-            content = "\n".join(part.text for part in content)  # as vLLM joins them
+            content = "\n".join(part.as_text() for part in content)  # as vLLM joins them
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         for key in ("name", "tool_calls", "tool_call_id"):
             value = getattr(self, key)

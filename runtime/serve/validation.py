@@ -15,7 +15,8 @@ from .protocol import FieldError, every_key, misspelling_of
 # Union fields, by their last key: the shapes they accept.
 _SHAPES = {
     "prompt": "must be a string, a list of strings, a list of token ids (ints >= 0) or a list of such lists",
-    "content": "must be a string, a list of text parts ({'type': 'text', 'text': ...}) or null",
+    "content": "must be a string, a list of text parts ({'type': 'text', 'text': ...}, or an assistant's "
+    "{'type': 'refusal', 'refusal': ...}) or null",
     "stop": "must be a string or a list of strings",
     "guided_json": "must be a JSON schema object or its JSON text",
     "tool_choice": "must be 'none', 'auto', 'required' or a named tool",

@@ -91,6 +91,13 @@ def test_chat_joins_text_parts_and_a_bad_conversation_fails_alone(llm):
     ]
     expected = llm.chat(plain, GREEDY, use_tqdm=False)[0]
     assert llm.chat(parts, GREEDY, use_tqdm=False)[0].prompt_token_ids == expected.prompt_token_ids
+    refused = [{"role": "assistant", "content": [{"type": "refusal", "refusal": "hello\nthere"}]}]
+    as_text = [{"role": "assistant", "content": "hello\nthere"}]
+    kw = {"use_tqdm": False, "add_generation_prompt": False, "continue_final_message": True}
+    assert (
+        llm.chat(refused, GREEDY, **kw)[0].prompt_token_ids
+        == llm.chat(as_text, GREEDY, **kw)[0].prompt_token_ids
+    )
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
     with pytest.raises(RequestError) as info:
         llm.chat([plain, image], GREEDY, use_tqdm=False)

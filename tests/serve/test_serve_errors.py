@@ -249,3 +249,18 @@ def test_unknown_keys_are_spell_checked_a_bounded_number_of_times(monkeypatch):
     body = {"prompt": "hi", **{f"k{i:06d}": 0 for i in range(2000)}}
     assert protocol.CompletionRequest.model_validate(body).prompt == "hi"
     assert 0 < len(calls) <= 32
+
+
+def test_a_history_with_an_assistants_refusal_and_a_function_result_is_accepted(http):
+    """What OpenAI returns, sent back in the next request's history, as clients do."""
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot help with that."}]},
+        {"role": "function", "name": "lookup", "content": "42"},
+        {"role": "user", "content": "again"},
+    ]
+    r = http.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert r.status_code == 200, r.text
+    rendered = http.post("/tokenize", json={"model": "tiny", "messages": messages[:2]}).json()
+    text = http.post("/detokenize", json={"model": "tiny", "tokens": rendered["tokens"]}).json()["prompt"]
+    assert "I cannot help with that." in text
