@@ -124,22 +124,32 @@ def linear(
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
     variant = variant_for(m, k, gated, bias is not None, warps, unroll, stages)
-    function = _function(x.device.index or 0, variant)
+    _run(variant, x, weight, bias, y, n, y.stride(0), pdl)
+    return y
+
+
+def _run(
+    variant: Variant, x, weight, bias, out, n: int, stride_out: int, pdl: bool, extra: tuple = ()
+) -> None:
+    """Launch `variant` over n output rows, 16 a block: the arguments every build takes, then `extra`
+    (the ROPE build's)."""
+    m, k = x.shape
     args = (
         x,
         weight,
         bias if bias is not None else weight,
-        y,
+        out,
         m,
         n,
         k,
         x.stride(0),
         weight.stride(0),
-        y.stride(0),
+        stride_out,
     )
     grid, block = (-(-n // 16), 1, 1), (variant.warps * 32, 1, 1)
-    _launch(function, grid, block, variant.ring_bytes, args, torch.cuda.current_stream(x.device), pdl)
-    return y
+    function = _function(x.device.index or 0, variant)
+    stream = torch.cuda.current_stream(x.device)
+    _launch(function, grid, block, variant.ring_bytes, (*args, *extra), stream, pdl)
 
 
 def fits_rope(x, weight, bias, positions, slots, cos, sin, k_cache, v_cache, shape) -> bool:
@@ -172,33 +182,10 @@ def linear_rope_cache(
     [M, heads, dim]."""
     heads, kv_heads, dim = shape
     m, k = x.shape
-    n = weight.shape[0]
     q = torch.empty(m, heads, dim, device=x.device, dtype=x.dtype)
     variant = variant_for(m, k, False, bias is not None, rope_dim=dim)
-    function = _function(x.device.index or 0, variant)
-    args = (
-        x,
-        weight,
-        bias if bias is not None else weight,
-        q,
-        m,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        heads * dim,
-        positions,
-        slots,
-        cos,
-        sin,
-        cos.stride(0),
-        k_cache,
-        v_cache,
-        heads,
-        kv_heads,
-    )
-    grid, block = (n // 16, 1, 1), (variant.warps * 32, 1, 1)
-    _launch(function, grid, block, variant.ring_bytes, args, torch.cuda.current_stream(x.device), pdl)
+    extra = (positions, slots, cos, sin, cos.stride(0), k_cache, v_cache, heads, kv_heads)
+    _run(variant, x, weight, bias, q, weight.shape[0], heads * dim, pdl, extra)
     return q
 
 

@@ -34,12 +34,10 @@ def client_request_id(header: str | None) -> str | None:
 
 
 def request_id(prefix: str, client_id: str | None = None) -> str:
-    """The response body's id: `prefix-` and the client's X-Request-Id where it sent a usable one (as
-    vLLM names it), else a fresh one, unique across API server processes too. The X-Request-Id
-    header goes back as the client sent it (middleware.py)."""
-    if client_request_id(client_id) is not None:
-        return f"{prefix}-{client_id}"
-    return f"{prefix}-{uuid.uuid4().hex}"
+    """The response body's id: `prefix-` and the client's id (`client_request_id`'s, as vLLM names
+    it), else a fresh one, unique across API server processes too. The X-Request-Id header goes back
+    as the client sent it (middleware.py)."""
+    return f"{prefix}-{client_id if client_id is not None else uuid.uuid4().hex}"
 
 
 class Generation:

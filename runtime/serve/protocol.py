@@ -11,6 +11,7 @@ clients that send newer OpenAI fields (`store`, `metadata`, ...) keep working.
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -96,21 +97,16 @@ class Body(BaseModel):
             )
 
 
+@functools.cache  # first called by a request, once every body class exists
 def every_key() -> frozenset[str]:
     """Every field (and alias) of every request body this server reads."""
-    global _EVERY
-    if _EVERY is None:
-        keys: set[str] = set()
-        stack = list(Body.__subclasses__())
-        while stack:
-            cls = stack.pop()
-            keys |= cls._known_keys()
-            stack += cls.__subclasses__()
-        _EVERY = frozenset(keys)
-    return _EVERY
-
-
-_EVERY: frozenset[str] | None = None
+    keys: set[str] = set()
+    stack = list(Body.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        keys |= cls._known_keys()
+        stack += cls.__subclasses__()
+    return frozenset(keys)
 
 
 class StreamOptions(Body):
