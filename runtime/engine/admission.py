@@ -152,6 +152,7 @@ def make_sequences(
     guided: list[Any],
     eos_ids: frozenset[int],
     primary_eos: int | None = None,
+    biases: Any = None,
 ) -> list[Sequence]:
     return [
         Sequence(
@@ -164,6 +165,7 @@ def make_sequences(
             index=i,
             primary_eos=primary_eos,
             guided=guided[i],
+            biases=biases,
         )
         for i, (seq_id, seed) in enumerate(zip(seq_ids, seeds, strict=True))
     ]

@@ -36,6 +36,7 @@ from .heap import freeze_startup_heap
 from .llm import peer_errors
 from .prompt_logprobs import prompt_logprobs_when_room
 from .sequence import Sequence
+from .token_biases import token_biases
 
 log = logging.getLogger("fastpath.engine")
 
@@ -367,6 +368,8 @@ class LinkServer:
         limits = self.llm._limits
         for token, prompt_ids, params, streams, members in items:
             guided = link.prepared.pop(token, None) if token is not None else None
+            # Checked by the client already: the same function of the same tokenizer.
+            biases = token_biases(params, self.llm.tokenizer, limits.vocab_size)
             for k, (seq_id, index, seed) in enumerate(members):
                 seq = Sequence(
                     seq_id,
@@ -378,6 +381,7 @@ class LinkServer:
                     index=index,
                     primary_eos=self.llm.primary_eos,
                     guided=guided[k] if guided is not None else None,
+                    biases=biases,
                 )
                 seq.streams = streams
                 seqs.append(seq)

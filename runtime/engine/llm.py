@@ -53,6 +53,7 @@ from .outputs import EngineClosedError, RequestError, RequestOutput
 from .prompt_logprobs import prompt_logprobs_when_room
 from .request import RequestHandle
 from .sampling_params import SamplingParams
+from .token_biases import token_biases
 from .waiting import wait_all
 
 log = logging.getLogger("fastpath.llm")
@@ -266,6 +267,7 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         admitted = encode(prompt, self.tokenizer, self._limits, params.truncate_prompt_tokens)
         check_request(admitted.prompt_ids, params, self._limits)
+        biases = token_biases(params, self.tokenizer, self._limits.vocab_size)
         rid = request_id if request_id is not None else str(next(self._requests))
         handle = RequestHandle(
             rid,
@@ -289,6 +291,7 @@ class LLM:
             guided,
             self.eos_ids,
             self.primary_eos,
+            biases,
         )
         for seq in seqs:
             handle.attach(seq)

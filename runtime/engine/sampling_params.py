@@ -39,6 +39,8 @@ MAX_STOP_STRINGS = 128
 MAX_STOP_CHARS = 16384
 MAX_LOGPROBS = 20  # top-k logprobs a request may ask for (vLLM's default max_logprobs)
 MAX_N = 256
+MAX_BIASED = 1024  # logit_bias entries, allowed_token_ids and bad_words each (as vLLM's GPU runner)
+MAX_BIAS = 100.0  # OpenAI's range for a bias; vLLM clamps to it
 
 GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
@@ -174,6 +176,12 @@ def _check(ok: bool, name: str, allowed: str, value: Any) -> None:
         raise ValueError(f"SamplingParams.{name} must be {allowed}, got {reprlib.repr(value)}")
 
 
+def _hashable(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(v)
+    return tuple(sorted(v.items())) if isinstance(v, dict) else v
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -195,9 +203,6 @@ def _token_ids(name: str, value: Any) -> list[int]:
 # vLLM's SamplingParams fields fastpath lacks, and what to do instead: a TypeError that says so, not a
 # "did you mean" pointing at an unrelated field.
 VLLM_MISSING = {
-    "logit_bias": "no per-token bias; guided_decoding constrains which tokens may follow",
-    "allowed_token_ids": "no allow-list; guided_decoding=GuidedDecodingParams(choice=[...]) or a regex constrains the output",
-    "bad_words": "no banned words; guided_decoding (a regex or grammar) constrains the output",
     "logits_processors": "no Python logits processors: sampling runs in fused kernels inside the step",
     "best_of": "n completions are sampled and all returned; none are ranked away",
     "output_kind": "generate() returns final outputs; stream() and submit() give deltas",
@@ -282,6 +287,25 @@ class SamplingParams:
             "Divides positive and multiplies negative logits of prompt and generated tokens (HF's), in (0, 100]."
         ),
     )
+    logit_bias: dict[int, float] | None = field(
+        default=None,
+        metadata=doc(
+            f"Added to the logits of these token ids before penalties (vLLM's order), at most {MAX_BIASED}; "
+            "a bias is clamped to [-100, 100] and a key may be the id's string, as OpenAI sends it."
+        ),
+    )
+    allowed_token_ids: list[int] | None = field(
+        default=None,
+        metadata=doc(f"Only these token ids may be generated (at most {MAX_BIASED}); None: any."),
+    )
+    bad_words: list[str] | None = field(
+        default=None,
+        metadata=doc(
+            f"Words never generated (at most {MAX_BIASED}), each as its tokens with and without a leading "
+            "space, as vLLM tokenizes them. A word of one token is banned outright; fastpath refuses a "
+            "word of several tokens, which vLLM bans after its first ones."
+        ),
+    )
     logprobs: int | None = field(
         default=None,
         metadata=doc(
@@ -342,6 +366,7 @@ class SamplingParams:
         self._check_sampling()
         self._check_lengths()
         self._check_penalties()
+        self._check_biases()
         self._check_logprobs()
         self._check_guided()
         for name in (
@@ -437,6 +462,32 @@ class SamplingParams:
         v = self.repetition_penalty
         _check(_is_num(v) and 0 < v <= 100, "repetition_penalty", "a number in (0, 100]", v)
 
+    def _check_biases(self) -> None:
+        if self.logit_bias is not None:
+            bias = self.logit_bias
+            _check(isinstance(bias, dict), "logit_bias", "a dict of token id to bias", bias)
+            _check(len(bias) <= MAX_BIASED, "logit_bias", f"at most {MAX_BIASED} entries", f"{len(bias)}")
+            clamped = {}
+            for key, value in bias.items():
+                token = int(key) if isinstance(key, str) and key.isdecimal() else key
+                _check(_is_int(token) and 0 <= token <= MAX_TOKEN_ID, "logit_bias",
+                       f"keyed by token ids in [0, {MAX_TOKEN_ID}]", key)  # fmt: skip
+                _check(_is_num(value), f"logit_bias[{token}]", "a finite number", value)
+                clamped[token] = min(MAX_BIAS, max(-MAX_BIAS, float(value)))
+            object.__setattr__(self, "logit_bias", clamped)
+        if self.allowed_token_ids is not None:
+            ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
+            _check(
+                0 < len(ids) <= MAX_BIASED, "allowed_token_ids", f"None or 1 to {MAX_BIASED} token ids", ids
+            )
+            object.__setattr__(self, "allowed_token_ids", ids)
+        if self.bad_words is not None:
+            words = self.bad_words
+            ok = isinstance(words, (list, tuple)) and all(isinstance(w, str) and w.strip() for w in words)
+            _check(ok, "bad_words", "a list of non-blank strings", words)
+            _check(len(words) <= MAX_BIASED, "bad_words", f"at most {MAX_BIASED} words", f"{len(words)}")
+            object.__setattr__(self, "bad_words", list(words))
+
     def _check_logprobs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
@@ -475,9 +526,10 @@ class SamplingParams:
         object.__setattr__(self, "guided", spec)
 
     def __hash__(self) -> int:
-        # What __eq__ compares, the lists as tuples; `guided` (a dict) only in __eq__, which is allowed.
+        # What __eq__ compares, lists as tuples and logit_bias as its items; `guided` (a dict) only in
+        # __eq__, which is allowed.
         hashed = (getattr(self, f.name) for f in fields(self) if (f.compare if f.hash is None else f.hash))
-        return hash(tuple(tuple(v) if isinstance(v, list) else v for v in hashed))
+        return hash(tuple(_hashable(v) for v in hashed))
 
     @property
     def greedy(self) -> bool:
@@ -486,6 +538,11 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def biased(self) -> bool:
+        """Some token has a bias or a ban (logit_bias, allowed_token_ids, bad_words)."""
+        return bool(self.logit_bias) or self.allowed_token_ids is not None or bool(self.bad_words)
 
     def clone(self, **changes: Any) -> SamplingParams:
         """A copy, with `changes` (SamplingParams are frozen: `sp.clone(max_tokens=10)` where vLLM

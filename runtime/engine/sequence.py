@@ -41,6 +41,7 @@ class Sequence:
     stop_reason: int | str | None = None  # the stop token id (or, set by its request, stop string)
     error: str | None = None
     guided: Any = None  # the guided-decoding matcher, when the request has a constraint
+    biases: Any = None  # its token_biases.TokenBiases (logit_bias, allowed_token_ids, bad_words), if any
     sink: Any = None  # what hears of its tokens (engine/request.py); None for internal probes
     streams: bool = False  # report every step's tokens, not only the finish
     penalty_slot: int = 0  # its row in the sampler's penalty tables (0: none)

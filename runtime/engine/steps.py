@@ -60,7 +60,7 @@ def _general_for_any_row(p: SamplingParams) -> bool:
     counts its rank."""
     if p.logprobs is not None and (p.logprobs > 0 or p.guided is not None):
         return True
-    return not p.greedy or p.penalized
+    return not p.greedy or p.penalized or p.biased
 
 
 def needs_general(seq: Sequence) -> bool:
@@ -83,7 +83,7 @@ def any_needs_general(seqs: list[Sequence]) -> bool:
 
 def keeps_penalty_state(seq: Sequence) -> bool:
     """Whether the sequence needs a penalty-table slot (runner/penalties.py)."""
-    return seq.params.penalized or seq.params.min_tokens > 0
+    return seq.params.penalized or seq.params.min_tokens > 0 or seq.biases is not None
 
 
 def wants_top_logprobs(seqs: list[Sequence]) -> bool:
@@ -204,19 +204,30 @@ def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | No
         p = seq.params
         stop = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(seq.eos_ids))
         tokens = seq.prompt_ids + seq.output_ids
-        entries.append((slots.assign(seq), len(seq.prompt_ids), tokens, stop if p.min_tokens else []))
+        stop = stop if p.min_tokens else []
+        entries.append((slots.assign(seq), len(seq.prompt_ids), tokens, stop, seq.biases))
     if not entries:
         return None
-    width = max(len(e[3]) for e in entries)
-    return PenaltyFill(
+    fill = PenaltyFill(
         torch.tensor([e[0] for e in entries], dtype=torch.int64),
         torch.tensor([e[1] for e in entries], dtype=torch.int64),
         torch.tensor([len(e[2]) for e in entries], dtype=torch.int64),
         torch.tensor([t for e in entries for t in e[2]], dtype=torch.int64),
-        torch.tensor([e[3] + [-1] * (width - len(e[3])) for e in entries], dtype=torch.int64).view(
-            len(entries), width
-        ),
+        _padded([e[3] for e in entries]),
     )
+    biases = [e[4] for e in entries]
+    if any(b is not None for b in biases):
+        fill.exclusive = torch.tensor([b is not None and b.exclusive for b in biases], dtype=torch.int64)
+        fill.bias_ids = _padded([list(b.ids) if b is not None else [] for b in biases])
+        values = [list(float_bits(*b.values)) if b is not None else [] for b in biases]
+        fill.bias_bits = _padded(values)
+    return fill
+
+
+def _padded(rows: list[list[int]]) -> torch.Tensor:
+    """Rows of ints as one int64 tensor [len(rows), longest], -1 padded."""
+    width = max(map(len, rows))
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).view(len(rows), width)
 
 
 def prefill_step(

@@ -4,10 +4,11 @@ definition as fused kernels (sampling_triton.py); this is the reference they are
 
 A row's steps, in the order HF transformers and vLLM apply them:
 1. Penalties on the raw fp32 logits x, read from the row's penalty-table entry (PROMPT_BIT: the
-   token is in the prompt, STOP_BIT: a stop token, low bits: times generated): repetition (HF:
-   x / r if x > 0 else x * r, on prompt and generated tokens), then frequency (minus f * count) and
-   presence (minus p if generated) as OpenAI defines them; stop tokens are -inf while the row has
-   generated fewer than min_tokens.
+   token is in the prompt, STOP_BIT: a stop token, BIAS_BIT: the token has a bias, low bits: times
+   generated): first the bias (logit_bias; -inf for a token allowed_token_ids or bad_words bans), as
+   vLLM adds it before penalties; then repetition (HF: x / r if x > 0 else x * r, on prompt and
+   generated tokens), frequency (minus f * count) and presence (minus p if generated) as OpenAI
+   defines them; stop tokens are -inf while the row has generated fewer than min_tokens.
 2. Temperature 0: the first argmax of those logits. Otherwise s = logits * (1 / temperature), the
    reciprocal rounded to fp32 once per row (a multiply per token is cheaper than a division).
 3. Tokens in the order (s descending, index ascending); rank r. Masses are fixed point,
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import torch
 
-# The penalty table's entry layout (int32 per (slot, token)).
+# The penalty table's entry layout (int32 per (slot, token)). A slot's row holds its entries, then as
+# many float32 biases, half the row's stride on (`biases`): kernels find a bias without another pointer.
 PROMPT_BIT = 1 << 30
 STOP_BIT = 1 << 29
-COUNT_MASK = STOP_BIT - 1
+BIAS_BIT = 1 << 28
+COUNT_MASK = BIAS_BIT - 1
 MASS_SCALE = float(1 << 32)
 
 # splitmix64 constants as signed int64 (torch has no uint64 arithmetic on every device).
@@ -64,8 +67,18 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def penalize(x: torch.Tensor, p, entries: torch.Tensor) -> torch.Tensor:
-    """Step 1 on fp32 logits [B, V]; `entries` are the rows' penalty-table entries [B, V]."""
+def biases(entries: torch.Tensor) -> torch.Tensor:
+    """The float32 biases beside a penalty table's `entries` [slots, V] (its layout: a row's biases
+    start half its stride on), read where an entry has BIAS_BIT."""
+    half = entries.stride(0) // 2
+    beside = entries.as_strided(entries.shape, entries.stride(), entries.storage_offset() + half)
+    return beside.view(torch.float32)
+
+
+def penalize(x: torch.Tensor, p, entries: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Step 1 on fp32 logits [B, V]; `entries` are the rows' penalty-table entries [B, V], `bias`
+    their biases."""
+    x = torch.where((entries & BIAS_BIT) != 0, x + bias, x)
     count = entries & COUNT_MASK
     seen = (entries & (COUNT_MASK | PROMPT_BIT)) != 0
     rep = p.repetition[:, None]
@@ -101,7 +114,7 @@ def sample_reference(logits: torch.Tensor, p, entries: torch.Tensor, bits: torch
     vocab = x.shape[-1]
     rows = entries.index_select(0, p.slots)
     lse = torch.logsumexp(x, dim=-1, keepdim=True)  # as TorchOps.greedy: greedy rows match it bit for bit
-    pen = penalize(x, p, rows)
+    pen = penalize(x, p, rows, biases(entries).index_select(0, p.slots))
     hot = p.temperature > 0
     s = pen * (1.0 / torch.where(hot, p.temperature, 1.0))[:, None]
     order, kept = kept_in_order(s, p)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .sampling import COUNT_MASK, PROMPT_BIT, STOP_BIT
+from .sampling import BIAS_BIT, COUNT_MASK, PROMPT_BIT, STOP_BIT
 
 _COUNT = tl.constexpr(COUNT_MASK)
 _PROMPT = tl.constexpr(PROMPT_BIT)
 _STOP = tl.constexpr(STOP_BIT)
+_BIAS = tl.constexpr(BIAS_BIT)
 
 
 @triton.jit
@@ -163,10 +164,15 @@ def scores_of(
     # exact division above all). Unpenalized, x - f * 0 - p * 0 is x but for the sign of a zero,
     # which no key, mass or draw sees.
     if tl.max(hit.to(tl.int32), 0) > 0:
-        e = tl.load(ent_ptr + slot * stride_e + cols, mask=inb & hit, other=0)
+        row_e = ent_ptr + slot * stride_e
+        e = tl.load(row_e + cols, mask=inb & hit, other=0)
+        # The bias first (vLLM's order), from the second half of the slot's row.
+        biased = (e & _BIAS) != 0
+        b = tl.load(row_e + (stride_e >> 1) + cols, mask=inb & biased, other=0).to(tl.float32, bitcast=True)
+        pen = tl.where(biased, x + b, x)
         count = e & _COUNT
         seen = (e & (_COUNT | _PROMPT)) != 0
-        pen = tl.where(seen, tl.where(x > 0, tl.math.div_rn(x, rep), x * rep), x)
+        pen = tl.where(seen, tl.where(pen > 0, tl.math.div_rn(pen, rep), pen * rep), pen)
         pen = pen - freq * count.to(tl.float32)
         pen = pen - pres * (count > 0).to(tl.float32)
         pen = tl.where(ban, tl.where((e & _STOP) != 0, float("-inf"), pen), pen)

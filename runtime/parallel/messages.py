@@ -20,7 +20,7 @@ from ..runner.penalties import PenaltyFill
 from ..runner.sampler import FIELDS, SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
-HEADER = 10
+HEADER = 11
 log = logging.getLogger("fastpath.parallel")
 
 
@@ -87,8 +87,12 @@ class Channel:
         elif isinstance(step, PrefillStep):
             (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
             fill = step.penalty
-            # (sequences, tokens, stop-id width) of the penalty work; 0 sequences: none.
-            shape = [0, 0, 0] if fill is None else [len(fill.slots), len(fill.tokens), fill.stop_ids.shape[1]]
+            # (sequences, tokens, stop-id width, bias width + 1) of the penalty work; 0 sequences: none,
+            # bias width 0: no biases.
+            shape = [0, 0, 0, 0]
+            if fill is not None:
+                biases = 0 if fill.bias_ids is None else fill.bias_ids.shape[1] + 1
+                shape = [len(fill.slots), len(fill.tokens), fill.stop_ids.shape[1], biases]
             fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, *shape]
             parts = (
                 step.ids,
@@ -130,7 +134,7 @@ class Channel:
 
     def recv(self) -> Message:
         self._bcast(self._header)
-        op, a, b, c, d, e, f, g, h, i = (int(v) for v in self._header[:HEADER])
+        op, a, b, c, d, e, f, g, h, i, j = (int(v) for v in self._header[:HEADER])
         op = Op(op)
         if op is Op.DECODE:
             num_seqs, rows, cols, has_sampling, uses_prev, top = a, b, c, d, e, f
@@ -145,7 +149,7 @@ class Channel:
             ids, positions, slots, tables, ends, query_lens, logits_rows = flat.split(
                 [t, t, t, s * w, s, s, r]
             )
-            fill = self._penalty_fill(g, h, i) if g else None
+            fill = self._penalty_fill(g, h, i, j) if g else None
             step = PrefillStep(
                 ids, positions, slots, tables.view(s, w), ends, query_lens, logits_rows,
                 self._sampling(r) if has_sampling else None, bool(top), fill,
@@ -158,11 +162,22 @@ class Channel:
         self._bcast(data)
         return SamplingTensors(data)
 
-    def _penalty_fill(self, seqs: int, tokens: int, width: int) -> PenaltyFill:
-        flat = torch.empty(seqs * (3 + width) + tokens, dtype=torch.int64)
+    def _penalty_fill(self, seqs: int, tokens: int, width: int, biases: int) -> PenaltyFill:
+        k = max(biases - 1, 0)  # the bias width; `biases` 0: none
+        flat = torch.empty(
+            seqs * (3 + width) + tokens + (seqs * (1 + 2 * k) if biases else 0), dtype=torch.int64
+        )
         self._bcast(flat)
-        slots, prompt_lens, lens, ids, stop_ids = flat.split([seqs, seqs, seqs, tokens, seqs * width])
-        return PenaltyFill(slots, prompt_lens, lens, ids, stop_ids.view(seqs, width))
+        sizes = [seqs, seqs, seqs, tokens, seqs * width] + ([seqs, seqs * k, seqs * k] if biases else [])
+        parts = flat.split(sizes)
+        fill = PenaltyFill(*parts[:4], parts[4].view(seqs, width))
+        if biases:
+            fill.exclusive, fill.bias_ids, fill.bias_bits = (
+                parts[5],
+                parts[6].view(seqs, k),
+                parts[7].view(seqs, k),
+            )
+        return fill
 
     def _pinned(self, rows: int, cols: int) -> torch.Tensor:
         self._flip ^= 1

@@ -1,8 +1,10 @@
 """Per-request sampling state on the device: which tokens a request's prompt holds, how often it has
-generated each token, and its stop tokens (for min_tokens).
+generated each token, its stop tokens (for min_tokens), and its token biases (logit_bias, and -inf
+for the tokens allowed_token_ids and bad_words ban).
 
-One int32 entry per (slot, token) (layout: kernels/sampling.py), and a bit per entry saying it is
-not zero, so the sampling kernels read a dense row of bits and only the few entries that are set.
+One int32 entry per (slot, token) and a float32 bias beside it (layout: kernels/sampling.py), and a
+bit per entry saying it is not zero, so the sampling kernels read a dense row of bits and only the
+few entries that are set.
 Slot 0 is the shared, always-empty row of requests without penalties and of graph padding.
 
 Rank 0 assigns slots (`assign`, at a sequence's first prefill chunk, also after preemption) and a
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.sampling import PROMPT_BIT, STOP_BIT
+from ..kernels.sampling import BIAS_BIT, PROMPT_BIT, STOP_BIT
 
 
 @dataclass(slots=True)
@@ -32,20 +34,32 @@ class PenaltyFill:
     lens: torch.Tensor  # [N] tokens each sequence has (prompt and generated)
     tokens: torch.Tensor  # [sum(lens)] those tokens, sequence after sequence
     stop_ids: torch.Tensor  # [N, E] tokens banned under min_tokens, -1 padded
+    # A sequence's biases: 1 where only its listed tokens may follow (allowed_token_ids), then the
+    # tokens [N, K] (-1 padded) and their biases as float32 bits [N, K] (-inf: banned).
+    exclusive: torch.Tensor | None = None  # [N]
+    bias_ids: torch.Tensor | None = None
+    bias_bits: torch.Tensor | None = None
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.slots, self.prompt_lens, self.lens, self.tokens, self.stop_ids
+        head = (self.slots, self.prompt_lens, self.lens, self.tokens, self.stop_ids)
+        if self.bias_ids is None:
+            return head
+        return (*head, self.exclusive, self.bias_ids, self.bias_bits)
 
 
 class PenaltyTable:
-    """The device table of one rank: `entries` [slots, V] and `bits` [slots, ceil(V / 32)]."""
+    """The device table of one rank: `entries` [slots, V], `biases` [slots, V] beside them, and `bits`
+    [slots, ceil(V / 32)]."""
 
     def __init__(self, num_slots: int, vocab: int, device: torch.device) -> None:
         self.vocab = vocab
         words = -(-vocab // 32)
-        # Padded to whole words, so a word's entries are one view row (`_pack`).
-        self._padded = torch.zeros(num_slots, words * 32, dtype=torch.int32, device=device)
+        self._width = width = words * 32
+        # Padded to whole words, so a word's entries are one view row (`_pack`); a slot's biases fill
+        # the second half of its row (kernels/sampling.py's layout).
+        self._padded = torch.zeros(num_slots, 2 * width, dtype=torch.int32, device=device)
         self.entries = self._padded[:, :vocab]
+        self.biases = self._padded[:, width : width + vocab].view(torch.float32)
         self.bits = torch.zeros(num_slots, words, dtype=torch.int32, device=device)
         self._weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64), torch.arange(32)).to(
             device
@@ -55,8 +69,10 @@ class PenaltyTable:
         """Clear the sequences' slots and enter their tokens and stop tokens."""
         dev = self.entries.device
         slots = fill.slots.tolist()
-        self.entries[slots] = 0
+        self._padded[slots] = 0
         self.bits[slots] = 0
+        if fill.bias_ids is not None:
+            self._bias(fill)
         stop = fill.stop_ids
         banned = (stop >= 0) & (stop < self.vocab)
         if bool(banned.any()):
@@ -74,12 +90,25 @@ class PenaltyTable:
             self.entries.index_put_((rows[~prompt].to(dev), generated), ones, accumulate=True)
         self.bits[slots] = self._pack(slots)
 
+    def _bias(self, fill: PenaltyFill) -> None:
+        dev = self.entries.device
+        exclusive = fill.slots[fill.exclusive != 0].to(dev)
+        if exclusive.numel():  # every token banned, then the listed ones set
+            self.entries[exclusive] = BIAS_BIT
+            self.biases[exclusive] = float("-inf")
+        listed = (fill.bias_ids >= 0) & (fill.bias_ids < self.vocab)
+        rows = fill.slots[:, None].expand_as(fill.bias_ids)[listed].to(dev)
+        toks = fill.bias_ids[listed].to(dev)
+        values = fill.bias_bits[listed].to(torch.int32).view(torch.float32).to(dev)
+        self.biases[rows, toks] = values
+        self._set(rows, toks, BIAS_BIT)
+
     def _set(self, rows: torch.Tensor, toks: torch.Tensor, flag: int) -> None:
         # Repeated (row, token) pairs all write the same value.
         self.entries[rows, toks] = self.entries[rows, toks] | flag
 
     def _pack(self, slots: list[int]) -> torch.Tensor:
-        words = (self._padded[slots].view(len(slots), -1, 32) != 0).long()
+        words = (self._padded[slots, : self._width].view(len(slots), -1, 32) != 0).long()
         return (words * self._weights).sum(-1).to(torch.int32)
 
 

@@ -20,6 +20,8 @@ from .protocol import ChatRequest, CompletionRequest, SamplingFields
 _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _OWN_DEFAULTS = {name: SamplingParams.__dataclass_fields__[name].default for name in _DEFAULTED}
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
+# Fields whose admission errors (engine/token_biases.py) start with their name.
+_TOKEN_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words")
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
@@ -32,6 +34,9 @@ class RequestKeys:
     guided: str  # "response_format" or the guided_* key that set the constraint
 
     def blame(self, message: str) -> str:
+        own = message.split(":", 1)[0].split(" ", 1)[0]
+        if own in _TOKEN_FIELDS:
+            return own
         if "max_tokens" in message:
             return self.max_tokens
         if "stop_token_ids" in message:
@@ -91,6 +96,9 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
+            logit_bias=req.logit_bias or None,
+            allowed_token_ids=req.allowed_token_ids,
+            bad_words=req.bad_words,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=req.skip_special_tokens,

@@ -170,8 +170,10 @@ class SamplingFields(Body):
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     # vLLM's extras
+    allowed_token_ids: TokenIds | None = None
+    bad_words: list[str] | None = None
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
@@ -190,13 +192,6 @@ class SamplingFields(Body):
     structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: what fits)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: Any) -> Any:
-        if value:
-            raise ValueError("is not supported")
-        return value
 
     @field_validator("stream_options")
     @classmethod

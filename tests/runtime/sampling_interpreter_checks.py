@@ -13,7 +13,13 @@ import triton
 import triton.language as tl
 
 from fastpath.runtime.kernels import sampling_rank, sampling_triton
-from fastpath.runtime.kernels.sampling import PROMPT_BIT, STOP_BIT, rank_counts_reference, sample_reference
+from fastpath.runtime.kernels.sampling import (
+    BIAS_BIT,
+    PROMPT_BIT,
+    STOP_BIT,
+    rank_counts_reference,
+    sample_reference,
+)
 from fastpath.runtime.kernels.sampling_jit import bucket, bucket_floor, distance, float_key, signed_key
 from fastpath.runtime.runner.penalties import PenaltyTable
 from fastpath.runtime.runner.sampler import SamplingTensors
@@ -28,14 +34,25 @@ def check(name, ok, detail=""):
     return ok
 
 
-def table(rows: int) -> PenaltyTable:
-    """A table whose slots 1..rows hold prompt tokens, counts and stop tokens."""
+def table(rows: int, biased: bool = False) -> PenaltyTable:
+    """A table whose slots 1..rows hold prompt tokens, counts and stop tokens; `biased`, also biases:
+    a slot in three bans every token but a few (allowed_token_ids), the others bias some up or down
+    and ban some, overlapping the penalized tokens."""
     t = PenaltyTable(rows + 1, VOCAB, torch.device("cpu"))
     for slot in range(1, rows + 1):
         toks = torch.randint(0, VOCAB, (40,), generator=g)
         t.entries[slot, toks[:15]] |= PROMPT_BIT
         t.entries[slot, toks[10:30]] += torch.randint(1, 4, (20,), generator=g, dtype=torch.int32)
         t.entries[slot, toks[35:]] |= STOP_BIT
+        if not biased:
+            continue
+        if slot % 3 == 0:
+            t.entries[slot] |= BIAS_BIT
+            t.biases[slot] = float("-inf")
+        some = torch.cat([toks[5:25], torch.randint(0, VOCAB, (30,), generator=g)])
+        t.entries[slot, some] |= BIAS_BIT
+        t.biases[slot, some] = (torch.randn(len(some), generator=g) * 4).clamp(-100, 100)
+        t.biases[slot, some[::7]] = float("-inf")
     t.bits.copy_(t._pack(list(range(rows + 1))))
     return t
 
@@ -50,13 +67,13 @@ LISTED_RANKS: set[bool] = set()  # whether an asking row's rank came from the li
 ANY = {2, 3}  # a draw over the whole row: accepted at once, or by the slow path
 
 
-def compare(name, logits, p, num_top=0, paths=None, gather=None) -> bool:
+def compare(name, logits, p, num_top=0, paths=None, gather=None, biased=False) -> bool:
     """The kernels equal the definition; `paths` gives each row's allowed paths (see sample()), and
     `gather` whether each row's candidates took a pass over the row (1) or came from the lists (0)."""
     rows = logits.shape[0]
-    ta = table(rows)
+    ta = table(rows, biased)
     tb = PenaltyTable(rows + 1, VOCAB, torch.device("cpu"))
-    tb.entries.copy_(ta.entries)
+    tb._padded.copy_(ta._padded)  # entries and biases
     tb.bits.copy_(ta.bits)
     ref = sample_reference(logits, p, ta.entries, ta.bits, num_top)
     took = torch.zeros(rows, dtype=torch.int32)
@@ -211,6 +228,10 @@ def main() -> bool:
     with short_lists():
         paths = [0, 1, 1, 1, 1, 0, ANY, 1, 1, 1, 1, ANY]
         good &= compare("mixed rows, cut", peaked, rows_mixed(), num_top=20, paths=paths, gather=[1] * 12)
+    # Biases and bans (logit_bias, bad_words; every third row an allow-list), greedy rows among them.
+    good &= compare("biased rows, top-20 logprobs", peaked, rows_mixed(), num_top=20, biased=True)
+    with short_lists():
+        good &= compare("biased rows, cut", peaked, rows_mixed(), num_top=20, biased=True)
     # Equal values: a grid of 0.25 (many ties per bucket); few allowed tokens, the rest -inf (the
     # top-20 logprobs reach into the -inf ties); 15 ties at the top, then 200 near-equal values
     # sharing a bucket. The -inf rows' floor is -inf: their lists overflow.

@@ -8,7 +8,7 @@ from test_sampling_controls import token_ids
 
 from fastpath.runtime import LLM, SamplingParams
 from fastpath.runtime.kernels import sampling_rank, sampling_triton
-from fastpath.runtime.kernels.sampling import PROMPT_BIT, rank_counts_reference, sample_reference
+from fastpath.runtime.kernels.sampling import BIAS_BIT, PROMPT_BIT, rank_counts_reference, sample_reference
 from fastpath.runtime.runner.penalties import PenaltyTable
 from fastpath.runtime.runner.sampler import SamplingTensors
 
@@ -47,9 +47,18 @@ def _table(rows: int, vocab: int, device) -> PenaltyTable:
         toks = torch.randint(0, vocab, (60,), generator=g)
         t.entries[slot, toks[:30]] |= PROMPT_BIT
         t.entries[slot, toks[20:]] += 1
+        if slot % 8 == 4:  # logit_bias with some bans (bad_words), over penalized tokens too
+            some = torch.cat([toks[10:30], torch.randint(0, vocab, (20,), generator=g)])
+            t.entries[slot, some] |= BIAS_BIT
+            t.biases[slot, some] = torch.randn(len(some), generator=g) * 2
+            t.biases[slot, some[::5]] = float("-inf")
+        elif slot % 8 == 6:  # allowed_token_ids: every other token banned
+            t.entries[slot] |= BIAS_BIT
+            t.biases[slot] = float("-inf")
+            t.biases[slot, torch.randint(0, vocab, (50,), generator=g)] = 0.5
     t.bits.copy_(t._pack(list(range(rows + 1))))
     out = PenaltyTable(rows + 1, vocab, torch.device(device))
-    out.entries.copy_(t.entries)
+    out._padded.copy_(t._padded)  # entries and biases
     out.bits.copy_(t.bits)
     return out
 

@@ -110,8 +110,8 @@ def test_vllms_other_entry_points_say_they_are_not_here(llm, method):
         getattr(llm, method)(["hi"])
 
 
-@pytest.mark.parametrize(("field", "words"), [("logit_bias", "no per-token bias"),
-                                              ("allowed_token_ids", "no allow-list"),
+@pytest.mark.parametrize(("field", "words"), [("logits_processors", "no Python logits processors"),
+                                              ("extra_args", "no extension arguments"),
                                               ("best_of", "all returned")])  # fmt: skip
 def test_vllms_sampling_fields_fastpath_lacks_say_so_instead_of_a_wrong_suggestion(field, words):
     with pytest.raises(TypeError, match=rf"SamplingParams\({field}=\.\.\.\) is vLLM's.*{words}"):

@@ -441,3 +441,27 @@ def test_truncate_prompt_tokens_keeps_a_long_prompts_tail_as_vllms_server_does(u
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     r = http.post(path, json={**body, "truncate_prompt_tokens": 0})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+
+
+def test_logit_bias_and_vllms_allowed_token_ids_and_bad_words_reach_the_sampler(url, llm):
+    plain = _offline(llm, PROMPTS[0], 8)
+    favourite = next(t for t in range(100, 400) if t not in plain.token_ids)
+    api = client(url)
+    biased = api.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, logit_bias={str(favourite): 100},
+        extra_body=TOKENS,
+    )  # fmt: skip
+    assert biased.choices[0].token_ids == [favourite] * 8
+    allowed = [5, 71, 300]
+    chat = api.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=12, temperature=1.0, seed=3,
+        extra_body={**TOKENS, "allowed_token_ids": allowed},
+    )  # fmt: skip
+    assert set(chat.choices[0].token_ids) <= set(allowed)
+    banned = llm.tokenizer.encode("e", add_special_tokens=False)
+    assert len(banned) == 1, "the word the test bans is one token"
+    words = api.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=0,
+        logit_bias={str(banned[0]): 50}, extra_body={**TOKENS, "bad_words": ["e"]},
+    )  # fmt: skip
+    assert banned[0] not in words.choices[0].token_ids, "a ban outweighs any bias"

@@ -1,0 +1,80 @@
+"""A request's logit_bias, allowed_token_ids and bad_words as one list of token biases.
+
+The sampler adds a request's biases to its logits before penalties (kernels/sampling.py), from its
+penalty-table slot; a banned token's bias is -inf. Checked here, at admission, against the model's
+vocabulary and tokenizer, so a bad request fails alone with its own error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .sampling_params import SamplingParams
+
+BANNED = -math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBiases:
+    """exclusive: only the listed tokens may follow (allowed_token_ids); ids and their biases."""
+
+    exclusive: bool
+    ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+def _in_vocab(name: str, ids: Any, vocab_size: int) -> None:
+    bad = sorted(t for t in ids if t >= vocab_size)
+    if bad:
+        raise ValueError(f"{name}: token ids {bad[:8]} are out of range [0, {vocab_size})")
+
+
+def bad_word_ids(word: str, tokenizer: Any) -> list[list[int]]:
+    """The token sequences vLLM bans for a word: the word, and the word after a space where that is
+    as many tokens and starts with another one (so it is a variant, not the word plus a space)."""
+    bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+    spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+    variants = [bare]
+    if spaced and bare and spaced[0] != bare[0] and len(spaced) == len(bare):
+        variants.append(spaced)
+    return [v for v in variants if v]
+
+
+def banned_tokens(words: list[str], tokenizer: Any) -> set[int]:
+    if tokenizer is None:
+        raise ValueError("bad_words are matched as tokens, and this model has no tokenizer")
+    banned: set[int] = set()
+    for word in words:
+        for ids in bad_word_ids(word, tokenizer):
+            if len(ids) > 1:
+                raise ValueError(
+                    f"bad_words: {word!r} is {len(ids)} tokens {ids}; fastpath bans words of one token "
+                    "(vLLM bans a longer word's last token after its first ones), so ban its tokens with "
+                    "logit_bias, or constrain the output with guided_decoding"
+                )
+            banned.update(ids)
+    return banned
+
+
+def token_biases(params: SamplingParams, tokenizer: Any, vocab_size: int) -> TokenBiases | None:
+    """The request's biases, or None when it has none; ValueError names what is wrong."""
+    if not params.biased:
+        return None
+    bias = dict(params.logit_bias or {})
+    _in_vocab("logit_bias", bias, vocab_size)
+    allowed = params.allowed_token_ids
+    if allowed is not None:
+        _in_vocab("allowed_token_ids", allowed, vocab_size)
+        # A bias on a token that may not follow changes nothing; the allowed ones keep theirs.
+        bias = {t: bias.get(t, 0.0) for t in allowed}
+    banned = banned_tokens(params.bad_words, tokenizer) if params.bad_words else set()
+    _in_vocab("bad_words", banned, vocab_size)
+    for t in banned:
+        if allowed is None or t in bias:
+            bias[t] = BANNED
+    if allowed is not None and all(v == BANNED for v in bias.values()):
+        raise ValueError(f"bad_words ban every one of allowed_token_ids {sorted(set(allowed))[:8]}")
+    ids = tuple(sorted(bias))
+    return TokenBiases(allowed is not None, ids, tuple(bias[t] for t in ids))
