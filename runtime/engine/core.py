@@ -46,6 +46,9 @@ class EngineStats:
     # Of step_seconds, the time the loop waited for the device's tokens; the rest is host work. A
     # device that is never waited for is one the host keeps waiting instead.
     step_wait_seconds: dict[str, float] = field(default_factory=dict)
+    # Prefix caching: prompt tokens looked up at admission, and those found cached (0 when it is off).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class EngineCore:
@@ -114,6 +117,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         ex = self.executor
         sched, alloc = ex.scheduler, ex.allocator
+        cache = sched.prefix_cache
         return EngineStats(
             len(sched.running),
             len(sched.waiting) + len(self._incoming),
@@ -123,6 +127,8 @@ class EngineCore:
             self.generation_tokens,
             sched.num_preemptions,
             *_columns(list(self._steps.items())),
+            prefix_cache_queries=cache.queried_tokens if cache is not None else 0,
+            prefix_cache_hits=cache.hit_tokens if cache is not None else 0,
         )
 
     def close(self, reason: str = "close() was called") -> bool:

@@ -28,6 +28,7 @@ from ..parallel.state import ParallelState, RankFailed, check_group
 from ..runner.config import EngineConfig
 from ..runner.decode_inputs import FIXED_COLUMNS, DecodeInputs
 from ..runner.kv_cache import BlockAllocator
+from ..runner.prefix_cache import PrefixCachingAllocator
 from ..runner.runner import ModelRunner
 from ..runner.sampler import Sampled
 from .alternating import Alternating
@@ -75,7 +76,12 @@ class ExecutorCore:
             prologue=self.decode_prologue,
             decode_from_embeds=self.starts_from_embeddings(),
         )
-        self.allocator = BlockAllocator(self.runner.sizing.num_blocks)
+        blocks = self.runner.sizing.num_blocks
+        self.allocator = (
+            PrefixCachingAllocator(blocks, self.runner.block_size)
+            if config.enable_prefix_caching
+            else BlockAllocator(blocks)
+        )
         mixed = config.mixed_batches
         self.scheduler = Scheduler(
             self.allocator,

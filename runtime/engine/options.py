@@ -4,7 +4,7 @@ Names follow vLLM where they overlap (`max_model_len`, `max_num_seqs`, `gpu_memo
 `enforce_eager`, `tensor_parallel_size`, `seed`, `tokenizer`, `dtype`); fastpath's own spellings
 (`max_seq_len`, `max_batch_size`, `tp`) are aliases of the same settings. vLLM's keywords that
 fastpath has no setting for are accepted at values that ask for what it does (`trust_remote_code`,
-`enable_prefix_caching=False`, ...; vllm_keywords.py). An unknown keyword is a TypeError with a
+`kv_cache_dtype="auto"`, ...; vllm_keywords.py). An unknown keyword is a TypeError with a
 suggestion.
 """
 
@@ -134,6 +134,14 @@ class EngineOptions:
             "as vLLM), vllm (SamplingParams' own), or a folder holding a generation_config.json."
         ),
     )
+    enable_prefix_caching: bool | None = field(
+        default=False,
+        metadata=doc(
+            "Keep the KV of whole 16-token blocks findable by their tokens, so a prompt that starts "
+            "like an earlier one (a shared system prompt, a conversation's next turn) prefills only the "
+            "rest. Off by default (vLLM's is on); None is off."
+        ),
+    )
     engine_process: bool = field(
         default=False,
         metadata=doc(
@@ -196,7 +204,8 @@ def model_dtype(o: EngineOptions) -> torch.dtype:
 def _check_switches(o: EngineOptions) -> None:
     """A switch is True or False (None where it means "decide for me"): "no" is not False."""
     for name, optional in (("cuda_graphs", True), ("enforce_eager", False), ("fused_kernels", True),
-                           ("engine_process", False), ("mixed_batches", True), ("prefill_graphs", True)):  # fmt: skip
+                           ("engine_process", False), ("mixed_batches", True), ("prefill_graphs", True),
+                           ("enable_prefix_caching", True)):  # fmt: skip
         value = getattr(o, name)
         if not isinstance(value, bool) and not (optional and value is None):
             allowed = "True, False or None" if optional else "True or False"
@@ -265,4 +274,5 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         seed=seed,
         tensor_parallel_size=tp,
         tp_allreduce=o.tp_allreduce,
+        enable_prefix_caching=bool(o.enable_prefix_caching),
     )

@@ -8,6 +8,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..runner.kv_cache import BlockAllocator
+from ..runner.prefix_cache import PrefixCachingAllocator, Walk
 from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.scheduler")
@@ -42,6 +43,8 @@ class Scheduler:
         mixed_batches: bool = False,
     ) -> None:
         self.allocator = allocator
+        # Prefix caching, when the allocator remembers blocks (runner/prefix_cache.py).
+        self.prefix_cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         # A prefill step also carries each decoding sequence's next token (as a one-token chunk), so
         # running requests keep their pace while new ones are prefilled.
         self.mixed_batches = mixed_batches
@@ -77,6 +80,11 @@ class Scheduler:
 
     def release(self, seq: Sequence) -> None:
         self.epoch += 1
+        if self.prefix_cache is not None and seq.block_table:
+            # Its whole blocks, prompt and output, stay findable: a conversation's next turn
+            # resends them as its prompt.
+            self._remember(seq, seq.num_computed)
+            seq.prefix_walk = None
         self.allocator.free(seq.block_table)
         seq.block_table = []
         seq.table_epoch += 1
@@ -132,6 +140,7 @@ class Scheduler:
         self._admit(batch, budget)
         if len(batch.seqs) == decoding:
             return None  # nothing to prefill after all: a plain decode step (graphs) does the rest
+        self.remember_prefill(batch)
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int, unguided: bool = False) -> int:
@@ -192,6 +201,7 @@ class Scheduler:
             batch.samples.append(True)
         if not self._admit(batch, budget, unguided=True):
             return None  # the grown blocks stay: the next step of these sequences needs them anyway
+        self.remember_prefill(batch)
         return batch
 
     def _room(self, seq: Sequence) -> int:
@@ -199,15 +209,52 @@ class Scheduler:
         return (len(seq.block_table) + self.allocator.num_free) * self.block_size - seq.num_computed
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        reuses = self.prefix_cache is not None and seq.num_computed == 0 and not seq.block_table
+        if reuses:
+            self._reuse_prefix(seq)
         remaining = seq.num_tokens - seq.num_computed
         n = min(remaining, budget)
         if n <= 0 or not self._grow(seq, seq.num_computed + n):
+            if reuses and seq.block_table:  # not admitted after all: it holds no blocks while it waits
+                self.allocator.free(seq.block_table)
+                seq.block_table, seq.num_computed, seq.prefix_hit = [], 0, 0
             return 0
+        if reuses and seq.seq_id >= 0:  # not the executor's own probes (warmup)
+            self.prefix_cache.queried_tokens += seq.num_known
+            self.prefix_cache.hit_tokens += seq.prefix_hit
         batch.seqs.append(seq)
         batch.starts.append(seq.num_computed)
         batch.lens.append(n)
         batch.samples.append(n == remaining)
         return n
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """Start `seq` from the cached blocks that hold its first tokens; at least its last token is
+        computed, so the step has its logits."""
+        bs = self.block_size
+        known = seq.prompt_ids + seq.output_ids
+        blocks = self.prefix_cache.match(known, min(seq.num_tokens - 1, len(known)) // bs)
+        seq.block_table = blocks
+        seq.num_computed = seq.prefix_hit = len(blocks) * bs
+        seq.prefix_walk = Walk()
+        if blocks:
+            self.epoch += 1
+
+    def _remember(self, seq: Sequence, computed: int) -> None:
+        """Remember `seq`'s whole blocks among its first `computed` tokens that the host knows."""
+        known = len(seq.prompt_ids) + len(seq.output_ids)
+        full = min(computed, known, len(seq.block_table) * self.block_size) // self.block_size
+        walk = seq.prefix_walk if seq.prefix_walk is not None else Walk()
+        if full > walk.blocks:
+            tokens = seq.prompt_ids + seq.output_ids
+            seq.prefix_walk = self.prefix_cache.remember(seq.block_table, tokens, full, walk)
+
+    def remember_prefill(self, batch: ScheduledBatch) -> None:
+        """After a prefill batch is built: its chunks' whole blocks become findable for later steps
+        (not this one's other sequences, whose step writes them at the same time)."""
+        if self.prefix_cache is not None:
+            for seq, start, n in zip(batch.seqs, batch.starts, batch.lens, strict=True):
+                self._remember(seq, start + n)
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         if not self.running:

@@ -45,6 +45,10 @@ class Sequence:
     sink: Any = None  # what hears of its tokens (engine/request.py); None for internal probes
     streams: bool = False  # report every step's tokens, not only the finish
     penalty_slot: int = 0  # its row in the sampler's penalty tables (0: none)
+    # Prefix caching (runner/prefix_cache.py): tokens its last admission found cached, and how far
+    # its blocks are remembered (a Walk; None: not yet).
+    prefix_hit: int = 0
+    prefix_walk: Any = None
     first_token_at: float | None = None  # time.monotonic() when its first output token was read back
     scheduled_at: float | None = None  # time.monotonic() when the scheduler first gave it a batch slot
     sampling_row: tuple[int, ...] | None = None  # its packed sampling fields (engine/steps.py), cached

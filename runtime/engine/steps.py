@@ -195,11 +195,12 @@ def decode_step(
 
 
 def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | None:
-    """The table work of a prefill batch: a sequence whose chunk starts at token 0 (admitted, or
-    recomputed after preemption) gets its slot and enters every token it has."""
+    """The table work of a prefill batch: a sequence whose first chunk this is (admitted, or
+    recomputed after preemption; it starts after the tokens the prefix cache held) gets its slot and
+    enters every token it has."""
     entries = []
     for seq, start in zip(batch.seqs, batch.starts, strict=True):
-        if start != 0 or not keeps_penalty_state(seq):
+        if start != seq.prefix_hit or not keeps_penalty_state(seq):
             continue
         p = seq.params
         stop = list(p.stop_token_ids) + ([] if p.ignore_eos else sorted(seq.eos_ids))

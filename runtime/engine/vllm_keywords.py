@@ -42,9 +42,6 @@ NEUTRAL: dict[str, Neutral] = {
     "skip_tokenizer_init": Neutral(_one_of(False), "the tokenizer is always loaded"),
     "quantization": Neutral(_one_of(None), "weights run unquantized, in `dtype`"),
     "kv_cache_dtype": Neutral(_one_of("auto"), "the KV cache holds the model's dtype"),
-    "enable_prefix_caching": Neutral(
-        _one_of(None, False), "no prefix cache: every request prefills its whole prompt"
-    ),
     "enable_chunked_prefill": Neutral(
         _one_of(None, True, False), "long prompts are prefilled in steps of max_num_batched_tokens"
     ),

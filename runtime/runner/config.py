@@ -40,6 +40,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     tp_allreduce: str = "auto"  # vocab.TP_ALLREDUCE
     tokenizer: Path | None = None  # None: the checkpoint's own, if it has one
+    enable_prefix_caching: bool = False  # KV blocks found again by their tokens (prefix_cache.py)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

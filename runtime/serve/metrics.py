@@ -46,6 +46,14 @@ class EngineCollector:
         yield _counter("fastpath_prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens)
         yield _counter("fastpath_generation_tokens", "Tokens generated.", s.generation_tokens)
         yield _counter("fastpath_preemptions", "Sequences preempted to free KV cache.", s.preemptions)
+        yield _counter(
+            "fastpath_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            s.prefix_cache_queries,
+        )
+        yield _counter(
+            "fastpath_prefix_cache_hits", "Prompt tokens the prefix cache held.", s.prefix_cache_hits
+        )
         for name, doc, values in (
             ("fastpath_engine_steps", "Engine steps completed, by phase.", s.steps),
             ("fastpath_engine_step_tokens", "Tokens the engine's steps computed, by phase.", s.step_tokens),
@@ -86,6 +94,8 @@ VLLM_NAMES: dict[str, tuple[str, ...]] = {
     "fastpath_prompt_tokens": ("vllm:prompt_tokens",),
     "fastpath_generation_tokens": ("vllm:generation_tokens",),
     "fastpath_preemptions": ("vllm:num_preemptions",),
+    "fastpath_prefix_cache_queries": ("vllm:prefix_cache_queries",),
+    "fastpath_prefix_cache_hits": ("vllm:prefix_cache_hits",),
     "fastpath_time_to_first_token_seconds": ("vllm:time_to_first_token_seconds",),
     "fastpath_inter_token_latency_seconds": (
         "vllm:inter_token_latency_seconds",

@@ -29,7 +29,6 @@ def llm(tiny_text_checkpoint):
     [
         ({"quantization": "awq"}, "weights run unquantized"),
         ({"kv_cache_dtype": "fp8"}, "the KV cache holds the model's dtype"),
-        ({"enable_prefix_caching": True}, "no prefix cache"),
         ({"pipeline_parallel_size": 2}, "tensor parallelism only"),
         ({"trust_remote_code": "yes"}, "none from the checkpoint"),
         ({"max_logprobs": 50}, "at most 20 logprobs"),

@@ -1,0 +1,142 @@
+"""Automatic prefix caching: blocks found again by their tokens, shared while held, kept while idle,
+evicted tail first; and an engine that prefills only what its cache lacks, with the same tokens."""
+
+import pytest
+from test_sampling_controls import token_ids
+
+from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime.engine.options import parse_options
+from fastpath.runtime.runner.prefix_cache import PrefixCachingAllocator, Walk
+
+BS = 4
+
+
+def _prefilled(cache, tokens):
+    """A sequence's blocks for `tokens`, taken and remembered as the scheduler does."""
+    hit = cache.match(tokens, (len(tokens) - 1) // BS)
+    table = hit + cache.allocate(-(-len(tokens) // BS) - len(hit))
+    cache.remember(table, tokens, len(tokens) // BS, Walk())
+    return hit, table
+
+
+def test_a_prompt_finds_the_whole_blocks_an_earlier_one_left_and_shares_them():
+    cache = PrefixCachingAllocator(16, BS)
+    first = list(range(10))  # blocks [0..3], [4..7], and two tokens
+    _, table = _prefilled(cache, first)
+    assert cache.num_remembered == 2
+    hit, other = _prefilled(cache, [*first[:8], 99, 98, 97])
+    assert hit == table[:2] and other[:2] == table[:2], "the shared prefix's blocks, held by both"
+    assert cache.match([0, 1, 2, 3, 4, 5, 6, 99, 8], 2) == table[:1], "a block matches only whole"
+    cache.free(table[:1])
+    assert cache.match([5, 1, 2, 3], 1) == [], "the first block differs: nothing"
+
+
+def test_released_blocks_stay_findable_until_an_allocation_needs_them_tail_first():
+    cache = PrefixCachingAllocator(6, BS)  # blocks 1..5
+    tokens = list(range(12))
+    _, table = _prefilled(cache, [*tokens, 0])  # three full blocks and one more
+    cache.free(table)
+    assert cache.num_free == 5 and cache.num_remembered == 3, "idle blocks count as free"
+    assert len(cache.allocate(3)) == 3, "the two free blocks, then one idle one"
+    # The tail went first: the first two blocks still serve the prefix, the third is forgotten.
+    assert cache.num_remembered == 2
+    assert cache.match([*tokens, 0], 3) == table[:2]
+
+
+def test_a_reused_predecessor_makes_its_successors_keys_stale():
+    """A block handed out again and remembered for other tokens is not the predecessor its old
+    successors were computed after: they must not be found through it."""
+    cache = PrefixCachingAllocator(5, BS)  # blocks 1..4
+    a = list(range(8))
+    _, table = _prefilled(cache, [*a, 0])
+    cache.free(table)
+    head, second = table[:2]
+    cache._idle.move_to_end(head, last=False)  # evicted before its successor
+    b = [50, 51, 52, 53, *a[4:8], 0]  # another first block, then a's second block's tokens
+    hit, b_table = _prefilled(cache, b)
+    assert hit == [] and head in b_table, "b's first block reuses a's head"
+    assert cache.match(b, 2) == b_table[:2] and second not in b_table[:2]
+
+
+def test_two_sequences_that_computed_the_same_prefix_chain_from_the_first_remembered():
+    cache = PrefixCachingAllocator(16, BS)
+    tokens = list(range(9))
+    _, _a = _prefilled(cache, tokens)
+    b = cache.allocate(3)  # computed in the same step, before the first was remembered
+    walk = cache.remember(b, tokens, 2, Walk())
+    assert walk.blocks == 2 and cache.num_remembered == 2, "b's blocks are not remembered twice"
+    cache.free(b)
+    assert cache.num_free == 16 - 1 - 3, "b's blocks went back to the free list"
+
+
+CPU32 = dict(device="cpu", dtype="float32", max_seq_len=128, max_batch_size=4)
+SYSTEM = list(range(5, 60))
+PROMPTS = [[*SYSTEM, 1, 2, 3], [*SYSTEM, 7, 8], SYSTEM + [9] * 10, [3, 4, 5]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return LLM("random:tiny-llama", **CPU32)
+
+
+def test_prompts_that_share_a_prefix_prefill_only_the_rest_and_get_the_same_tokens(plain):
+    want = [token_ids(o) for o in plain.generate(PROMPTS, GREEDY)]
+    llm = LLM("random:tiny-llama", enable_prefix_caching=True, **CPU32)
+    assert [token_ids(o) for o in llm.generate(PROMPTS[:1], GREEDY)] == want[:1]
+    stats = llm.stats()
+    assert stats.prefix_cache_hits == 0 and stats.prefix_cache_queries == len(PROMPTS[0])
+    before = llm.stats().step_tokens["prefill"]
+    assert [token_ids(o) for o in llm.generate(PROMPTS, GREEDY)] == want
+    cached = (len(SYSTEM) // 16) * 16  # whole 16-token blocks of the shared system prompt
+    stats = llm.stats()
+    assert stats.prefix_cache_hits == 3 * cached, "PROMPTS[0] again, and the two that share its head"
+    assert stats.step_tokens["prefill"] - before == sum(map(len, PROMPTS)) - stats.prefix_cache_hits
+
+
+def test_a_conversations_next_turn_finds_the_last_turns_prompt_and_reply(plain):
+    llm = LLM("random:tiny-llama", enable_prefix_caching=True, **CPU32)
+    reply = token_ids(llm.generate(PROMPTS[:1], GREEDY)[0])
+    turn = PROMPTS[0] + reply + [11, 12, 13]
+    hits = llm.stats().prefix_cache_hits
+    assert token_ids(llm.generate([turn], GREEDY)[0]) == token_ids(plain.generate([turn], GREEDY)[0])
+    # The reply's tokens were decoded, not prefilled: their blocks are remembered at the finish.
+    assert llm.stats().prefix_cache_hits - hits == (len(PROMPTS[0]) + len(reply) - 1) // 16 * 16
+
+
+def test_cached_prefixes_keep_penalties_biases_and_sampling_exact_through_preemption(plain):
+    """Penalty state is entered at a sequence's first chunk, which now starts after its cached
+    blocks; a small cache preempts, and recomputation finds its own blocks again."""
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, repetition_penalty=1.5),
+        SamplingParams(temperature=0.9, seed=4, max_tokens=20, ignore_eos=True, presence_penalty=1.0),
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, logit_bias={17: 2.0}, min_tokens=5),
+        SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True),
+    ]
+    want = [token_ids(plain.generate([p], q)[0]) for p, q in zip(PROMPTS, params, strict=True)]
+    llm = LLM(
+        "random:tiny-llama", enable_prefix_caching=True, kv_cache_blocks=9, max_num_batched_tokens=32,
+        **CPU32,
+    )  # fmt: skip
+    llm.generate(PROMPTS[:1], GREEDY)  # the system prompt's blocks are in the cache
+    got = [token_ids(o) for o in llm.generate(PROMPTS, params)]
+    assert llm.executor.scheduler.num_preemptions > 0, "the cache is small enough to preempt"
+    assert llm.stats().prefix_cache_hits > 0
+    assert got == want
+
+
+def test_the_switch_is_checked_and_off_by_default():
+    assert parse_options({}).enable_prefix_caching is False
+    assert parse_options({"enable_prefix_caching": True}).enable_prefix_caching is True
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        LLM("random:tiny-llama", enable_prefix_caching="yes", **CPU32)
+    assert LLM("random:tiny-llama", **CPU32).executor.scheduler.prefix_cache is None
+
+
+@pytest.mark.slow
+def test_tp2_with_a_prefix_cache_samples_what_one_rank_samples(plain):
+    want = [token_ids(o) for o in plain.generate(PROMPTS, GREEDY)]
+    with LLM("random:tiny-llama", tp=2, enable_prefix_caching=True, **CPU32) as llm:
+        llm.generate(PROMPTS[:1], GREEDY)
+        assert [token_ids(o) for o in llm.generate(PROMPTS, GREEDY)] == want
+        assert llm.stats().prefix_cache_hits > 0
