@@ -92,7 +92,10 @@ class EngineCoreClient:
                 self._seqs.update((s.seq_id, s) for s in seqs)
                 self.prompt_tokens += len(h.prompt_ids) * len(seqs)
                 members = [(s.seq_id, s.index, s.seed) for s in seqs]
-                items.append((h.engine_token, h.prompt_ids, h.params, seqs[0].streams, members))
+                # The biases as the client resolved them: the engine need not tokenize bad words again.
+                items.append(
+                    (h.engine_token, h.prompt_ids, h.params, seqs[0].streams, members, seqs[0].biases)
+                )
         self._send(("add", items))
 
     def abort(self, seq: Sequence) -> None:

@@ -36,7 +36,6 @@ from .heap import freeze_startup_heap
 from .llm import peer_errors
 from .prompt_logprobs import prompt_logprobs_when_room
 from .sequence import Sequence
-from .token_biases import token_biases
 
 log = logging.getLogger("fastpath.engine")
 
@@ -366,10 +365,8 @@ class LinkServer:
     def _add(self, link: ClientLink, items: list[tuple]) -> None:
         seqs = []
         limits = self.llm._limits
-        for token, prompt_ids, params, streams, members in items:
+        for token, prompt_ids, params, streams, members, biases in items:
             guided = link.prepared.pop(token, None) if token is not None else None
-            # Checked by the client already: the same function of the same tokenizer.
-            biases = token_biases(params, self.llm.tokenizer, limits.vocab_size)
             for k, (seq_id, index, seed) in enumerate(members):
                 seq = Sequence(
                     seq_id,

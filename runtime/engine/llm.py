@@ -267,7 +267,7 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         admitted = encode(prompt, self.tokenizer, self._limits, params.truncate_prompt_tokens)
         check_request(admitted.prompt_ids, params, self._limits)
-        biases = token_biases(params, self.tokenizer, self._limits.vocab_size)
+        biases = token_biases(params, self.tokenizer, self._limits.vocab_size, self.eos_ids)
         rid = request_id if request_id is not None else str(next(self._requests))
         handle = RequestHandle(
             rid,

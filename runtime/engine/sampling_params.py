@@ -40,7 +40,6 @@ MAX_STOP_CHARS = 16384
 MAX_LOGPROBS = 20  # top-k logprobs a request may ask for (vLLM's default max_logprobs)
 MAX_N = 256
 MAX_BIASED = 1024  # logit_bias entries, allowed_token_ids and bad_words each (as vLLM's GPU runner)
-MAX_BIAS = 100.0  # OpenAI's range for a bias; vLLM clamps to it
 
 GUIDED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
@@ -291,7 +290,8 @@ class SamplingParams:
         default=None,
         metadata=doc(
             f"Added to the logits of these token ids before penalties (vLLM's order), at most {MAX_BIASED}; "
-            "a bias is clamped to [-100, 100] and a key may be the id's string, as OpenAI sends it."
+            "a bias is finite, or -inf to ban the token, and a key may be the id's string, as OpenAI "
+            "sends it (the server clamps biases to OpenAI's [-100, 100], as vLLM's does)."
         ),
     )
     allowed_token_ids: list[int] | None = field(
@@ -467,14 +467,15 @@ class SamplingParams:
             bias = self.logit_bias
             _check(isinstance(bias, dict), "logit_bias", "a dict of token id to bias", bias)
             _check(len(bias) <= MAX_BIASED, "logit_bias", f"at most {MAX_BIASED} entries", f"{len(bias)}")
-            clamped = {}
+            checked = {}
             for key, value in bias.items():
                 token = int(key) if isinstance(key, str) and key.isdecimal() else key
                 _check(_is_int(token) and 0 <= token <= MAX_TOKEN_ID, "logit_bias",
                        f"keyed by token ids in [0, {MAX_TOKEN_ID}]", key)  # fmt: skip
-                _check(_is_num(value), f"logit_bias[{token}]", "a finite number", value)
-                clamped[token] = min(MAX_BIAS, max(-MAX_BIAS, float(value)))
-            object.__setattr__(self, "logit_bias", clamped)
+                ok = _is_num(value) or value == -math.inf
+                _check(ok, f"logit_bias[{token}]", "a finite number, or -inf (banned)", value)
+                checked[token] = float(value)
+            object.__setattr__(self, "logit_bias", checked)
         if self.allowed_token_ids is not None:
             ids = _token_ids("allowed_token_ids", self.allowed_token_ids)
             _check(

@@ -58,8 +58,12 @@ def banned_tokens(words: list[str], tokenizer: Any) -> set[int]:
     return banned
 
 
-def token_biases(params: SamplingParams, tokenizer: Any, vocab_size: int) -> TokenBiases | None:
-    """The request's biases, or None when it has none; ValueError names what is wrong."""
+def token_biases(
+    params: SamplingParams, tokenizer: Any, vocab_size: int, eos_ids: frozenset[int] = frozenset()
+) -> TokenBiases | None:
+    """The request's biases, or None when it has none; ValueError names what is wrong, including an
+    allow-list that bans every token the request may generate (`eos_ids`: the model's, which end it
+    unless ignore_eos, and which min_tokens bans until then)."""
     if not params.biased:
         return None
     bias = dict(params.logit_bias or {})
@@ -74,7 +78,15 @@ def token_biases(params: SamplingParams, tokenizer: Any, vocab_size: int) -> Tok
     for t in banned:
         if allowed is None or t in bias:
             bias[t] = BANNED
-    if allowed is not None and all(v == BANNED for v in bias.values()):
-        raise ValueError(f"bad_words ban every one of allowed_token_ids {sorted(set(allowed))[:8]}")
+    if allowed is not None:
+        left = {t for t, v in bias.items() if v != BANNED}
+        if not left:
+            raise ValueError(f"bad_words ban every one of allowed_token_ids {sorted(set(allowed))[:8]}")
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        if params.min_tokens and left <= stops:
+            raise ValueError(
+                f"allowed_token_ids: every token it allows ({sorted(left)[:8]}) is a stop token, which "
+                f"min_tokens={params.min_tokens} bans until then"
+            )
     ids = tuple(sorted(bias))
     return TokenBiases(allowed is not None, ids, tuple(bias[t] for t in ids))

@@ -4,7 +4,8 @@ ended: the torch definition (guided_mask_triton.py runs it in two kernels).
 Row r is constrained when flags[r] != 0; its allowed tokens are the set bits of mask[r] (token t is
 bit t % 32 of word t // 32, xgrammar's layout). min_tokens bans a row's stop tokens; where a grammar
 has ended, stop tokens are all it allows, so the ban would leave no token at all. The grammar comes
-first: a row with no finite logit but stop tokens gets min_tokens 0, and may end.
+first: a row with no finite logit but stop tokens gets min_tokens 0, and may end. Tokens the row's
+biases ban (allowed_token_ids, bad_words: a -inf bias) count as not allowed.
 
 In torch this is about fifteen small launches over [rows, vocab] per step; the kernels do it in one
 (greedy) or two (the general sampler's parameters).
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .sampling import STOP_BIT
+from .sampling import BIAS_BIT, STOP_BIT, biases
 
 
 def guided_mask_reference(
@@ -40,8 +41,11 @@ def guided_mask_reference(
     if params is None:
         return logits, None
     rows = params[:n]
-    stop = (entries.index_select(0, rows[:, slots_col]) & STOP_BIT) != 0
-    other = ((logits > float("-inf")) & ~stop).any(-1)
+    slots = rows[:, slots_col]
+    held = entries.index_select(0, slots)
+    stop = (held & STOP_BIT) != 0
+    banned = ((held & BIAS_BIT) != 0) & (biases(entries).index_select(0, slots) == float("-inf"))
+    other = ((logits > float("-inf")) & ~stop & ~banned).any(-1)
     params = params.clone()
     params[:n, min_tokens_col] = torch.where(other, rows[:, min_tokens_col], 0)
     return logits, params

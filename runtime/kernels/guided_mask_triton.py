@@ -9,9 +9,10 @@ import triton
 import triton.language as tl
 
 from .guided_mask import guided_mask_reference
-from .sampling import STOP_BIT
+from .sampling import BIAS_BIT, STOP_BIT
 
 _STOP_BIT = tl.constexpr(STOP_BIT)  # a kernel reads only constexpr globals
+_BIAS_BIT = tl.constexpr(BIAS_BIT)
 
 
 @triton.jit
@@ -21,7 +22,7 @@ def guided_mask_kernel(
 ):  # fmt: skip
     """Program (r, b): tokens [b * BLOCK, (b + 1) * BLOCK) of row r. A constrained row's forbidden
     tokens go to -inf in place; with params, other[r, b] says whether the block holds a finite logit
-    that is not a stop token of the row."""
+    that is not a stop token of the row nor banned by its biases (-inf, half the entry row on)."""
     r = tl.program_id(0)
     b = tl.program_id(1)
     cols = b * BLOCK + tl.arange(0, BLOCK)
@@ -34,8 +35,14 @@ def guided_mask_kernel(
         tl.store(logits_ptr + r * stride_l + cols, x, mask=inside & ~allowed)
     if HAS_PARAMS:
         slot = tl.load(params_ptr + r * stride_p + SLOTS_COL)
-        entry = tl.load(entries_ptr + slot * stride_e + cols, mask=inside, other=0)
-        ok = (x > float("-inf")) & ((entry & _STOP_BIT) == 0) & inside
+        row_e = entries_ptr + slot * stride_e
+        entry = tl.load(row_e + cols, mask=inside, other=0)
+        biased = (entry & _BIAS_BIT) != 0
+        bias = tl.load(row_e + (stride_e >> 1) + cols, mask=inside & biased, other=0).to(
+            tl.float32, bitcast=True
+        )
+        banned = biased & (bias == float("-inf"))
+        ok = (x > float("-inf")) & ((entry & _STOP_BIT) == 0) & ~banned & inside
         tl.store(other_ptr + r * tl.num_programs(1) + b, tl.max(ok.to(tl.int32), 0))
 
 

@@ -21,6 +21,7 @@ _DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 _OWN_DEFAULTS = {name: SamplingParams.__dataclass_fields__[name].default for name in _DEFAULTED}
 _FIELD = re.compile(r"SamplingParams\.(\w+)")
 # Fields whose admission errors (engine/token_biases.py) start with their name.
+MAX_BIAS = 100.0
 _TOKEN_FIELDS = ("logit_bias", "allowed_token_ids", "bad_words")
 _GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -96,7 +97,7 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
-            logit_bias=req.logit_bias or None,
+            logit_bias=_clamped(req.logit_bias),
             allowed_token_ids=req.allowed_token_ids,
             bad_words=req.bad_words,
             logprobs=logprobs,
@@ -112,6 +113,11 @@ def sampling_params(
         field = match.group(1) if match else ("guided_decoding" if guided_message else None)
         param = names.get(field, field) if field else None
         raise RequestInvalid(_respell(message, field, param), param) from None
+
+
+def _clamped(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """OpenAI's range for a bias, [-100, 100], as vLLM's server clamps to it (NaN stays, to be refused)."""
+    return {k: min(MAX_BIAS, max(-MAX_BIAS, v)) for k, v in bias.items()} if bias else None
 
 
 def _respell(message: str, field: str | None, param: str | None) -> str:

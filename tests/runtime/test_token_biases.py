@@ -62,7 +62,9 @@ def test_bad_words_are_never_generated_with_or_without_a_leading_space(llm):
     plain = llm.generate(PROMPTS, SamplingParams(**GREEDY))
     seen = {t for o in plain for t in token_ids(o)}
     # A word of one token that greedy decoding produces, banned as a word.
-    word = next(w for t in sorted(seen) if len(bad_word_ids(w := tok.decode([t]).strip(), tok)[0]) == 1 and w)
+    word = next(
+        w for t in sorted(seen) if (w := tok.decode([t]).strip()) and len(bad_word_ids(w, tok)[0]) == 1
+    )
     banned = {ids[0] for ids in bad_word_ids(word, tok)}
     assert banned & seen
     out = llm.generate(PROMPTS, SamplingParams(**GREEDY, bad_words=[word]))
@@ -80,20 +82,30 @@ def test_requests_that_cannot_be_biased_fail_alone_with_their_own_error(llm):
         llm.generate(PROMPTS[:1], SamplingParams(bad_words=["hello"]))
     with pytest.raises(ValueError, match="ban every one of allowed_token_ids"):
         llm.generate(PROMPTS[:1], SamplingParams(allowed_token_ids=[71], bad_words=["e"]))
+    stops_only = SamplingParams(allowed_token_ids=[40], stop_token_ids=[40], min_tokens=3)
+    with pytest.raises(ValueError, match=r"allows \(\[40\]\) is a stop token, which min_tokens=3 bans"):
+        llm.generate(PROMPTS[:1], stops_only)
+    eos = sorted(llm.eos_ids)
+    with pytest.raises(ValueError, match="is a stop token"):
+        llm.generate(PROMPTS[:1], SamplingParams(allowed_token_ids=eos, min_tokens=2))
+    # Under ignore_eos the model's EOS stops nothing, so it may be all a request allows.
+    eos_only = SamplingParams(allowed_token_ids=eos[:1], min_tokens=2, max_tokens=3, ignore_eos=True)
+    assert token_ids(llm.generate(PROMPTS[:1], eos_only)[0]) == eos[:1] * 3
     assert token_ids(llm.generate(PROMPTS[:1], SamplingParams(**GREEDY))[0])  # the engine runs on
 
 
 def test_sampling_params_check_and_normalize_biases_as_vllm():
-    p = SamplingParams(logit_bias={"5": 250, 7: -0.5}, allowed_token_ids=(1, 2), bad_words=("x",))
-    assert p.logit_bias == {5: 100.0, 7: -0.5}  # clamped to OpenAI's range; string ids as ints
+    inf = float("inf")
+    p = SamplingParams(logit_bias={"5": 250, 7: -0.5, 9: -inf}, allowed_token_ids=(1, 2), bad_words=("x",))
+    assert p.logit_bias == {5: 250.0, 7: -0.5, 9: -inf}  # string ids as ints; -inf bans
     assert p.allowed_token_ids == [1, 2] and p.bad_words == ["x"] and p.biased
-    assert hash(p) == hash(
-        SamplingParams(logit_bias={5: 100, 7: -0.5}, allowed_token_ids=[1, 2], bad_words=["x"])
-    )
+    same = SamplingParams(logit_bias={5: 250, 7: -0.5, 9: -inf}, allowed_token_ids=[1, 2], bad_words=["x"])
+    assert hash(p) == hash(same) and p == same
     assert not SamplingParams(logit_bias={}).biased
     for bad, words in [
         ({"logit_bias": {"five": 1}}, "logit_bias must be keyed by token ids"),
-        ({"logit_bias": {1: float("nan")}}, r"logit_bias\[1\] must be a finite number"),
+        ({"logit_bias": {1: float("nan")}}, r"logit_bias\[1\] must be a finite number, or -inf"),
+        ({"logit_bias": {1: inf}}, r"logit_bias\[1\] must be a finite number, or -inf"),
         ({"logit_bias": dict.fromkeys(range(1025), 1.0)}, "at most 1024 entries"),
         ({"allowed_token_ids": []}, "allowed_token_ids must be None or 1 to 1024"),
         ({"allowed_token_ids": [-1]}, "allowed_token_ids must be token ids"),
@@ -115,6 +127,45 @@ def test_token_biases_merge_allow_lists_bans_and_biases():
     assert token_biases(SamplingParams(), Tok(), 128) is None
     with pytest.raises(ValueError, match="no tokenizer"):
         token_biases(SamplingParams(bad_words=["b"]), None, 128)
+
+
+def test_a_bad_word_after_a_space_is_banned_too_where_it_is_a_token_of_its_own():
+    class Tok:  # " b" is one token, 1000 + "b"; "ab" two ("a", "b"); " ab" two, starting with " a"
+        def encode(self, text, add_special_tokens=False):
+            head = [1000 + ord(text[1])] if text.startswith(" ") else []
+            return head + [ord(c) for c in text[len(head) * 2 :]]
+
+    assert bad_word_ids("b", Tok()) == [[98], [1098]]
+    assert bad_word_ids(" b", Tok()) == [[98], [1098]], "a leading space is the word's, not a variant's"
+    assert bad_word_ids("ab", Tok()) == [[97, 98], [1097, 98]]
+    biases = token_biases(SamplingParams(bad_words=["b"]), Tok(), 2048)
+    assert not biases.exclusive and biases.ids == (98, 1098) and biases.values == (float("-inf"),) * 2
+
+
+def test_a_bias_comes_before_penalties_as_vllm_applies_it():
+    """x = 1 with bias -2 and repetition penalty 2 on a seen token: bias first gives (1 - 2) * 2 = -2;
+    the other order would give 1 / 2 - 2 = -1.5."""
+    import torch
+
+    from fastpath.runtime.kernels.sampling import BIAS_BIT, PROMPT_BIT, penalize
+    from fastpath.runtime.runner.sampler import SamplingTensors
+
+    p = SamplingTensors.neutral(1, repetition=[2.0])
+    entries = torch.tensor([[BIAS_BIT | PROMPT_BIT, PROMPT_BIT, BIAS_BIT]], dtype=torch.int32)
+    bias = torch.tensor([[-2.0, 7.0, float("-inf")]])  # 7: no BIAS_BIT, never added
+    x = torch.tensor([[1.0, 1.0, 3.0]])
+    assert penalize(x, p, entries, bias).tolist() == [[-2.0, 0.5, float("-inf")]]
+
+
+def test_a_grammar_whose_other_tokens_are_banned_may_end_under_min_tokens(llm):
+    """min_tokens yields where a grammar allows only stop tokens and tokens the biases ban: without
+    that, every token would be -inf and the row would leave its grammar."""
+    (a,) = llm.tokenizer.encode("a", add_special_tokens=False)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=8, min_tokens=6, guided={"regex": "a*"}, logit_bias={a: float("-inf")}
+    )
+    out = llm.generate(PROMPTS[:1], params)[0].outputs[0]
+    assert out.text == "" and out.finish_reason == "stop"
 
 
 def test_biases_survive_chunked_prefill_preemption_and_slot_reuse():

@@ -118,10 +118,12 @@ def ops() -> bool:
 
 def guided_mask() -> bool:
     """The bitmask and the min_tokens lift: constrained and free rows, a partial last block, padding
-    rows past n in the parameters, a row whose grammar allows only its stop tokens, and greedy."""
+    rows past n in the parameters, a row whose grammar allows only its stop tokens, one whose other
+    allowed tokens its biases ban (-inf; a finite bias bans nothing), and greedy."""
     from fastpath.runtime.kernels.guided_mask import guided_mask_reference
     from fastpath.runtime.kernels.guided_mask_triton import guided_mask
-    from fastpath.runtime.kernels.sampling import STOP_BIT
+    from fastpath.runtime.kernels.sampling import BIAS_BIT, STOP_BIT
+    from fastpath.runtime.runner.penalties import PenaltyTable
 
     gen = torch.Generator().manual_seed(3)
     n, vocab, slots_col, min_col = 5, 9000, 9, 10
@@ -129,14 +131,25 @@ def guided_mask() -> bool:
     logits = rand(n, vocab, scale=3.0, gen=gen)
     mask = torch.randint(-(2**31), 2**31 - 1, (n + 1, words), generator=gen, dtype=torch.int32)
     flags = torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.int32)
-    entries = torch.zeros(4, vocab, dtype=torch.int32)
+    table = PenaltyTable(4, vocab, torch.device("cpu"))
+    entries = table.entries
     stops = torch.tensor([7, 4097, 8999])
     entries[2, stops] = STOP_BIT
     entries[3, stops[:1]] = STOP_BIT | 3  # a stop token counted as generated three times
     mask[3] = 0
     mask[3, stops // 32] = (1 << (stops % 32)).to(torch.int32)  # row 3's grammar allows only its stops
+    entries[2, :64] |= BIAS_BIT  # finite biases: allowed still
+    table.biases[2, :64] = 5.0
+    banned = torch.tensor([100, 5000, 6001])
+    entries[1, stops] = STOP_BIT
+    entries[1, banned] = BIAS_BIT
+    table.biases[1, banned] = float("-inf")
+    flags[1] = 1
+    mask[1] = 0
+    allowed1 = torch.cat([stops, banned])
+    mask[1, allowed1 // 32] |= (1 << (allowed1 % 32)).to(torch.int32)  # row 1 (slot 1): stops and bans
     params = torch.randint(0, 50, (n + 1, 12), generator=gen)
-    params[:, slots_col] = torch.tensor([2, 2, 0, 2, 3, 1])
+    params[:, slots_col] = torch.tensor([2, 1, 0, 2, 3, 1])
     params[:, min_col] = 5
     good = True
     for with_params in (True, False):
@@ -145,8 +158,10 @@ def guided_mask() -> bool:
         got_logits, got_params = guided_mask(logits.clone(), mask, flags, *args)
         same = torch.equal(want_logits, got_logits)
         if with_params:
-            lifted = int(got_params[3, min_col]) == 0 and int(want_params[3, min_col]) == 0
-            kept = torch.equal(got_params[[0, 1, 2, 4, 5], min_col], params[[0, 1, 2, 4, 5], min_col])
+            lifted = bool(
+                (got_params[[1, 3], min_col] == 0).all() and (want_params[[1, 3], min_col] == 0).all()
+            )
+            kept = torch.equal(got_params[[0, 2, 4, 5], min_col], params[[0, 2, 4, 5], min_col])
             same &= torch.equal(want_params, got_params) and lifted and kept
         else:
             same &= got_params is None
