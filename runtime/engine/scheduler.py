@@ -219,7 +219,8 @@ class Scheduler:
                 self.allocator.free(seq.block_table)
                 seq.block_table, seq.num_computed, seq.prefix_hit = [], 0, 0
             return 0
-        if reuses and seq.seq_id >= 0:  # not the executor's own probes (warmup)
+        # A request's first admission only: not a recompute after preemption, nor the executor's probes.
+        if reuses and seq.scheduled_at is None and seq.seq_id >= 0:
             self.prefix_cache.queried_tokens += seq.num_known
             self.prefix_cache.hit_tokens += seq.prefix_hit
         batch.seqs.append(seq)

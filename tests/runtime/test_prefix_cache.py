@@ -46,16 +46,19 @@ def test_released_blocks_stay_findable_until_an_allocation_needs_them_tail_first
 def test_a_reused_predecessor_makes_its_successors_keys_stale():
     """A block handed out again and remembered for other tokens is not the predecessor its old
     successors were computed after: they must not be found through it."""
-    cache = PrefixCachingAllocator(5, BS)  # blocks 1..4
-    a = list(range(8))
-    _, table = _prefilled(cache, [*a, 0])
+    cache = PrefixCachingAllocator(4, BS)  # blocks 1..3
+    a = [*range(8), 0]
+    _, table = _prefilled(cache, a)
     cache.free(table)
     head, second = table[:2]
     cache._idle.move_to_end(head, last=False)  # evicted before its successor
-    b = [50, 51, 52, 53, *a[4:8], 0]  # another first block, then a's second block's tokens
-    hit, b_table = _prefilled(cache, b)
-    assert hit == [] and head in b_table, "b's first block reuses a's head"
-    assert cache.match(b, 2) == b_table[:2] and second not in b_table[:2]
+    cache.allocate(1)  # the free block first
+    b_head = cache.allocate(1)
+    assert b_head == [head], "b's first block is a's evicted head"
+    b = [50, 51, 52, 53, *a[4:8], 9]  # a's second block's tokens after another first block
+    cache.remember(b_head, b, 1, Walk())
+    assert cache.match(b, 2) == [head], "a's second block does not follow b's head"
+    assert second in cache._idle, "it stays, under a key nothing reaches, until evicted"
 
 
 def test_two_sequences_that_computed_the_same_prefix_chain_from_the_first_remembered():
@@ -102,6 +105,25 @@ def test_a_conversations_next_turn_finds_the_last_turns_prompt_and_reply(plain):
     assert token_ids(llm.generate([turn], GREEDY)[0]) == token_ids(plain.generate([turn], GREEDY)[0])
     # The reply's tokens were decoded, not prefilled: their blocks are remembered at the finish.
     assert llm.stats().prefix_cache_hits - hits == (len(PROMPTS[0]) + len(reply) - 1) // 16 * 16
+
+
+def test_a_reply_ending_on_a_block_boundary_is_remembered_only_where_its_kv_was_written(plain):
+    """A finished sequence's last token was sampled, never fed: its KV slot is unwritten. A reply that
+    fills its last block exactly leaves that block out of the cache, so a next turn resending it
+    reads no unwritten slot: its logprobs equal the uncached engine's, not only its tokens."""
+    llm = LLM("random:tiny-llama", enable_prefix_caching=True, **CPU32)
+    prompt = PROMPTS[0]  # 58 tokens: a 6-token reply ends on the block boundary at 64
+    reply = token_ids(
+        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))[0]
+    )
+    assert (len(prompt) + len(reply)) % 16 == 0
+    turn = [*prompt, *reply, 11, 12, 13]
+    hits = llm.stats().prefix_cache_hits
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, logprobs=0)
+    got, want = llm.generate([turn], params)[0].outputs[0], plain.generate([turn], params)[0].outputs[0]
+    assert llm.stats().prefix_cache_hits - hits == 48, "three blocks: the fourth holds the unfed token"
+    assert got.token_ids == want.token_ids
+    assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob, abs=1e-4)
 
 
 def test_cached_prefixes_keep_penalties_biases_and_sampling_exact_through_preemption(plain):
