@@ -147,6 +147,14 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         help="replay prefill steps from CUDA graphs captured at a few token counts (default: on with "
         "CUDA graphs, one rank and a one-launch prefill attention)",
     )
+    e.add_argument(
+        "--enable-prefix-caching",
+        dest="engine_enable_prefix_caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep whole KV blocks findable by their tokens, so a prompt that starts like an earlier "
+        "one prefills only the rest (vLLM's flag; default: off)",
+    )
     # vLLM's flags for settings fastpath has none of: accepted where they ask for what it does
     # (engine/vllm_keywords.py), so a `vllm serve` command line runs here too.
     v = parser.add_argument_group("vLLM's flags, accepted where they ask for what fastpath does")
@@ -154,9 +162,6 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     v.add_argument("--disable-log-stats", dest="engine_disable_log_stats", action="store_const", const=True)
     v.add_argument(
         "--disable-log-requests", dest="access_log", action="store_false", help="as --no-access-log"
-    )
-    v.add_argument(
-        "--enable-prefix-caching", dest="engine_enable_prefix_caching", action=argparse.BooleanOptionalAction
     )
     v.add_argument("--kv-cache-dtype", dest="engine_kv_cache_dtype")
     v.add_argument("--quantization", "-q", dest="engine_quantization")

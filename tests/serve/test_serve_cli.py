@@ -189,3 +189,10 @@ def test_served_model_name_takes_vllms_several_names_before_or_after_the_model(c
     with pytest.raises(SystemExit):
         main(["serve", "--served-model-name", "a"])
     assert "required: MODEL_OR_MANIFEST" in capsys.readouterr().err
+
+
+def test_enable_prefix_caching_reaches_the_engine_and_is_off_unless_asked(calls):
+    assert main(["serve", "random:tiny-llama", "--enable-prefix-caching"]) == 0
+    assert main(["serve", "random:tiny-llama"]) == 0
+    on, off = (runtime_cli.engine_kwargs(args) for _, args, _ in calls)
+    assert on["enable_prefix_caching"] is True and "enable_prefix_caching" not in off
