@@ -206,7 +206,7 @@ class EngineCoreClient:
             if seq.sink is not None:
                 seq.sink.post(("tokens", seq.index, len(seq.output_ids)))
                 touched.add(seq.sink)
-        for seq_id, ids, lps, ranks, tops, first, scheduled, finished, reason, stop in updates:
+        for seq_id, ids, lps, ranks, tops, first, scheduled, cached, finished, reason, stop in updates:
             seq = self._seqs.get(seq_id)
             if seq is None:
                 continue
@@ -219,6 +219,7 @@ class EngineCoreClient:
                 seq.first_token_at = first
             if seq.scheduled_at is None:
                 seq.scheduled_at = scheduled
+            seq.num_cached_tokens = cached
             if finished:
                 seq.finish_reason, seq.stop_reason, seq.status = reason, stop, Status.FINISHED
                 done.append(seq_id)

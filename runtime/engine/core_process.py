@@ -247,6 +247,7 @@ class PublishingCore(EngineCore):
             seq.top_logprobs[tops:],
             seq.first_token_at,
             seq.scheduled_at,
+            seq.num_cached_tokens,
             seq.finished,
             seq.finish_reason,
             seq.stop_reason,

@@ -63,6 +63,13 @@ class RequestOutput:
     error: str | None = field(
         default=None, metadata=doc("Why the request failed alone (finish_reason error).")
     )
+    num_cached_tokens: int = field(
+        default=0,
+        metadata=doc(
+            "Prompt tokens the prefix cache held when the request was first scheduled (its first "
+            "completion's; 0 without enable_prefix_caching)."
+        ),
+    )
 
 
 class RequestError(ValueError):

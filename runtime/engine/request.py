@@ -254,6 +254,7 @@ class RequestHandle:
             outs,
             self.finished,
             self.error,
+            self._completions[0].seq.num_cached_tokens if self._completions else 0,
         )
         if self.error is not None:  # what had not finished ends in the error
             for o, c in zip(outs, self._completions, strict=True):

@@ -223,6 +223,7 @@ class Scheduler:
         if reuses and seq.scheduled_at is None and seq.seq_id >= 0:
             self.prefix_cache.queried_tokens += seq.num_known
             self.prefix_cache.hit_tokens += seq.prefix_hit
+            seq.num_cached_tokens = seq.prefix_hit
         batch.seqs.append(seq)
         batch.starts.append(seq.num_computed)
         batch.lens.append(n)

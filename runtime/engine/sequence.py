@@ -48,6 +48,7 @@ class Sequence:
     # Prefix caching (runner/prefix_cache.py): tokens its last admission found cached, and how far
     # its blocks are remembered (a Walk; None: not yet).
     prefix_hit: int = 0
+    num_cached_tokens: int = 0  # prefix_hit at its first admission, for its RequestOutput
     prefix_walk: Any = None
     first_token_at: float | None = None  # time.monotonic() when its first output token was read back
     scheduled_at: float | None = None  # time.monotonic() when the scheduler first gave it a batch slot

@@ -86,12 +86,15 @@ def plain():
 def test_prompts_that_share_a_prefix_prefill_only_the_rest_and_get_the_same_tokens(plain):
     want = [token_ids(o) for o in plain.generate(PROMPTS, GREEDY)]
     llm = LLM("random:tiny-llama", enable_prefix_caching=True, **CPU32)
-    assert [token_ids(o) for o in llm.generate(PROMPTS[:1], GREEDY)] == want[:1]
+    first = llm.generate(PROMPTS[:1], GREEDY)
+    assert [token_ids(o) for o in first] == want[:1] and first[0].num_cached_tokens == 0
     stats = llm.stats()
     assert stats.prefix_cache_hits == 0 and stats.prefix_cache_queries == len(PROMPTS[0])
     before = llm.stats().step_tokens["prefill"]
-    assert [token_ids(o) for o in llm.generate(PROMPTS, GREEDY)] == want
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [token_ids(o) for o in outs] == want
     cached = (len(SYSTEM) // 16) * 16  # whole 16-token blocks of the shared system prompt
+    assert [o.num_cached_tokens for o in outs] == [cached] * 3 + [0]
     stats = llm.stats()
     assert stats.prefix_cache_hits == 3 * cached, "PROMPTS[0] again, and the two that share its head"
     assert stats.step_tokens["prefill"] - before == sum(map(len, PROMPTS)) - stats.prefix_cache_hits
@@ -153,6 +156,14 @@ def test_the_switch_is_checked_and_off_by_default():
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         LLM("random:tiny-llama", enable_prefix_caching="yes", **CPU32)
     assert LLM("random:tiny-llama", **CPU32).executor.scheduler.prefix_cache is None
+
+
+def test_an_engine_process_reports_the_cached_tokens_too(plain):
+    with LLM("random:tiny-llama", enable_prefix_caching=True, engine_process=True, **CPU32) as llm:
+        llm.generate(PROMPTS[:1], GREEDY)
+        outs = llm.generate(PROMPTS[1:3], GREEDY)
+        assert [o.num_cached_tokens for o in outs] == [48, 48]
+        assert [token_ids(o) for o in outs] == [token_ids(o) for o in plain.generate(PROMPTS[1:3], GREEDY)]
 
 
 @pytest.mark.slow
