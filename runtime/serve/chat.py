@@ -22,6 +22,7 @@ from .responses import (
     chat_choice,
     chat_delta,
     chunk_usage,
+    prefix_caching,
     sse,
     worth_sending,
 )
@@ -71,6 +72,7 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
 async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: Request):
     (out,) = await gen.collect()
     usage = Usage(gen.prompt_tokens, sum(len(c.token_ids) for c in out.outputs))
+    usage.cached(prefix_caching(gen.state.llm), {0: out.num_cached_tokens})
     request.state.completion_tokens = usage.completion_tokens
     raw = _raw(gen)
     choices = [
@@ -94,7 +96,9 @@ async def _events(
             role = {"role": "assistant", "content": ""}
             opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
             yield sse(env.body([opening], **chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)))
+        cached: dict[int, int] = {}
         async for _, out in gen.outputs():
+            cached[0] = out.num_cached_tokens
             for c in out.outputs:
                 usage.completion_tokens += len(c.token_ids)
                 so_far[c.index] = so_far.get(c.index, 0) + len(c.token_ids)
@@ -104,7 +108,7 @@ async def _events(
                 mine = Usage(gen.prompt_tokens, so_far[c.index])  # vLLM: this choice's counts
                 yield sse(env.body([delta], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:
-            yield sse(env.body([], usage=usage.as_dict()))
+            yield sse(env.body([], usage=usage.cached(prefix_caching(gen.state.llm), cached).as_dict()))
     except ServeError as exc:
         yield sse(error_body(exc.status, exc.message, exc.param))
     finally:

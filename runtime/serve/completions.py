@@ -24,6 +24,7 @@ from .responses import (
     chunk_usage,
     completion_choice,
     joined_logprobs,
+    prefix_caching,
     prompt_logprobs_part,
     sse,
     worth_sending,
@@ -157,6 +158,7 @@ async def _respond(
             if body.return_token_ids:  # vLLM's place, in each choice (the list beside them stays)
                 choices[-1]["prompt_token_ids"] = out.prompt_token_ids
     request.state.completion_tokens = usage.completion_tokens
+    usage.cached(prefix_caching(gen.state.llm), {i: out.num_cached_tokens for i, out in enumerate(outputs)})
     extra: dict[str, Any] = {}
     if body.return_token_ids:
         extra["prompt_token_ids"] = [out.prompt_token_ids for out in outputs]
@@ -171,8 +173,10 @@ async def _events(
     offsets: dict[int, TextOffsets] = {}
     so_far: dict[int, int] = {}  # choice -> its tokens sent
     usage = Usage(gen.prompt_tokens)
+    cached: dict[int, int] = {}
     try:
         async for i, out in gen.outputs():
+            cached[i] = out.num_cached_tokens
             for c in out.outputs:
                 index = i * n + c.index
                 # A choice's first chunk carries its prompt.
@@ -198,7 +202,7 @@ async def _events(
                 mine = Usage(len(out.prompt_token_ids), so_far[index])  # vLLM: this choice's counts
                 yield sse(env.body([choice], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:
-            yield sse(env.body([], usage=usage.as_dict()))
+            yield sse(env.body([], usage=usage.cached(prefix_caching(gen.state.llm), cached).as_dict()))
     except ServeError as exc:
         yield sse(error_body(exc.status, exc.message, exc.param))
     finally:

@@ -20,14 +20,28 @@ LOGPROB_FLOOR = -9999.0
 class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Prompt tokens the prefix cache held, as OpenAI reports them; None (left out) without the cache.
+    cached_tokens: int | None = None
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, Any]:
         total = self.prompt_tokens + self.completion_tokens
-        return {
+        out: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": total,
         }
+        if self.cached_tokens is not None:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return out
+
+    def cached(self, caching: bool, per_prompt: dict[int, int]) -> Usage:
+        """With the engine's prefix cache on, the cached prompt tokens of each prompt, summed."""
+        self.cached_tokens = sum(per_prompt.values()) if caching else None
+        return self
+
+
+def prefix_caching(llm: Any) -> bool:
+    return bool(getattr(llm.config, "enable_prefix_caching", False))
 
 
 def chunk_usage(usage: Usage, include: bool, continuous: bool) -> dict[str, Any]:
