@@ -114,6 +114,14 @@ class EngineCore:
             self._work.notify()
         return future.result()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, between steps; False when the engine caches no prefixes."""
+        cache = self.executor.scheduler.prefix_cache
+        if cache is None:
+            return False
+        self.call(cache.reset)
+        return True
+
     def stats(self) -> EngineStats:
         ex = self.executor
         sched, alloc = ex.scheduler, ex.allocator

@@ -109,6 +109,9 @@ class EngineCoreClient:
     def stats(self) -> EngineStats:
         return self._rpc("stats", next(self._tokens))
 
+    def reset_prefix_cache(self) -> bool:
+        return self._rpc("reset_prefix_cache", next(self._tokens))
+
     def open_link(self) -> Any:
         """A new pipe into the engine, for a client in another process (`EngineCoreClient(conn, None,
         info, owner=False)` there). The caller passes it on and then closes its own copy."""

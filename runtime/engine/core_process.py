@@ -289,6 +289,7 @@ class LinkServer:
             "prepare": self._submit_prepare,
             "forget": lambda link, tokens: link.forget(tokens),
             "stats": lambda link, token: self._reply(link, token, True, self.core.stats()),
+            "reset_prefix_cache": self._submit_reset,
             "link": self._open,
         }
         while True:
@@ -335,6 +336,10 @@ class LinkServer:
 
     def _reply(self, link: ClientLink, token: int, ok: bool, payload: Any) -> None:
         link.put(("reply", token, ok, payload))
+
+    def _submit_reset(self, link: ClientLink, token: int) -> None:
+        # It waits for the loop thread between steps: off the pipe reader, as a prepare is.
+        self._compiler.submit(lambda: self._reply(link, token, True, self.core.reset_prefix_cache()))
 
     def _submit_prepare(self, link: ClientLink, token: int, *body: Any) -> None:
         link.compiling(token)  # on the reading thread, so a forget read after it finds it

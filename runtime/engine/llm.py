@@ -565,6 +565,13 @@ class LLM:
             raise RuntimeError("stats are kept on rank 0")
         return self.core.stats()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every block the prefix cache holds (vLLM's, for benchmarks that must start cold);
+        False when the engine was built without enable_prefix_caching."""
+        if self.core is None:
+            raise RuntimeError("the prefix cache is kept on rank 0")
+        return self.core.reset_prefix_cache()
+
     # vLLM's pooling and beam-search entry points, so code written for them fails saying why.
     def encode(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(_NOT_HERE.format("encode"))

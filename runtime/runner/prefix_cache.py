@@ -65,6 +65,16 @@ class PrefixCachingAllocator(BlockAllocator):
                 else:
                     self._free.append(block)
 
+    def reset(self) -> int:
+        """Forget every remembered block (vLLM's reset_prefix_cache); how many. Idle ones become free;
+        held ones stay with their sequences, never found again."""
+        forgotten = list(self._key_of)
+        for block in forgotten:
+            self._forget(block)
+        self._free.extend(self._idle)
+        self._idle.clear()
+        return len(forgotten)
+
     def _forget(self, block: int) -> None:
         del self._block_of[self._key_of.pop(block)]
         self._generation[block] += 1  # keys that name this block as their predecessor go stale

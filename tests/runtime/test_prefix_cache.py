@@ -61,6 +61,20 @@ def test_a_reused_predecessor_makes_its_successors_keys_stale():
     assert second in cache._idle, "it stays, under a key nothing reaches, until evicted"
 
 
+def test_a_reset_forgets_every_block_and_frees_the_idle_ones():
+    cache = PrefixCachingAllocator(8, BS)
+    tokens = [*range(12), 0]
+    _, held = _prefilled(cache, tokens)
+    _, released = _prefilled(cache, [*range(100, 108), 0])
+    cache.free(released)
+    assert cache.num_remembered == 5 and len(cache._idle) == 2
+    assert cache.reset() == 5
+    assert cache.num_remembered == 0 and not cache._idle and cache.num_free == 7 - len(held)
+    assert cache.match(tokens, 3) == [], "held blocks stay with their sequence, never found again"
+    cache.free(held)
+    assert cache.num_free == 7
+
+
 def test_two_sequences_that_computed_the_same_prefix_chain_from_the_first_remembered():
     cache = PrefixCachingAllocator(16, BS)
     tokens = list(range(9))
@@ -158,12 +172,19 @@ def test_the_switch_is_checked_and_off_by_default():
     assert LLM("random:tiny-llama", **CPU32).executor.scheduler.prefix_cache is None
 
 
-def test_an_engine_process_reports_the_cached_tokens_too(plain):
-    with LLM("random:tiny-llama", enable_prefix_caching=True, engine_process=True, **CPU32) as llm:
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_cached_tokens_are_reported_and_a_reset_starts_cold(plain, engine_process):
+    with LLM("random:tiny-llama", enable_prefix_caching=True, engine_process=engine_process, **CPU32) as llm:
         llm.generate(PROMPTS[:1], GREEDY)
         outs = llm.generate(PROMPTS[1:3], GREEDY)
         assert [o.num_cached_tokens for o in outs] == [48, 48]
         assert [token_ids(o) for o in outs] == [token_ids(o) for o in plain.generate(PROMPTS[1:3], GREEDY)]
+        assert llm.reset_prefix_cache() is True
+        again = llm.generate(PROMPTS[1:2], GREEDY)[0]
+        assert again.num_cached_tokens == 0 and token_ids(again) == token_ids(outs[0])
+        stats = llm.stats()
+        assert stats.kv_blocks_free == stats.kv_blocks_total
+    assert plain.reset_prefix_cache() is False, "no cache to reset"
 
 
 @pytest.mark.slow
