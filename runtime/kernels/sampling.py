@@ -69,8 +69,11 @@ def gumbel(u: torch.Tensor) -> torch.Tensor:
 
 def biases(entries: torch.Tensor) -> torch.Tensor:
     """The float32 biases beside a penalty table's `entries` [slots, V] (its layout: a row's biases
-    start half its stride on), read where an entry has BIAS_BIT."""
+    start half its stride on), read where an entry has BIAS_BIT; zeros for bare entries (no table
+    sets BIAS_BIT without the biases beside it)."""
     half = entries.stride(0) // 2
+    if half < entries.shape[1]:  # bare entries, not a penalty table's: no biases beside them
+        return torch.zeros(entries.shape, dtype=torch.float32, device=entries.device)
     beside = entries.as_strided(entries.shape, entries.stride(), entries.storage_offset() + half)
     return beside.view(torch.float32)
 
