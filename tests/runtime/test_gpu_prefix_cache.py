@@ -2,15 +2,11 @@
 as their own, so the tokens equal the uncached engine's."""
 
 import pytest
-import torch
 from test_sampling_controls import token_ids
 
 from fastpath.runtime import LLM, SamplingParams
 
-pytestmark = pytest.mark.gpu
-
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device; none is visible here", allow_module_level=True)
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips it where no CUDA device is visible
 
 
 def test_cached_prefixes_give_the_uncached_tokens_on_cuda():
