@@ -24,6 +24,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import environment, markdown_table, write_outputs
 
 
+def conversation(engines, batch, vocab: int, k: int = 8, tokens: int = 32) -> dict:
+    """Greedy tokens of two turns of k conversations on both engines: how many the cache leaves equal.
+
+    The first turn finds only the system prompt; the next resends the first reply, whose KV the
+    caching engine kept from decode steps where the other prefills it. In float32 both counts are
+    whole; in bf16 the two KV computations round differently, and this says how far that goes."""
+    from fastpath.runtime import SamplingParams
+
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+    first = batch(k)
+    replies = {c: [list(o.outputs[0].token_ids) for o in llm.generate(first, params, use_tqdm=False)]
+               for c, llm in engines.items()}  # fmt: skip
+    # Both engines continue the uncached engine's conversation, so the prompts of the turn are equal.
+    follow = [
+        p + r + [(i * 613 + j) % vocab for j in range(16)]
+        for i, (p, r) in enumerate(zip(first, replies[False], strict=True))
+    ]
+    after = {c: [list(o.outputs[0].token_ids) for o in llm.generate(follow, params, use_tqdm=False)]
+             for c, llm in engines.items()}  # fmt: skip
+
+    def equal(out):  # tokens before each conversation's first difference: after it, nothing compares
+        return sum(next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), len(x))
+                   for x, y in zip(out[False], out[True], strict=True))  # fmt: skip
+
+    return {"tokens": k * tokens, "first_turn_equal": equal(replies), "next_turn_equal": equal(after)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -41,7 +68,7 @@ def main() -> None:
     model = "random:tiny-llama" if args.quick else args.model
     if args.quick:
         args.system, args.question, args.prompts, args.repeats = 96, 8, [1, 4], 3
-    settings = dict(device="cuda" if cuda else "cpu", max_seq_len=args.system + args.question + 16,
+    settings = dict(device="cuda" if cuda else "cpu", max_seq_len=args.system + args.question + 96,
                     max_batch_size=max(args.prompts), max_num_batched_tokens=8192)  # fmt: skip
     engines = {cached: LLM(model, enable_prefix_caching=cached, **settings) for cached in (False, True)}
     vocab = engines[False].config.model.vocab_size
@@ -69,6 +96,8 @@ def main() -> None:
                "on_spread_s": max(walls[True]) - min(walls[True])}  # fmt: skip
         rows.append(row)
         print(row, flush=True)
+    agreement = conversation(engines, batch, vocab)
+    print(agreement, flush=True)
     stats = engines[True].stats()
     for llm in engines.values():
         llm.close()
@@ -80,10 +109,14 @@ def main() -> None:
     setup = (
         f"model {model} on {'CUDA' if cuda else 'the CPU'}, a {args.system}-token system prompt and "
         f"{args.question}-token questions, max_tokens=1, median of {args.repeats} alternating runs; the "
-        f"caching engine found {stats.prefix_cache_hits} of {stats.prefix_cache_queries} prompt tokens."
+        f"caching engine found {stats.prefix_cache_hits} of {stats.prefix_cache_queries} prompt tokens.\n\n"
+        f"Greedy tokens before the first difference between cache on and off: {agreement['first_turn_equal']} of "
+        f"{agreement['tokens']} on a first turn (the system prompt cached), "
+        f"{agreement['next_turn_equal']} of {agreement['tokens']} on the next turn (the reply resent)."
     )
     payload = {"env": environment(), "setup": vars(args) | {"out": str(args.out)}, "rows": rows,
-               "hits": stats.prefix_cache_hits, "queries": stats.prefix_cache_queries}  # fmt: skip
+               "hits": stats.prefix_cache_hits, "queries": stats.prefix_cache_queries,
+               "agreement": agreement}  # fmt: skip
     write_outputs(
         args.out, "prefix-cache-quick" if args.quick else "prefix-cache", payload, f"{table}\n\n{setup}"
     )

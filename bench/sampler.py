@@ -1,6 +1,7 @@
 """The general sampler's kernels on their own, per kernel, beside greedy's argmax (needs CUDA).
 
     python bench/sampler.py --out bench/results [--batch 8 64 256] [--variants 4096x1024x8 8192x1024x8]
+                            [--bias none logit allow]
 
 Each row is one captured graph of `sampling_triton.sample` over random logits of a 128k vocabulary
 with decode.py's sampled-with-penalties settings (SAMPLED) in every row, timed by replay, with the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import itertools
 import sys
 from pathlib import Path
 
@@ -24,10 +26,10 @@ from common import markdown_table, replay_seconds, write_outputs
 VOCAB = 128256
 
 
-def inputs(batch: int, scale: float, device: str):
+def inputs(batch: int, scale: float, device: str, bias: str = "none"):
     from decode import SAMPLED
 
-    from fastpath.runtime.kernels.sampling import PROMPT_BIT, STOP_BIT
+    from fastpath.runtime.kernels.sampling import BIAS_BIT, PROMPT_BIT, STOP_BIT
     from fastpath.runtime.runner.penalties import PenaltyTable
     from fastpath.runtime.runner.sampler import TOP_LOGPROBS, SamplingTensors
 
@@ -39,6 +41,13 @@ def inputs(batch: int, scale: float, device: str):
         table.entries[slot, toks[:64]] |= PROMPT_BIT
         table.entries[slot, toks[64:96]] += 1
         table.entries[slot, toks[96:]] |= STOP_BIT
+        if bias == "allow":  # an allow-list: every entry carries the bias bit, all but 64 at -inf
+            table.entries[slot] |= BIAS_BIT
+            table.biases[slot] = float("-inf")
+        if bias != "none":  # 64 tokens with a logit_bias (or, for "allow", the allowed ones)
+            listed = torch.randint(0, VOCAB, (64,), generator=g).to(device)
+            table.entries[slot, listed] |= BIAS_BIT
+            table.biases[slot, listed] = torch.randn(64, generator=g).to(device)
     table.bits.copy_(table._pack(list(range(batch + 1))))
     cols = {
         "temperature": [SAMPLED["temperature"]] * batch,
@@ -97,6 +106,13 @@ def main() -> None:
     )
     ap.add_argument("--scale", type=float, default=2.0, help="standard deviation of the random logits")
     ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument(
+        "--bias",
+        nargs="+",
+        choices=["none", "logit", "allow"],
+        default=["none"],
+        help="rows with no bias, a 64-token logit_bias, or a 64-token allow-list (every entry biased)",
+    )
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/sampler.py needs a CUDA device")
@@ -105,15 +121,17 @@ def main() -> None:
     from fastpath.runtime.kernels.triton_ops import TritonOps
 
     rows, payload = [], {"vocab": VOCAB, "scale": args.scale, "rows": []}
-    for b in args.batch:
-        logits, p, table, top = inputs(b, args.scale, "cuda")
+    for b, bias in itertools.product(args.batch, args.bias):
+        logits, p, table, top = inputs(b, args.scale, "cuda", bias)
+        label = "" if bias == "none" else f", {bias} bias"
 
         base, _ = timed(functools.partial(greedy, logits), args.replays)
-        rows.append([b, "greedy (argmax, log-softmax)", f"{base * 1e6:.1f}", "", ""])
-        payload["rows"].append({"batch": b, "variant": "greedy", "us": base * 1e6})
-        engine, _ = timed(functools.partial(TritonOps().greedy, logits), args.replays)
-        rows.append([b, "greedy (the engine's fused argmax)", f"{engine * 1e6:.1f}", "", ""])
-        payload["rows"].append({"batch": b, "variant": "engine greedy", "us": engine * 1e6})
+        if bias == "none":
+            rows.append([b, "greedy (argmax, log-softmax)", f"{base * 1e6:.1f}", "", ""])
+            payload["rows"].append({"batch": b, "variant": "greedy", "us": base * 1e6})
+            engine, _ = timed(functools.partial(TritonOps().greedy, logits), args.replays)
+            rows.append([b, "greedy (the engine's fused argmax)", f"{engine * 1e6:.1f}", "", ""])
+            payload["rows"].append({"batch": b, "variant": "engine greedy", "us": engine * 1e6})
         for variant in args.variants:
             chunk, block, warps = (int(v) for v in variant.split("x"))
             S.PASS_WARPS = warps
@@ -122,11 +140,14 @@ def main() -> None:
             general = functools.partial(S.sample, logits, p, entries, bits, top, chunk=chunk, block=block)
             seconds, kernels = timed(general, args.replays)
             split = ", ".join(f"{k} {v:.0f}" for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:6])
-            rows.append([b, f"general {variant}", f"{seconds * 1e6:.1f}", f"{seconds / base:.2f}×", split])
+            rows.append(
+                [b, f"general {variant}{label}", f"{seconds * 1e6:.1f}", f"{seconds / base:.2f}×", split]
+            )
             payload["rows"].append(
                 {
                     "batch": b,
                     "variant": variant,
+                    "bias": bias,
                     "us": seconds * 1e6,
                     "kernels_us": kernels,
                 }

@@ -19,4 +19,8 @@ def test_the_prefix_cache_bench_times_both_engines_and_counts_the_hits(tmp_path)
     # Each timed request finds the system prompt's whole blocks (96 tokens: 6 blocks).
     timed = 3 * (1 + 4)
     assert report["hits"] >= timed * 96 and report["hits"] < report["queries"]
+    # float32 on the CPU: the cache leaves every greedy token, of both turns, as the uncached engine's.
+    agreement = report["agreement"]
+    assert agreement["tokens"] > 0
+    assert agreement["first_turn_equal"] == agreement["next_turn_equal"] == agreement["tokens"]
     assert "off / on" in (tmp_path / "prefix-cache-quick.md").read_text()
