@@ -21,6 +21,9 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   kernel for o_proj, down_proj and the LM head, cuBLAS and the SiLU-mul kernel for the rest);
 - "PDL, q|k|v RoPE in the tensor-core GEMV": 2-16 rows' q|k|v projection with RoPE and the KV-cache
   write in mma_gemv.cu's epilogue (triton_ops.MMA_ROPE, off in the engine until this times it);
+- "PDL, MLP norm in the tensor-core GEMV": 2-16 rows' residual add and RMSNorm before the MLP in
+  mma_gemv.cu's prologue, with gate_up_proj and the SiLU-mul (triton_ops.MMA_NORM), one launch where
+  the engine has three (the norm, cuBLAS, the SiLU-mul);
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
   rows' linears on the tensor-core GEMV (mma_gemv.cu).
@@ -64,6 +67,7 @@ class Variant:
     early_rope: bool = True  # triton_ops.EARLY_ROPE
     mma_small_m: bool = True  # triton_ops.MMA_SMALL_M
     mma_rope: bool = False  # triton_ops.MMA_ROPE (FASTPATH_MMA_ROPE=1)
+    mma_norm: bool = False  # triton_ops.MMA_NORM (FASTPATH_MMA_NORM=1)
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
@@ -76,7 +80,7 @@ class Variant:
         triton_decode.PDL, triton_decode.EARLY_KV = self.pdl_attention, self.early_kv
         triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = self.rope_in_gemv, self.gemv_config
         triton_ops.EARLY_ROPE, triton_ops.MMA_SMALL_M = self.early_rope, self.mma_small_m
-        triton_ops.MMA_ROPE = self.mma_rope
+        triton_ops.MMA_ROPE, triton_ops.MMA_NORM = self.mma_rope, self.mma_norm
 
 
 ROUND_20 = dict(early_kv=False, early_rope=False)  # the loads of rounds 20 and before, after each wait
@@ -91,6 +95,7 @@ VARIANTS = {
     "PDL, RoPE tables after the wait": Variant(early_rope=False),
     "PDL, small-M on Triton and cuBLAS": Variant(mma_small_m=False),
     "PDL, q|k|v RoPE in the tensor-core GEMV": Variant(mma_rope=True),
+    "PDL, MLP norm in the tensor-core GEMV": Variant(mma_norm=True),
     "PDL": Variant(),
 }
 

@@ -119,6 +119,7 @@ def main() -> None:
         return
     from fastpath.runtime.kernels import sampling_triton as S
     from fastpath.runtime.kernels.triton_ops import TritonOps
+    from fastpath.runtime.runner.penalties import PenaltyTable
 
     rows, payload = [], {"vocab": VOCAB, "scale": args.scale, "rows": []}
     for b, bias in itertools.product(args.batch, args.bias):
@@ -135,7 +136,10 @@ def main() -> None:
         for variant in args.variants:
             chunk, block, warps = (int(v) for v in variant.split("x"))
             S.PASS_WARPS = warps
-            entries, bits = table.entries.clone(), table.bits.clone()
+            # A copy of the table, not of its entries view: a row's biases sit beside its entries.
+            copy = PenaltyTable(b + 1, VOCAB, torch.device("cuda"))
+            copy._padded.copy_(table._padded)
+            entries, bits = copy.entries, table.bits.clone()
 
             general = functools.partial(S.sample, logits, p, entries, bits, top, chunk=chunk, block=block)
             seconds, kernels = timed(general, args.replays)

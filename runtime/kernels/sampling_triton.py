@@ -141,6 +141,9 @@ def sample(
         raise ValueError(f"top-{num_top} logprobs of a vocabulary of {vocab}")
     if num_top > RAW_CANDIDATES:  # the lists' widths; the engine asks for TOP_LOGPROBS (20)
         raise ValueError(f"top-{num_top} logprobs: the kernels return at most {RAW_CANDIDATES}")
+    if entries.shape[1] < vocab or entries.stride(1) != 1 or entries.stride(0) < 2 * vocab:
+        # A biased entry's bias sits half a row past it (kernels/sampling.py); a copied table lost that.
+        raise ValueError("penalty entries must be a PenaltyTable's `entries` view, a row's biases beside it")
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     params = p.data.contiguous()
     if params.shape[1] != NFIELDS:

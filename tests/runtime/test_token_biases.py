@@ -200,3 +200,21 @@ def test_tp2_biases_what_one_rank_biases():
     want = [token_ids(o) for o in LLM("random:tiny-llama", **CPU32).generate(PROMPTS, params)]
     with LLM("random:tiny-llama", tp=2, **CPU32) as llm:
         assert [token_ids(o) for o in llm.generate(PROMPTS, params)] == want
+
+
+def test_the_fused_sampler_refuses_entries_copied_out_of_their_table():
+    """A biased entry's bias sits half a padded row past it; a copy of the entries view has no second
+    half, and the kernel would read past it (bench/sampler.py did, round 25): refused before launch."""
+    import torch
+
+    pytest.importorskip("triton")
+    from fastpath.runtime.kernels import sampling_triton
+    from fastpath.runtime.runner.penalties import PenaltyTable
+    from fastpath.runtime.runner.sampler import SamplingTensors
+
+    table = PenaltyTable(3, 100, torch.device("cpu"))
+    logits, params = torch.zeros(2, 100), SamplingTensors.neutral(2, slots=[1, 2])
+    with pytest.raises(ValueError, match="PenaltyTable's `entries` view"):
+        sampling_triton.sample(logits, params, table.entries.clone(), table.bits, 0)
+    with pytest.raises(ValueError, match="PenaltyTable's `entries` view"):
+        sampling_triton.sample(torch.zeros(2, 200), params, table.entries, table.bits, 0)
