@@ -21,9 +21,10 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   kernel for o_proj, down_proj and the LM head, cuBLAS and the SiLU-mul kernel for the rest);
 - "PDL, q|k|v RoPE in the tensor-core GEMV": 2-16 rows' q|k|v projection with RoPE and the KV-cache
   write in mma_gemv.cu's epilogue (triton_ops.MMA_ROPE, off in the engine until this times it);
-- "PDL, MLP norm in the tensor-core GEMV": 2-16 rows' residual add and RMSNorm before the MLP in
-  mma_gemv.cu's prologue, with gate_up_proj and the SiLU-mul (triton_ops.MMA_NORM), one launch where
-  the engine has three (the norm, cuBLAS, the SiLU-mul);
+- "PDL, gate_up gated on the tensor-core GEMV": 2-16 rows' gate_up_proj (33.5M elements, past
+  MAX_WEIGHT) on mma_gemv.cu's gated build, the SiLU-mul in its epilogue: one launch for cuBLAS's and
+  the SiLU-mul's, and the PDL chain unbroken; ", ring 2x2" with two chunks a slot and two slots (the
+  best gated build of round 22's `linear`, 21.1 against cuBLAS and the SiLU-mul's 20.0 µs);
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
   rows' linears on the tensor-core GEMV (mma_gemv.cu).
@@ -67,11 +68,13 @@ class Variant:
     early_rope: bool = True  # triton_ops.EARLY_ROPE
     mma_small_m: bool = True  # triton_ops.MMA_SMALL_M
     mma_rope: bool = False  # triton_ops.MMA_ROPE (FASTPATH_MMA_ROPE=1)
-    mma_norm: bool = False  # triton_ops.MMA_NORM (FASTPATH_MMA_NORM=1)
+    # mma_gemv.GATED_MAX_WEIGHT and (GATED_UNROLL, GATED_STAGES): gate_up_proj on the gated build or not
+    gated_max_weight: int = 1 << 24
+    gated_ring: tuple[int, int] = (1, 4)
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
-        from fastpath.runtime.kernels import triton_ops
+        from fastpath.runtime.kernels import mma_gemv, triton_ops
         from fastpath.runtime.runner import decode_inputs
 
         decode_inputs.UNPACK_IN_ONE_LAUNCH = self.one_launch_prologue
@@ -80,7 +83,9 @@ class Variant:
         triton_decode.PDL, triton_decode.EARLY_KV = self.pdl_attention, self.early_kv
         triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = self.rope_in_gemv, self.gemv_config
         triton_ops.EARLY_ROPE, triton_ops.MMA_SMALL_M = self.early_rope, self.mma_small_m
-        triton_ops.MMA_ROPE, triton_ops.MMA_NORM = self.mma_rope, self.mma_norm
+        triton_ops.MMA_ROPE = self.mma_rope
+        mma_gemv.GATED_MAX_WEIGHT = self.gated_max_weight
+        mma_gemv.GATED_UNROLL, mma_gemv.GATED_STAGES = self.gated_ring
 
 
 ROUND_20 = dict(early_kv=False, early_rope=False)  # the loads of rounds 20 and before, after each wait
@@ -95,7 +100,10 @@ VARIANTS = {
     "PDL, RoPE tables after the wait": Variant(early_rope=False),
     "PDL, small-M on Triton and cuBLAS": Variant(mma_small_m=False),
     "PDL, q|k|v RoPE in the tensor-core GEMV": Variant(mma_rope=True),
-    "PDL, MLP norm in the tensor-core GEMV": Variant(mma_norm=True),
+    "PDL, gate_up gated on the tensor-core GEMV": Variant(gated_max_weight=1 << 26),
+    "PDL, gate_up gated on the tensor-core GEMV, ring 2x2": Variant(
+        gated_max_weight=1 << 26, gated_ring=(2, 2)
+    ),
     "PDL": Variant(),
 }
 

@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|bf16-tests|quick-tests] [ab-step|ab-mma|ab-mma-rope|ab-mma-norm|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|bf16-tests|quick-tests] [ab-step|ab-mma|ab-mma-rope|ab-gated|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -57,8 +57,9 @@ for step in "$@"; do
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mma --batch ${AB_BATCH:-4 8 16} --rounds ${AB_ROUNDS:-3} --variants "PDL, small-M on Triton and cuBLAS" "PDL" 2>&1 | tail -20 ;;
     ab-mma-rope)  # round 23: 2-16 rows' q|k|v RoPE and cache write in the tensor-core GEMV's epilogue against the engine as it is, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mma_rope --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-3} --variants "PDL" "PDL, q|k|v RoPE in the tensor-core GEMV" 2>&1 | tail -20 ;;
-    ab-mma-norm)  # round 25: 2-16 rows' MLP norm, gate_up_proj and SiLU-mul in one tensor-core GEMV against the engine as it is, alternating
-      timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mma_norm --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-3} --variants "PDL" "PDL, MLP norm in the tensor-core GEMV" 2>&1 | tail -20 ;;
+    ab-gated)  # round 25: 2-16 rows' gate_up_proj on the tensor-core GEMV's gated build (two rings) against cuBLAS and the SiLU-mul, alternating
+      timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_gated --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-2} --variants "PDL" \
+        "PDL, gate_up gated on the tensor-core GEMV" "PDL, gate_up gated on the tensor-core GEMV, ring 2x2" 2>&1 | tail -20 ;;
     ab-step) timeout 420 python3 bench/ab_step.py --out "$OUT" --variants "one-launch prologue, no PDL" "PDL, not attention" "PDL" 2>&1 | tail -14 ;;
     guided-pdl-tests)  # PDL is opt-in: does the guided graphs' capture failure of round 9 repeat with it on?
       for i in ${PDL_REPEATS:-1 2}; do FASTPATH_PDL=1 timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_guided.py 2>&1 | tee "$OUT/gpu_guided_pdl_tests-$i.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8; done ;;

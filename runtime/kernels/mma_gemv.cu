@@ -48,16 +48,6 @@
 #if ROPE && (GATED || !defined(HEAD_DIM) || HEAD_DIM % 16)
 #error "ROPE needs HEAD_DIM, a multiple of 16, and no GATED"
 #endif
-#ifndef NORM
-#define NORM 0  // x + residual through RMSNorm into the B fragments, the sum written by block 0 (below)
-#endif
-#if NORM && ROPE
-#error "NORM and ROPE are separate builds"
-#endif
-// NORM holds a warp's whole share of x in registers: at most PER_MAX chunks of 32 (K <= 32 * PER_MAX * WARPS).
-#ifndef PER_MAX
-#define PER_MAX 8
-#endif
 
 #define SETS (GATED ? 2 : 1)
 #define LOADS (2 * SETS)  // w rows a lane copies: g and g + 8 of each set
@@ -75,11 +65,6 @@ __device__ __forceinline__ uint4 load_rows(const u16* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-}
-
-__device__ __forceinline__ void store_rows(u16* p, uint4 v) {
-    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
 }
 
 // 16 bytes of w into shared memory, past L1; `bytes` 0 writes zeros and reads nothing.
@@ -148,60 +133,6 @@ __device__ __forceinline__ void load_x(uint4 (&dst)[UNROLL][ROW_TILES], const u1
     }
 }
 
-// One slot of the ring into the sums, once its copies have landed: the A fragments from shared memory,
-// the B fragments (the decode rows' pieces of the same chunks) from `b`.
-__device__ __forceinline__ void consume(float (&acc)[SETS][ROW_TILES][4], u32 slot,
-                                        const uint4 (&b)[UNROLL][ROW_TILES]) {
-    asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
-    uint4 wv[UNROLL][LOADS];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int r = 0; r < LOADS; ++r) wv[u][r] = load_shared(slot + (u * LOADS + r) * 512);
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-        for (int t = 0; t < ROW_TILES; ++t)
-#pragma unroll
-            for (int s = 0; s < SETS; ++s) {
-                const uint4 lo8 = wv[u][2 * s], hi8 = wv[u][2 * s + 1];
-                mma(acc[s][t], lo8.x, hi8.x, lo8.y, hi8.y, b[u][t].x, b[u][t].y);
-                mma(acc[s][t], lo8.z, hi8.z, lo8.w, hi8.w, b[u][t].z, b[u][t].w);
-            }
-}
-
-#if NORM
-// Eight bf16 sums x + r, each rounded as add_rms_norm_kernel rounds the residual stream, and their
-// squares (of the rounded sums) added into ss in element order.
-__device__ __forceinline__ uint4 add_rows(uint4 a, uint4 b, float& ss) {
-    const u32 xa[4] = {a.x, a.y, a.z, a.w}, xb[4] = {b.x, b.y, b.z, b.w};
-    u32 out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float lo = round_bf16(bf16_to_f32(xa[i] & 0xffff) + bf16_to_f32(xb[i] & 0xffff));
-        const float hi = round_bf16(bf16_to_f32(xa[i] >> 16) + bf16_to_f32(xb[i] >> 16));
-        ss += lo * lo;
-        ss += hi * hi;
-        out[i] = (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-// gamma * (s * rstd), each product rounded to bf16 as add_rms_norm_kernel rounds the normed row and
-// then its product with the norm's weight.
-__device__ __forceinline__ uint4 scale_rows(uint4 s, uint4 gamma, float rstd) {
-    const u32 xs[4] = {s.x, s.y, s.z, s.w}, xg[4] = {gamma.x, gamma.y, gamma.z, gamma.w};
-    u32 out[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float lo = bf16_to_f32(xg[i] & 0xffff) * round_bf16(bf16_to_f32(xs[i] & 0xffff) * rstd);
-        const float hi = bf16_to_f32(xg[i] >> 16) * round_bf16(bf16_to_f32(xs[i] >> 16) * rstd);
-        out[i] = (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
-    }
-    return make_uint4(out[0], out[1], out[2], out[3]);
-}
-#endif
-
 #if ROPE
 #define HALF (HEAD_DIM / 2)
 // Output row of block blockIdx.x's pair g, its first (hi 0) or second (hi 1) half.
@@ -266,10 +197,6 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
          const float* __restrict__ cos_table, const float* __restrict__ sin_table, int stride_table,
          u16* __restrict__ k_cache, u16* __restrict__ v_cache, int heads, int kv_heads
 #endif
-#if NORM
-         , const u16* __restrict__ res, const u16* __restrict__ gamma, u16* __restrict__ summed, int stride_res,
-         int stride_sum, float eps
-#endif
 ) {
     extern __shared__ uint4 ring[];  // [WARPS][STAGES][UNROLL][LOADS][32 lanes]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -311,62 +238,6 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
         xrow[t] = x + (long long)r * stride_x + 8 * c;
     }
     float acc[SETS][ROW_TILES][4] = {};
-#if NORM
-    // The warp's whole share of x + residual, then the row's sum of squares over the block's warps
-    // (in warp order, so every block and every warp has the same bits), then the normed B fragments.
-    // The weight's ring streams meanwhile: its first slots were requested before the wait.
-    const u16* rrow[ROW_TILES];
-#pragma unroll
-    for (int t = 0; t < ROW_TILES; ++t) rrow[t] = res + (long long)(8 * t + g) * stride_res + 8 * c;
-    uint4 xn[PER_MAX][ROW_TILES];
-    float ss[ROW_TILES] = {};
-#pragma unroll
-    for (int q = 0; q < PER_MAX; ++q)
-#pragma unroll
-        for (int t = 0; t < ROW_TILES; ++t) {
-            const int k = (lo + q) * 32;
-            const bool in = lo + q < hi && k + 8 * c < K && xlive[t];
-            xn[q][t] = in ? add_rows(load_rows(xrow[t] + k), load_rows(rrow[t] + k), ss[t]) : make_uint4(0, 0, 0, 0);
-            if (in && blockIdx.x == 0)  // one block writes the residual stream on
-                store_rows(summed + (long long)(8 * t + g) * stride_sum + k + 8 * c, xn[q][t]);
-        }
-    __shared__ float squares[WARPS][ROW_TILES * 8];
-#pragma unroll
-    for (int t = 0; t < ROW_TILES; ++t) {
-        ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], 1);  // the row's four lanes (c = 0..3), in a fixed pairing
-        ss[t] += __shfl_xor_sync(0xffffffffu, ss[t], 2);
-        if (c == 0) squares[warp][t * 8 + g] = ss[t];
-    }
-    __syncthreads();
-    float rstd[ROW_TILES];
-#pragma unroll
-    for (int t = 0; t < ROW_TILES; ++t) {
-        float total = 0.0f;
-        for (int v = 0; v < WARPS; ++v) total += squares[v][t * 8 + g];
-        rstd[t] = rsqrtf(__fdividef(total, (float)K) + eps);  // as Triton divides and takes rsqrt
-    }
-    // The norm's weight, a piece at a time: held across the products, it would cost a block of residency.
-#pragma unroll
-    for (int q = 0; q < PER_MAX; ++q) {
-        const int k = (lo + q) * 32 + 8 * c;
-        const uint4 gv = lo + q < hi && k < K ? *reinterpret_cast<const uint4*>(gamma + k) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-        for (int t = 0; t < ROW_TILES; ++t) xn[q][t] = scale_rows(xn[q][t], gv, rstd[t]);
-    }
-    // Fully unrolled (groups <= PER_MAX / UNROLL), so xn is indexed by constants and stays in registers.
-#pragma unroll
-    for (int i = 0; i < PER_MAX / UNROLL; ++i) {
-        if (i >= groups) break;  // the same in every lane of the warp
-        const int j = i % STAGES;
-        uint4 xv[UNROLL][ROW_TILES];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int t = 0; t < ROW_TILES; ++t) xv[u][t] = xn[i * UNROLL + u][t];
-        consume(acc, mine + j * SLOT_BYTES, xv);
-        request(mine + j * SLOT_BYTES, rows, live, lo + (i + STAGES) * UNROLL, hi, K, c, w);
-    }
-#else
     // x as far ahead as w: a register ring beside the shared one, indexed by the same (unrolled) slot,
     // so no group waits on a trip to L2 for x that the ring already made for w.
     uint4 xv[STAGES][UNROLL][ROW_TILES];
@@ -378,15 +249,29 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
             const int i = i0 + j;
             if (i >= groups) break;  // the same in every lane of the warp
             const int base = lo + i * UNROLL;
+            asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
             const u32 slot = mine + j * SLOT_BYTES;
-            consume(acc, slot, xv[j]);
+            uint4 wv[UNROLL][LOADS];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int r = 0; r < LOADS; ++r) wv[u][r] = load_shared(slot + (u * LOADS + r) * 512);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+                    for (int s = 0; s < SETS; ++s) {
+                        const uint4 lo8 = wv[u][2 * s], hi8 = wv[u][2 * s + 1], b = xv[j][u][t];
+                        mma(acc[s][t], lo8.x, hi8.x, lo8.y, hi8.y, b.x, b.y);
+                        mma(acc[s][t], lo8.z, hi8.z, lo8.w, hi8.w, b.z, b.w);
+                    }
             // Both slots are read (their values went into the products above): refill them STAGES
             // groups ahead.
             request(slot, rows, live, base + STAGES * UNROLL, hi, K, c, w);
             load_x(xv[j], xrow, xlive, base + STAGES * UNROLL, hi, K, c);
         }
     }
-#endif
     asm volatile("cp.async.wait_all;");
 
     // [warp][value][lane]: a warp's 32 lanes write 32 consecutive words (no bank conflicts).

@@ -29,10 +29,11 @@ MAX_ROWS = 16
 # and closing barrier, fall behind cuBLAS's pipelined tiles, where one pass of a small matrix's blocks,
 # its whole weight requested at once, comes out ahead.
 MAX_WEIGHT = 1 << 24
-# With the norm in its prologue (norm_linear) the kernel also takes gate_up_proj (33.5M elements): there
-# it replaces three launches (the norm, cuBLAS's GEMM, the SiLU-mul) and keeps the step's chain under
-# programmatic dependent launch, which cuBLAS's kernels break. The LM head stays on cuBLAS.
-NORM_MAX_WEIGHT = 1 << 26
+# The gated build's (silu(gate) * up) own limit and ring, for bench/ab_step.py to time gate_up_proj
+# (33.5M elements) on it inside the step, where it keeps the chain under programmatic dependent launch
+# that cuBLAS's kernels break and drops the SiLU-mul's launch.
+GATED_MAX_WEIGHT = MAX_WEIGHT
+GATED_UNROLL, GATED_STAGES = 1, 4
 _PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
@@ -48,11 +49,9 @@ class Variant:
     unroll: int  # 32-wide chunks of K a slot of a warp's ring holds
     stages: int  # slots of the ring
     rope_dim: int = 0  # q|k|v with RoPE and the cache write in the epilogue, heads of this size; 0: off
-    norm: bool = False  # x + residual through RMSNorm in the prologue (norm_linear)
 
     def options(self) -> list[str]:
         rope = ["-DROPE=1", f"-DHEAD_DIM={self.rope_dim}"] if self.rope_dim else []
-        norm = ["-DNORM=1", f"-DPER_MAX={self.per_max}"] if self.norm else []
         return [
             f"-DROW_TILES={self.row_tiles}",
             f"-DGATED={int(self.gated)}",
@@ -61,13 +60,7 @@ class Variant:
             f"-DUNROLL={self.unroll}",
             f"-DSTAGES={self.stages}",
             *rope,
-            *norm,
         ]
-
-    @property
-    def per_max(self) -> int:
-        """NORM: the most 32-wide chunks of K a warp holds in registers (64 registers of x a lane)."""
-        return 8 // self.row_tiles
 
     @property
     def ring_bytes(self) -> int:
@@ -84,37 +77,30 @@ def variant_for(
     unroll: int | None = None,
     stages: int | None = None,
     rope_dim: int = 0,
-    norm: bool = False,
 ) -> Variant:
     """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so
     each warp streams 8-16 chunks of 32 columns; 8 chunks in flight a warp (4 gated, whose chunks are
-    twice the bytes), 64 KB of ring a block. With the norm, 16 warps at 9-16 rows, so a warp's share of
-    the x it holds stays 4 chunks of two row tiles."""
-    row_tiles = 1 if m <= 8 else 2
+    twice the bytes), 64 KB of ring a block."""
     return Variant(
-        row_tiles=row_tiles,
+        row_tiles=1 if m <= 8 else 2,
         gated=gated,
         has_bias=has_bias,
-        warps=warps or (8 * row_tiles if norm else 8 if k <= 4096 else 16),
-        unroll=unroll or (1 if gated else 2),
-        stages=stages or 4,
+        warps=warps or (8 if k <= 4096 else 16),
+        unroll=unroll or (GATED_UNROLL if gated else 2),
+        stages=stages or (GATED_STAGES if gated else 4),
         rope_dim=rope_dim,
-        norm=norm,
     )
 
 
-def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether x @ weight^T runs here: a weight of at most MAX_WEIGHT elements, laid out as `_laid_out`."""
-    return weight.numel() <= MAX_WEIGHT and _laid_out(x, weight, bias)
-
-
-def _laid_out(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """bf16, 2-16 rows, K a multiple of 8 and rows 16-byte aligned (the kernel's copies are 16 bytes
-    wide)."""
+def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated: bool = False) -> bool:
+    """Whether x @ weight^T runs here: bf16, 2-16 rows, a weight of at most MAX_WEIGHT elements
+    (GATED_MAX_WEIGHT gated), K a multiple of 8 and rows 16-byte aligned (the kernel's copies are 16
+    bytes wide)."""
     m, k = x.shape
     return (
         x.is_cuda
         and 2 <= m <= MAX_ROWS
+        and weight.numel() <= (GATED_MAX_WEIGHT if gated else MAX_WEIGHT)
         and x.dtype == weight.dtype == torch.bfloat16
         and (bias is None or (bias.dtype == torch.bfloat16 and bias.is_contiguous()))
         and weight.shape[1] == k
@@ -126,52 +112,6 @@ def _laid_out(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
         and x.data_ptr() % 16 == 0
         and weight.data_ptr() % 16 == 0
     )
-
-
-def fits_norm(x, residual, norm_weight, weight) -> bool:
-    """Whether `norm_linear` takes RMSNorm(x + residual) @ weight^T: a weight of at most NORM_MAX_WEIGHT
-    elements laid out as `_laid_out`, K at most `per_max` chunks of 32 a warp (2,048 at 9-16 rows, 2,048
-    or 4,096 up to 8), and a residual and a norm weight laid out as x is."""
-    m, k = x.shape
-    variant = variant_for(m, k, False, False, norm=True)
-    return (
-        weight.numel() <= NORM_MAX_WEIGHT
-        and _laid_out(x, weight, None)
-        and k <= variant.per_max * 32 * variant.warps
-        and residual.shape == x.shape
-        and residual.dtype == x.dtype
-        and residual.stride(1) == 1
-        and residual.stride(0) % 8 == 0
-        and residual.data_ptr() % 16 == 0
-        and norm_weight.shape == (k,)
-        and norm_weight.dtype == x.dtype
-        and norm_weight.is_contiguous()
-        and norm_weight.data_ptr() % 16 == 0
-    )
-
-
-def norm_linear(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    *,
-    gated: bool = False,
-    pdl: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(linear(RMSNorm(x + residual)), x + residual) in one launch, for `fits_norm` inputs: what
-    TritonOps.add_rms_norm then `linear` (or, `gated`, silu(gate) * up) compute, with the normed row
-    rounded as add_rms_norm_kernel rounds it. Every block sums its rows' squares from the pieces of x
-    its warps load for the products anyway (no row is read twice); block 0 writes the sum."""
-    m, k = x.shape
-    n = weight.shape[0] // 2 if gated else weight.shape[0]
-    y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    summed = torch.empty_like(x)
-    variant = variant_for(m, k, gated, False, norm=True)
-    extra = (residual, norm_weight, summed, residual.stride(0), summed.stride(0), float(eps))
-    _run(variant, x, weight, None, y, n, y.stride(0), pdl, extra)
-    return y, summed
 
 
 def linear(
@@ -336,14 +276,7 @@ _PDL = ctypes.pointer(_Attribute(_PDL_ATTRIBUTE, b"", (ctypes.c_ubyte * 64)(1)))
 
 
 def _launch(function, grid, block, shared_bytes: int, args, stream, pdl: bool) -> None:
-    values = [
-        ctypes.c_void_p(a.data_ptr())
-        if isinstance(a, torch.Tensor)
-        else ctypes.c_float(a)
-        if isinstance(a, float)
-        else ctypes.c_int(a)
-        for a in args
-    ]
+    values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
     params = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values))
     config = _Config(
         grid=(ctypes.c_uint * 3)(*grid),

@@ -35,11 +35,6 @@ MMA_SMALL_M = True
 # not yet run); the GPU tests and bench/ab_step.py's "PDL, q|k|v RoPE in the tensor-core GEMV" variant
 # turn it on to check and time it.
 MMA_ROPE = os.environ.get("FASTPATH_MMA_ROPE") == "1"
-# 2-16 rows' MLP norm (the residual add and RMSNorm) in the tensor-core GEMV's prologue, with gate_up_proj
-# and the SiLU-mul: one launch where there are three, and no cuBLAS kernel to break the PDL chain.
-# Off unless FASTPATH_MMA_NORM=1 until the H200 has timed it (bench/ab_step.py's "PDL, MLP norm in the
-# tensor-core GEMV").
-MMA_NORM = os.environ.get("FASTPATH_MMA_NORM") == "1"
 
 
 def _pow2(n: int) -> int:
@@ -88,7 +83,6 @@ class TritonOps(TorchOps):
         if not MMA_SMALL_M:
             mma, mma_why = False, "triton_ops.MMA_SMALL_M is False"
         rope = "; q|k|v RoPE in its epilogue" if mma and MMA_ROPE else ""
-        rope += "; the MLP norm in its prologue" if mma and MMA_NORM else ""
         return (
             f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}; "
             f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}{rope}"
@@ -197,36 +191,23 @@ class TritonOps(TorchOps):
         # fp32 stays on cuBLAS: the parity tests compare it with HF's exact fp32 path.
         return x.dim() == 2 and x.shape[0] <= GEMV_MAX_M and x.dtype != torch.float32
 
-    def add_rms_norm_gated_linear(self, x, residual, norm_weight, eps, weight):
-        if (
-            MMA_NORM
-            and residual is not None
-            and self._streams(x)
-            and weight.shape[0] % 2 == 0
-            and mma_gemv.fits_norm(x, residual, norm_weight, weight)
-            and self._mma_on(x)
-        ):
-            return mma_gemv.norm_linear(
-                x, residual, norm_weight, eps, weight, gated=True, pdl=bool(self._pdl(x))
-            )
-        return super().add_rms_norm_gated_linear(x, residual, norm_weight, eps, weight)
-
     def gated_linear(self, x, weight):
         # One row: the SiLU-mul in the GEMV's epilogue, one launch and no [1, 2I] round trip.
         if self._streams(x) and x.shape[0] == 1 and weight.shape[0] % 2 == 0:
             return self._gemv(x, weight, None, gated=True)
-        if weight.shape[0] % 2 == 0 and self._mma(x, weight, None):
+        if weight.shape[0] % 2 == 0 and self._mma(x, weight, None, gated=True):
             return mma_gemv.linear(x, weight, gated=True, pdl=bool(self._pdl(x)))
         return super().gated_linear(x, weight)
 
     @staticmethod
-    def _mma(x, weight, bias) -> bool:
+    def _mma(x, weight, bias, gated: bool = False) -> bool:
         """Whether 2-16 rows go to the tensor-core GEMV: on, fitting, and built on this device."""
-        return x.dim() == 2 and mma_gemv.fits(x, weight, bias) and TritonOps._mma_on(x)
-
-    @staticmethod
-    def _mma_on(x) -> bool:
-        return MMA_SMALL_M and mma_gemv.available(x.device.index or 0)[0]
+        return (
+            MMA_SMALL_M
+            and x.dim() == 2
+            and mma_gemv.fits(x, weight, bias, gated)
+            and mma_gemv.available(x.device.index or 0)[0]
+        )
 
     def _gemv(self, x, weight, bias, gated: bool = False):
         x = x.contiguous()

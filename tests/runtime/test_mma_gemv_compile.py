@@ -26,9 +26,7 @@ BUILDS = sorted(
         for m in (8, 16)
         for bias in (False, True)
         for d in (64, 128)
-    }
-    # The MLP norm in the prologue (triton_ops.MMA_NORM): gate_up_proj, and a plain build of the same K.
-    | {mma_gemv.variant_for(m, 2048, gated, False, norm=True) for m in (8, 16) for gated in (False, True)},
+    },
     key=repr,
 )
 
@@ -98,26 +96,3 @@ def test_a_rope_build_without_a_head_size_does_not_compile(tmp_path):
     done = subprocess.run([NVCC, "-arch=sm_90", "-ptx", "-o", str(out), "-DROPE=1", str(mma_gemv.SOURCE)],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode != 0 and "ROPE needs HEAD_DIM" in done.stderr
-
-
-@pytest.mark.parametrize("rows", [8, 16])
-def test_the_norm_build_streams_as_the_plain_one_and_reads_x_and_the_residual_after_the_wait(rows, tmp_path):
-    """The norm build requests the same ring before the wait and makes the same products; x and the
-    residual (both written by kernels on the chain) are read only after the wait and past L1; its share
-    of x stays in registers; block 0's sum goes out in 16-byte stores."""
-    plain = mma_gemv.variant_for(rows, 2048, True, False, warps=8 * (1 + (rows > 8)))
-    norm = mma_gemv.variant_for(rows, 2048, True, False, norm=True)
-    assert norm.warps == plain.warps
-    _nvcc(plain, tmp_path / "plain.ptx", "ptx")
-    _nvcc(norm, tmp_path / "norm.ptx", "ptx")
-    a, b = (tmp_path / "plain.ptx").read_text(), (tmp_path / "norm.ptx").read_text()
-    wait_a, wait_b = a.index("griddepcontrol.wait"), b.index("griddepcontrol.wait")
-    for op in ("cp.async.cg.shared.global", "cp.async.commit_group"):
-        assert a[:wait_a].count(op) == b[:wait_b].count(op), op
-    assert "ld.global" not in b[:wait_b]
-    assert "ld.global.cg.v4.u32" in b[wait_b:] and "ld.global.nc.v4" not in b.replace(
-        "ld.global.nc.v4.u32", ""
-    )
-    assert "ld.local" not in b and "st.local" not in b
-    assert "st.global.v4.u32" in b  # the residual sum, written once
-    assert "bar.sync" in b  # the rows' squares meet in shared memory before any product
