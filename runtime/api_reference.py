@@ -15,7 +15,7 @@ from pathlib import Path
 DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 REGENERATE = "python -m fastpath.runtime.api_reference"
 LLM_METHODS = (
-    "generate", "chat", "stream", "submit", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "prompt_logits", "close", "from_lock", "open_link", "attach", "in_engine_process", "closed_reason", "engine_pid",
+    "generate", "chat", "stream", "submit", "beam_search", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "reset_prefix_cache", "prompt_logits", "close", "from_lock", "open_link", "attach", "in_engine_process", "closed_reason", "engine_pid",
 )  # fmt: skip
 HANDLE_METHODS = ("__iter__", "__aiter__", "result", "deltas", "poll", "abort")
 
@@ -53,6 +53,7 @@ def _section(title: str, cls: type, intro: str | None = None) -> list[str]:
 
 
 def reference_markdown() -> str:
+    from .engine.beam_search import BeamSearchParams, BeamSearchSequence
     from .engine.core import EngineStats
     from .engine.llm import LLM
     from .engine.options import ALIASES, EngineOptions
@@ -84,8 +85,8 @@ def reference_markdown() -> str:
         "|---|---|",
         *(f"| `{k}` | {rule.does} |" for k, rule in NEUTRAL.items()),
         "",
-        "vLLM's pooling and beam-search methods (`encode`, `embed`, `classify`, `score`, `reward`,",
-        "`beam_search`) raise NotImplementedError saying so.",
+        "vLLM's pooling methods (`encode`, `embed`, `classify`, `score`, `reward`) raise",
+        "NotImplementedError saying so.",
         "",
         *_methods(LLM, LLM_METHODS),
         *_section("SamplingParams", SamplingParams),
@@ -96,6 +97,8 @@ def reference_markdown() -> str:
         ),
         *_section("CompletionOutput", CompletionOutput),
         *_section("Logprob", Logprob),
+        *_section("BeamSearchParams", BeamSearchParams),
+        *_section("BeamSearchSequence", BeamSearchSequence),
         "## `RequestHandle`",
         "",
         inspect.cleandoc(RequestHandle.__doc__ or ""),

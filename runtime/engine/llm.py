@@ -44,6 +44,7 @@ from .admission import (
     is_single_prompt,
     make_sequences,
 )
+from .beam_search import BeamSearchOutput, BeamSearchParams
 from .chat_kwargs import check_template_kwargs
 from .core import EngineCore, EngineStats
 from .generation_defaults import generation_defaults
@@ -588,10 +589,40 @@ class LLM:
     def reward(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(_NOT_HERE.format("reward"))
 
-    def beam_search(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError(
-            "LLM.beam_search is not supported: fastpath samples (n completions with their seeds, or greedy)"
-        )
+    def beam_search(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: BeamSearchParams,
+        lora_request: Any = None,
+        use_tqdm: bool | Callable[..., Any] = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """vLLM's beam search (engine/beam_search.py): for each prompt, its `params.beam_width` best
+        sequences, best first. Each step runs every live beam as a one-token request with its top
+        2 * beam_width logprobs, so build the engine with `enable_prefix_caching=True`, or every step
+        prefills every beam again. `concurrency_limit` searches that many prompts at a time."""
+        from . import beam_search as search
+
+        vllm_keywords.check_call(lora_request=lora_request)
+        search.check_request(params, concurrency_limit)
+        if self.core is None:
+            return []
+        ids = []
+        for i, prompt in enumerate(_prompt_list(prompts)):
+            try:
+                prompt_ids = encode(prompt, self.tokenizer, self._limits).prompt_ids
+                check_request(prompt_ids, SamplingParams(max_tokens=params.max_tokens), self._limits)
+                if len(prompt_ids) + params.max_tokens > self._limits.max_seq_len:
+                    raise ValueError(
+                        f"{len(prompt_ids)} prompt tokens and max_tokens={params.max_tokens} exceed "
+                        f"max_seq_len (max_model_len) {self._limits.max_seq_len}"
+                    )
+            except ValueError as e:
+                raise ValueError(f"beam_search prompt {i}: {e}") from None
+            ids.append(prompt_ids)
+        if not self.config.enable_prefix_caching and params.max_tokens > 1:
+            log.info("beam_search prefills every beam again each step: enable_prefix_caching=True finds them")
+        return search.beam_search(self, ids, params, use_tqdm, concurrency_limit)
 
     def prompt_logits(self, prompt: Prompt):
         """Next-token logits after one prompt (fp32, CPU). A diagnostic for comparing against an oracle."""

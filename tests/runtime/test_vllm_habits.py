@@ -103,7 +103,7 @@ def test_generate_and_chat_take_vllms_call_keywords_at_neutral_values(llm):
         llm.chat(chat, GREEDY, use_tqdm=False, chat_template_content_format="openai")
 
 
-@pytest.mark.parametrize("method", ["encode", "embed", "classify", "score", "reward", "beam_search"])
+@pytest.mark.parametrize("method", ["encode", "embed", "classify", "score", "reward"])
 def test_vllms_other_entry_points_say_they_are_not_here(llm, method):
     with pytest.raises(NotImplementedError, match=rf"LLM\.{method} is"):
         getattr(llm, method)(["hi"])

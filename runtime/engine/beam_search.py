@@ -1,0 +1,180 @@
+"""vLLM's offline beam search (`LLM.beam_search`), built on generate().
+
+Each step asks every live beam for its next token's 2 * beam_width most likely tokens (one-token
+requests with logprobs), and keeps each prompt's beam_width best extensions by vLLM's score: the
+cumulative logprob over the sequence's length (prompt included, a final EOS not) to the power
+`length_penalty`. A beam that draws an end-of-sequence token leaves the search as a finished
+candidate; at the end each prompt keeps its beam_width best of the finished and the still-live beams.
+
+Every step sends each beam whole, so without `enable_prefix_caching=True` each step prefills every
+beam again; with it the beams' shared blocks are found and only their last tokens are computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .outputs import Logprob
+from .sampling_params import SamplingParams, doc
+
+if TYPE_CHECKING:
+    from .llm import LLM
+
+
+@dataclass(slots=True)
+class BeamSearchParams:
+    """vLLM's `BeamSearchParams`: what `LLM.beam_search` keeps and for how long."""
+
+    beam_width: int = field(metadata=doc("Beams kept per prompt, and sequences returned per prompt."))
+    max_tokens: int = field(metadata=doc("Tokens generated at most per beam."))
+    ignore_eos: bool = field(default=False, metadata=doc("Keep extending beams through EOS tokens."))
+    temperature: float = field(
+        default=0.0,
+        metadata=doc(
+            "Temperature of each step's one-token request; the scores use the model's raw logprobs, so it "
+            "only decides which token beside the top 2 * beam_width each beam may also draw (0: none)."
+        ),
+    )
+    length_penalty: float = field(
+        default=1.0, metadata=doc("Score = cumulative logprob / length ** length_penalty (vLLM's).")
+    )
+    include_stop_str_in_output: bool = field(
+        default=False, metadata=doc("Keep a final EOS token's text in `text` (its id is always in `tokens`).")
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BeamSearchParams.{name} must be an integer of at least 1, got {value!r}")
+        if not isinstance(self.temperature, int | float) or not 0 <= self.temperature < math.inf:
+            raise ValueError(
+                f"BeamSearchParams.temperature must be finite and >= 0, got {self.temperature!r}"
+            )
+        if not isinstance(self.length_penalty, int | float) or not math.isfinite(self.length_penalty):
+            raise ValueError(f"BeamSearchParams.length_penalty must be finite, got {self.length_penalty!r}")
+
+
+@dataclass(slots=True)
+class BeamSearchSequence:
+    """One beam: vLLM's `BeamSearchSequence`."""
+
+    tokens: list[int] = field(metadata=doc("The prompt's token ids, then the generated ones (vLLM's)."))
+    logprobs: list[dict[int, Logprob]] = field(
+        default_factory=list, metadata=doc("Per generated token: the step's top tokens, by id.")
+    )
+    cum_logprob: float = field(default=0.0, metadata=doc("Sum of the generated tokens' logprobs."))
+    text: str | None = field(
+        default=None,
+        metadata=doc("The generated tokens' text (a final EOS left out); None without a tokenizer."),
+    )
+    finish_reason: str | None = field(default=None, metadata=doc("stop (an EOS token) or length."))
+    stop_reason: int | str | None = field(default=None, metadata=doc("None: EOS or length, as vLLM's."))
+    lora_request: Any = field(default=None, metadata=doc("Always None: fastpath has no adapters."))
+
+
+@dataclass(slots=True)
+class BeamSearchOutput:
+    """A prompt's best beams, best first: vLLM's `BeamSearchOutput`."""
+
+    sequences: list[BeamSearchSequence]
+
+
+def beam_score(
+    tokens: Sequence[int], cum_logprob: float, eos_ids: frozenset[int], length_penalty: float
+) -> float:
+    """vLLM's `get_beam_search_score`: the length counts the prompt and leaves out a final EOS."""
+    length = len(tokens) - (1 if tokens and tokens[-1] in eos_ids else 0)
+    return cum_logprob / max(length, 1) ** length_penalty
+
+
+@dataclass(slots=True)
+class _Search:
+    """One prompt's search: its live beams and the ones an EOS ended."""
+
+    prompt_len: int
+    beams: list[BeamSearchSequence]
+    done: list[BeamSearchSequence] = field(default_factory=list)
+
+
+def check_request(params: Any, concurrency_limit: Any) -> None:
+    """TypeError or ValueError naming what LLM.beam_search cannot take."""
+    if not isinstance(params, BeamSearchParams):
+        raise TypeError(f"beam_search takes a BeamSearchParams, got {type(params).__name__}")
+    if concurrency_limit is not None and (
+        isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) or concurrency_limit < 1
+    ):
+        raise ValueError(f"concurrency_limit must be an integer of at least 1, got {concurrency_limit!r}")
+
+
+def beam_search(
+    llm: LLM,
+    prompt_ids: Sequence[list[int]],
+    params: BeamSearchParams,
+    use_tqdm: bool | Callable[..., Any] = False,
+    concurrency_limit: int | None = None,
+) -> list[BeamSearchOutput]:
+    """The search over prompts already admitted (`LLM.beam_search` encodes and checks them), at most
+    `concurrency_limit` prompts' beams at a time."""
+    searches = [_Search(len(ids), [BeamSearchSequence(tokens=list(ids))]) for ids in prompt_ids]
+    chunk = concurrency_limit or max(len(searches), 1)
+    for lo in range(0, len(searches), chunk):
+        _run(llm, searches[lo : lo + chunk], params, use_tqdm)
+    return [_finish(llm, s, params) for s in searches]
+
+
+def _run(
+    llm: LLM, searches: list[_Search], params: BeamSearchParams, use_tqdm: bool | Callable[..., Any]
+) -> None:
+    step = SamplingParams(
+        max_tokens=1,
+        logprobs=2 * params.beam_width,
+        temperature=params.temperature,
+        ignore_eos=True,
+        detokenize=False,
+    )
+    for _ in range(params.max_tokens):
+        live = [(s, beam) for s in searches for beam in s.beams]
+        if not live:
+            return
+        outs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step, use_tqdm=use_tqdm)
+        grown: dict[int, list[BeamSearchSequence]] = {id(s): [] for s in searches}
+        for (search, beam), out in zip(live, outs, strict=True):
+            top = out.outputs[0].logprobs[0]
+            for token, lp in top.items():
+                child = BeamSearchSequence(
+                    tokens=[*beam.tokens, token],
+                    logprobs=[*beam.logprobs, top],
+                    cum_logprob=beam.cum_logprob + lp.logprob,
+                )
+                if token in llm.eos_ids and not params.ignore_eos:
+                    child.finish_reason = "stop"
+                    search.done.append(child)
+                else:
+                    grown[id(search)].append(child)
+        for search in searches:
+            search.beams = _best(grown[id(search)], llm.eos_ids, params)
+
+
+def _best(
+    beams: list[BeamSearchSequence], eos_ids: frozenset[int], params: BeamSearchParams
+) -> list[BeamSearchSequence]:
+    # sorted() is stable: equal scores keep the order the steps produced them in.
+    key = lambda b: beam_score(b.tokens, b.cum_logprob, eos_ids, params.length_penalty)  # noqa: E731
+    return sorted(beams, key=key, reverse=True)[: params.beam_width]
+
+
+def _finish(llm: LLM, search: _Search, params: BeamSearchParams) -> BeamSearchOutput:
+    for beam in search.beams:
+        beam.finish_reason = "length"
+    best = _best(search.done + search.beams, llm.eos_ids, params)
+    tokenizer = llm.tokenizer
+    for beam in best:
+        generated = beam.tokens[search.prompt_len :]
+        if beam.finish_reason == "stop" and not params.include_stop_str_in_output:
+            generated = generated[:-1]
+        beam.text = tokenizer.decode(generated) if tokenizer is not None else None
+    return BeamSearchOutput(best)
