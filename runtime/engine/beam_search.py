@@ -8,6 +8,11 @@ candidate; at the end each prompt keeps its beam_width best of the finished and 
 
 Every step sends each beam whole, so without `enable_prefix_caching=True` each step prefills every
 beam again; with it the beams' shared blocks are found and only their last tokens are computed.
+
+As vLLM's offline search: `tokens` and `text` hold the prompt and the generation (the text is the
+tokenizer's decode of all of them), and `cum_logprob` the generated tokens' raw logprobs. Beyond it:
+every end-of-sequence id of the model ends a beam (vLLM's looks at the tokenizer's one), and each
+sequence says why it ended (`finish_reason`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .outputs import Logprob
-from .sampling_params import SamplingParams, doc
+from .sampling_params import MAX_LOGPROBS, SamplingParams, doc
+from .waiting import progress_bar
 
 if TYPE_CHECKING:
     from .llm import LLM
@@ -42,14 +48,28 @@ class BeamSearchParams:
         default=1.0, metadata=doc("Score = cumulative logprob / length ** length_penalty (vLLM's).")
     )
     include_stop_str_in_output: bool = field(
-        default=False, metadata=doc("Keep a final EOS token's text in `text` (its id is always in `tokens`).")
+        default=False,
+        metadata=doc(
+            "Accepted as vLLM's; its server uses it, and offline `text` is the whole sequence either way."
+        ),
     )
+    structured_outputs: Any = field(default=None, metadata=doc("None: beams do not follow a grammar here."))
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "max_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"BeamSearchParams.{name} must be an integer of at least 1, got {value!r}")
+        if self.beam_width * 2 > MAX_LOGPROBS:
+            raise ValueError(
+                f"BeamSearchParams.beam_width must be at most {MAX_LOGPROBS // 2}, got {self.beam_width}: each "
+                f"step asks every beam for its 2 * beam_width likeliest tokens, and a request gets at most "
+                f"{MAX_LOGPROBS}"
+            )
+        if self.structured_outputs is not None:
+            raise ValueError(
+                "BeamSearchParams.structured_outputs: fastpath's beam search does not follow a grammar"
+            )
         if not isinstance(self.temperature, int | float) or not 0 <= self.temperature < math.inf:
             raise ValueError(
                 f"BeamSearchParams.temperature must be finite and >= 0, got {self.temperature!r}"
@@ -66,14 +86,14 @@ class BeamSearchSequence:
     logprobs: list[dict[int, Logprob]] = field(
         default_factory=list, metadata=doc("Per generated token: the step's top tokens, by id.")
     )
+    lora_request: Any = field(default=None, metadata=doc("Always None: fastpath has no adapters."))
     cum_logprob: float = field(default=0.0, metadata=doc("Sum of the generated tokens' logprobs."))
     text: str | None = field(
         default=None,
-        metadata=doc("The generated tokens' text (a final EOS left out); None without a tokenizer."),
+        metadata=doc("All of `tokens` decoded, prompt included (vLLM's); None without a tokenizer."),
     )
     finish_reason: str | None = field(default=None, metadata=doc("stop (an EOS token) or length."))
     stop_reason: int | str | None = field(default=None, metadata=doc("None: EOS or length, as vLLM's."))
-    lora_request: Any = field(default=None, metadata=doc("Always None: fastpath has no adapters."))
 
 
 @dataclass(slots=True)
@@ -95,7 +115,7 @@ def beam_score(
 class _Search:
     """One prompt's search: its live beams and the ones an EOS ended."""
 
-    prompt_len: int
+    params: BeamSearchParams
     beams: list[BeamSearchSequence]
     done: list[BeamSearchSequence] = field(default_factory=list)
 
@@ -119,28 +139,32 @@ def beam_search(
 ) -> list[BeamSearchOutput]:
     """The search over prompts already admitted (`LLM.beam_search` encodes and checks them), at most
     `concurrency_limit` prompts' beams at a time."""
-    searches = [_Search(len(ids), [BeamSearchSequence(tokens=list(ids))]) for ids in prompt_ids]
+    searches = [_Search(params, [BeamSearchSequence(tokens=list(ids))]) for ids in prompt_ids]
     chunk = concurrency_limit or max(len(searches), 1)
-    for lo in range(0, len(searches), chunk):
-        _run(llm, searches[lo : lo + chunk], params, use_tqdm)
-    return [_finish(llm, s, params) for s in searches]
+    # One bar over every step of every group of prompts (vLLM's "Beam search" bar), not one a step.
+    bar = progress_bar(use_tqdm, -(-len(searches) // chunk) * params.max_tokens, "Beam search")
+    try:
+        for lo in range(0, len(searches), chunk):
+            _run(llm, searches[lo : lo + chunk], params, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    return [_finish(llm, s) for s in searches]
 
 
-def _run(
-    llm: LLM, searches: list[_Search], params: BeamSearchParams, use_tqdm: bool | Callable[..., Any]
-) -> None:
+def _run(llm: LLM, searches: list[_Search], params: BeamSearchParams, bar: Any) -> None:
     step = SamplingParams(
-        max_tokens=1,
-        logprobs=2 * params.beam_width,
-        temperature=params.temperature,
-        ignore_eos=True,
-        detokenize=False,
+        max_tokens=1, logprobs=2 * params.beam_width, temperature=params.temperature, ignore_eos=True
     )
-    for _ in range(params.max_tokens):
+    for i in range(params.max_tokens):
         live = [(s, beam) for s in searches for beam in s.beams]
-        if not live:
+        if not live:  # every beam ended early: the bar still counts the steps not taken
+            if bar is not None:
+                bar.update(params.max_tokens - i)
             return
-        outs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step, use_tqdm=use_tqdm)
+        outs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step, use_tqdm=False)
+        if bar is not None:
+            bar.update(1)
         grown: dict[int, list[BeamSearchSequence]] = {id(s): [] for s in searches}
         for (search, beam), out in zip(live, outs, strict=True):
             top = out.outputs[0].logprobs[0]
@@ -167,14 +191,10 @@ def _best(
     return sorted(beams, key=key, reverse=True)[: params.beam_width]
 
 
-def _finish(llm: LLM, search: _Search, params: BeamSearchParams) -> BeamSearchOutput:
+def _finish(llm: LLM, search: _Search) -> BeamSearchOutput:
     for beam in search.beams:
         beam.finish_reason = "length"
-    best = _best(search.done + search.beams, llm.eos_ids, params)
-    tokenizer = llm.tokenizer
+    best = _best(search.done + search.beams, llm.eos_ids, search.params)
     for beam in best:
-        generated = beam.tokens[search.prompt_len :]
-        if beam.finish_reason == "stop" and not params.include_stop_str_in_output:
-            generated = generated[:-1]
-        beam.text = tokenizer.decode(generated) if tokenizer is not None else None
+        beam.text = llm.tokenizer.decode(beam.tokens) if llm.tokenizer is not None else None
     return BeamSearchOutput(best)

@@ -33,6 +33,11 @@ def wait_all(handles: list[RequestHandle], wake: threading.Event, use_tqdm: UseT
 
 
 def _bar(use_tqdm: UseTqdm, total: int) -> Any:
+    return progress_bar(use_tqdm, total, "Processed prompts")
+
+
+def progress_bar(use_tqdm: UseTqdm, total: int, description: str) -> Any:
+    """A tqdm bar of `total` steps as vLLM shows one, or None (use_tqdm False, or FASTPATH_PROGRESS=0)."""
     if not use_tqdm or os.environ.get(ENV) == "0":
         return None
     if callable(use_tqdm):
@@ -40,4 +45,4 @@ def _bar(use_tqdm: UseTqdm, total: int) -> Any:
     else:
         from tqdm.auto import tqdm as factory
     # vLLM's keywords, so a functools.partial(tqdm, ...) or a tqdm subclass made for vLLM works here.
-    return factory(total=total, desc="Processed prompts", dynamic_ncols=True)
+    return factory(total=total, desc=description, dynamic_ncols=True)

@@ -21,10 +21,16 @@ def llm():
     engine.close()
 
 
-def oracle(llm, prompt: list[int], width: int, steps: int) -> list[tuple[list[int], float]]:
+def oracle(
+    llm, prompt: list[int], width: int, steps: int, penalty: float = 1.0
+) -> list[tuple[list[int], float]]:
     """Textbook beam search with vLLM's rules, over full next-token log-softmaxes of the engine's logits:
     each beam offers its 2 * width best tokens, the width best by score stay, an EOS ends a beam."""
     live, done = [(list(prompt), 0.0)], []
+
+    def score(b):
+        return b[1] / (len(b[0]) - (b[0][-1] in llm.eos_ids)) ** penalty
+
     for _ in range(steps):
         grown = []
         for tokens, cum in live:
@@ -32,34 +38,56 @@ def oracle(llm, prompt: list[int], width: int, steps: int) -> list[tuple[list[in
             values, ids = logprobs.topk(2 * width)
             for v, t in zip(values.tolist(), ids.tolist(), strict=True):
                 (done if t in llm.eos_ids else grown).append(([*tokens, t], cum + v))
-        live = sorted(grown, key=lambda b: b[1] / len(b[0]), reverse=True)[:width]
-
-    def score(b):
-        return b[1] / (len(b[0]) - (b[0][-1] in llm.eos_ids))
-
+        live = sorted(grown, key=score, reverse=True)[:width]
     return sorted(done + live, key=score, reverse=True)[:width]
+
+
+def _check_against_oracle(llm, outs, width, steps, penalty=1.0):
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        want = oracle(llm, prompt, width, steps, penalty)
+        assert [s.tokens for s in out.sequences] == [tokens for tokens, _ in want]
+        for seq, (_, cum) in zip(out.sequences, want, strict=True):
+            assert seq.cum_logprob == pytest.approx(cum, abs=1e-4)
 
 
 @pytest.mark.parametrize("width", [2, 3])
 def test_beams_are_an_independent_search_over_the_engines_logits(llm, width):
     outs = llm.beam_search(PROMPTS, BeamSearchParams(beam_width=width, max_tokens=4))
     assert len(outs) == len(PROMPTS) and all(isinstance(o, BeamSearchOutput) for o in outs)
+    _check_against_oracle(llm, outs, width, 4)
+    tokenizer = llm.get_tokenizer()
     for prompt, out in zip(PROMPTS, outs, strict=True):
-        want = oracle(llm, prompt, width, 4)
-        assert [s.tokens for s in out.sequences] == [tokens for tokens, _ in want]
-        for seq, (_, cum) in zip(out.sequences, want, strict=True):
-            assert seq.cum_logprob == pytest.approx(cum, abs=1e-4)
-            # The cumulative logprob is the chosen tokens' own, position by position.
-            chosen = [seq.logprobs[i][t].logprob for i, t in enumerate(seq.tokens[len(prompt) :])]
-            assert seq.cum_logprob == pytest.approx(sum(chosen), abs=1e-5)
-            assert all(len(step) >= 2 * width for step in seq.logprobs)
-            assert seq.finish_reason in ("length", "stop") and seq.lora_request is None
-            generated = seq.tokens[len(prompt) :]
-            if seq.finish_reason == "stop":
-                generated = generated[:-1]
-            assert seq.text == llm.get_tokenizer().decode(generated)
+        for seq in out.sequences:
+            # Each step's logprobs: the chosen token's among them, with its text, as generate() gives them.
+            for i, t in enumerate(seq.tokens[len(prompt) :]):
+                assert seq.logprobs[i][t].decoded_token == tokenizer.decode([t])
+            assert len(seq.logprobs) == len(seq.tokens) - len(prompt) and seq.lora_request is None
+            assert seq.finish_reason == "length" and seq.text == tokenizer.decode(seq.tokens)
         scores = [search.beam_score(s.tokens, s.cum_logprob, llm.eos_ids, 1.0) for s in out.sequences]
         assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1.0, 2.0])
+def test_the_models_end_of_sequence_ends_beams_and_the_length_penalty_weighs_them(penalty):
+    """With an end-of-sequence id the model often ranks high, beams end mid-search; the oracle and the
+    engine agree on which, and on how each length penalty ranks finished beams against live ones."""
+    engine = LLM("random:tiny-llama", device="cpu", max_seq_len=64)
+    try:
+        engine.eos_ids = frozenset(int(engine.prompt_logits(p).topk(3).indices[-1]) for p in PROMPTS)
+        outs = engine.beam_search(
+            PROMPTS, BeamSearchParams(beam_width=3, max_tokens=4, length_penalty=penalty)
+        )
+        _check_against_oracle(engine, outs, 3, 4, penalty)
+        ended = [s for o in outs for s in o.sequences if s.finish_reason == "stop"]
+        assert ended and all(s.tokens[-1] in engine.eos_ids for s in ended)
+        assert all(
+            s.tokens[-1] not in engine.eos_ids
+            for o in outs
+            for s in o.sequences
+            if s.finish_reason == "length"
+        )
+    finally:
+        engine.close()
 
 
 def test_width_one_is_greedy_and_prompts_at_a_time_change_nothing(llm):
@@ -78,9 +106,34 @@ def test_width_one_is_greedy_and_prompts_at_a_time_change_nothing(llm):
     # One prompt, not in a list, as generate() takes it; a text prompt through the tokenizer.
     assert llm.beam_search(PROMPTS[0], params)[0].sequences[0].tokens == together[0].sequences[0].tokens
     text = llm.beam_search("hello there", params)[0].sequences[0]
-    assert text.tokens[: len(llm.get_tokenizer().encode("hello there"))] == llm.get_tokenizer().encode(
-        "hello there"
-    )
+    ids = llm.get_tokenizer().encode("hello there")
+    assert text.tokens[: len(ids)] == ids and text.text == llm.get_tokenizer().decode(text.tokens)
+
+
+def test_one_progress_bar_counts_the_steps(monkeypatch):
+    monkeypatch.delenv("FASTPATH_PROGRESS", raising=False)  # the suite hides bars; this one must show
+    bars = []
+
+    class Bar:
+        def __init__(self, total, desc, dynamic_ncols):
+            self.total, self.desc, self.done, self.closed = total, desc, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            self.done += n
+
+        def close(self):
+            self.closed = True
+
+    llm = Scripted({1: {2: -0.5, 3: -0.6}, 2: {2: -0.5, 3: -0.6}, 3: {2: -0.5, 3: -0.6}})
+    llm.width = 1
+    search.beam_search(llm, [[1], [2], [3]], BeamSearchParams(beam_width=1, max_tokens=4), Bar, 2)
+    assert [(b.total, b.desc, b.done, b.closed) for b in bars] == [(8, "Beam search", 8, True)]
+    # Every beam ended at the first step: the bar still ends full.
+    ended = Scripted({1: {0: -0.1, 4: -9.0}, 4: {0: -0.1, 4: -9.0}})
+    ended.width = 1
+    search.beam_search(ended, [[1]], BeamSearchParams(beam_width=1, max_tokens=5, length_penalty=0.0), Bar)
+    assert bars[-1].done == 5 and bars[-1].closed
 
 
 def test_what_beam_search_cannot_take_is_refused_by_name(llm):
@@ -92,6 +145,10 @@ def test_what_beam_search_cannot_take_is_refused_by_name(llm):
         BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=math.nan)
     with pytest.raises(ValueError, match="temperature must be finite"):
         BeamSearchParams(beam_width=2, max_tokens=3, temperature=-1)
+    with pytest.raises(ValueError, match="beam_width must be at most 10, got 11: each step asks"):
+        BeamSearchParams(beam_width=11, max_tokens=3)
+    with pytest.raises(ValueError, match="structured_outputs: .*does not follow a grammar"):
+        BeamSearchParams(beam_width=2, max_tokens=3, structured_outputs={"json": {}})
     with pytest.raises(TypeError, match="takes a BeamSearchParams, got SamplingParams"):
         llm.beam_search(PROMPTS, SamplingParams(max_tokens=3))
     params = BeamSearchParams(beam_width=2, max_tokens=3)
@@ -141,13 +198,15 @@ def test_an_eos_ends_a_beam_and_the_length_penalty_weighs_finished_against_live_
     assert [s.finish_reason for s in short] == ["length", "length"]
     # A length penalty of 0 scores the sums alone: the early EOS wins, its text without the EOS.
     flat = _run(table, BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=0.0))
-    assert flat[0].tokens == [1, 0] and flat[0].finish_reason == "stop" and flat[0].text == ""
+    assert flat[0].tokens == [1, 0] and flat[0].finish_reason == "stop" and flat[0].text == "1 0"
     assert flat[0].cum_logprob == pytest.approx(-1.0)
-    kept = _run(
-        table,
-        BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=0.0, include_stop_str_in_output=True),
+    # Without a tokenizer there is no text.
+    bare = Scripted(table)
+    bare.tokenizer, bare.width = None, 2
+    assert (
+        search.beam_search(bare, [[1]], BeamSearchParams(beam_width=2, max_tokens=3))[0].sequences[0].text
+        is None
     )
-    assert kept[0].text == "0"
     # ignore_eos: an EOS extends like any token, and nothing finishes early.
     eager = {1: {0: -0.1, 2: -0.6}, 0: {0: -0.1, 2: -5.0}, 2: {2: -0.6, 3: -0.7}}
     assert _run(eager, BeamSearchParams(beam_width=1, max_tokens=3))[0].tokens == [1, 0]
