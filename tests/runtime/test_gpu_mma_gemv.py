@@ -239,4 +239,3 @@ def test_rope_epilogue_replays_in_a_graph_with_new_positions():
         eager = step()
         assert torch.equal(replayed[0], eager)
         assert torch.equal(replayed[1], kc[slots]) and torch.equal(replayed[2], vc[slots])
-
