@@ -10,8 +10,9 @@
 // ring needs no barrier, and the bytes in flight are bounded by shared memory, not registers.
 // The decode rows are the B fragment (n = 8 rows a tile), so the tensor cores do the products that
 // the CUDA cores could not keep up with at 8 rows (round 18). On the 1.24B Llama it beats cuBLAS on
-// q|k|v, o_proj and down_proj and loses on gate_up_proj and the LM head, whose thousands of short
-// blocks each pay a ramp and a closing barrier; mma_gemv.MAX_WEIGHT keeps it to the small ones.
+// q|k|v, o_proj and down_proj and, alone, loses on gate_up_proj and the LM head, whose thousands of
+// short blocks each pay a ramp and a closing barrier: mma_gemv.MAX_WEIGHT keeps plain builds to the
+// small ones, and GATED_MAX_WEIGHT lets the gated one take gate_up_proj, where the step gains.
 //
 // The k order: lane (g, c) = (lane / 4, lane % 4) loads w[row][k0 + 8c, k0 + 8c + 8) and
 // x[r][k0 + 8c, ...) of each 32-wide chunk. mma h (0, 1) takes words 2h and 2h + 1 of both as its k

@@ -29,11 +29,13 @@ MAX_ROWS = 16
 # and closing barrier, fall behind cuBLAS's pipelined tiles, where one pass of a small matrix's blocks,
 # its whole weight requested at once, comes out ahead.
 MAX_WEIGHT = 1 << 24
-# The gated build's (silu(gate) * up) own limit and ring, for bench/ab_step.py to time gate_up_proj
-# (33.5M elements) on it inside the step, where it keeps the chain under programmatic dependent launch
-# that cuBLAS's kernels break and drops the SiLU-mul's launch.
-GATED_MAX_WEIGHT = MAX_WEIGHT
-GATED_UNROLL, GATED_STAGES = 1, 4
+# The gated build (silu(gate) * up) takes gate_up_proj too (33.5M elements): alone it is 1-3 µs slower
+# than cuBLAS and the SiLU-mul kernel (round 22's `linear`), but in the step it drops the SiLU-mul's
+# launch and keeps the chain under programmatic dependent launch, which cuBLAS's kernels break. With
+# two chunks a slot and two slots it took 13, 5 and 11 µs off the step at 2, 8 and 16 rows, in both
+# rounds of round 25's `ab-gated`; with round 22's ring (one chunk, four slots) it lost 22 at 8.
+GATED_MAX_WEIGHT = 1 << 26
+GATED_UNROLL, GATED_STAGES = 2, 2
 _PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 

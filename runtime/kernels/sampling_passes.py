@@ -82,9 +82,10 @@ def floor_kernel(
     """Per row: the (CAP + 1)-th largest of the chunks' group maxima of the scores, and the
     (RCAP + 1)-th of the raw logits'. Each of those groups holds a token at or above it, so more
     than the cap do; and few tokens lie above it (about 170 of a random 128k row, against 2500
-    above the least group maximum). Zeroes the row's list counts for list_kernel, or marks a list
-    full from the start where its floor is -inf: every token, -inf ones too, lies at or above it
-    (a grammar that allows few tokens), and listing them would be an atomic add per token."""
+    above the least group maximum). Zeroes the row's list counts for list_kernel, or marks the raw
+    list full from the start where its floor is -inf: every raw logit, -inf ones too, lies at or above
+    it, and listing them would be an atomic add per token. The score list lists only finite scores, so
+    a -inf floor there (a grammar or an allow-list that leaves few tokens) keeps it."""
     _release(USE_PDL)  # the next kernel launches now and waits for this one's end
     _wait(USE_PDL)
     row = tl.program_id(0)
@@ -95,7 +96,9 @@ def floor_kernel(
     if TOPK:
         rlow = _kth_largest(base + GROUPS, P, RCAP, PMAX, GROUPS)
     tl.store(floor_ptr + row * 2 + 1, rlow)
-    tl.store(lfill_ptr + row * 2 + 0, tl.where(low > float("-inf"), 0, LCAP + 1))
+    # A -inf score floor (a grammar or an allow-list that leaves few tokens): list_kernel lists the
+    # finite scores; only more than LCAP of them make the list overflow, as a finite floor's ties do.
+    tl.store(lfill_ptr + row * 2 + 0, 0)
     tl.store(lfill_ptr + row * 2 + 1, tl.where((rlow > float("-inf")) | (TOPK == 0), 0, RLCAP + 1))
 
 
@@ -146,9 +149,10 @@ def list_kernel(
     top_raw, top = _row_tops(stat_ptr, row, P, PMAX)
     low = tl.load(floor_ptr + row * 2 + 0)
     rlow = tl.load(floor_ptr + row * 2 + 1)
-    # A -inf floor: floor_kernel marked the list full (every token reaches it).
-    full = low == float("-inf")
+    # A -inf raw floor: floor_kernel marked the raw list full (every token reaches it). A -inf score
+    # floor lists the finite scores instead (below), so an allow-list row needs no pass over the row.
     rfull = (rlow == float("-inf")) | (TOPK == 0)
+    full = low != low  # False (a NaN floor aside), until this program finds the list past its end
     low = signed_key(low)
     rlow = signed_key(rlow)
     # The mass in fp64: each term is an integer up to 2**32, so sums below 2**53 are exact in any
@@ -163,7 +167,7 @@ def list_kernel(
         )  # fmt: skip
         z += fixed_mass_float(s, top).to(tl.float64)
         r += tl.where(x == float("-inf"), 0.0, tl.exp(x - top_raw))  # a NaN logit stays NaN, as in torch
-        above = inb & (signed_key(s) >= low)
+        above = inb & (signed_key(s) >= low) & (s != float("-inf"))  # a NaN stays as before
         below = tl.maximum(below, tl.where(inb & ~above, s, float("-inf")))
         rabove = inb & (signed_key(x) >= rlow)
         # One check for both lists: most blocks append to neither. A program that found a list

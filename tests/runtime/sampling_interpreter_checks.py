@@ -34,7 +34,7 @@ def check(name, ok, detail=""):
     return ok
 
 
-def table(rows: int, biased: bool = False) -> PenaltyTable:
+def table(rows: int, biased: bool = False, allow_every: int = 3) -> PenaltyTable:
     """A table whose slots 1..rows hold prompt tokens, counts and stop tokens; `biased`, also biases:
     a slot in three bans every token but a few (allowed_token_ids), the others bias some up or down
     and ban some, overlapping the penalized tokens."""
@@ -46,7 +46,7 @@ def table(rows: int, biased: bool = False) -> PenaltyTable:
         t.entries[slot, toks[35:]] |= STOP_BIT
         if not biased:
             continue
-        if slot % 3 == 0:
+        if slot % allow_every == 0:
             t.entries[slot] |= BIAS_BIT
             t.biases[slot] = float("-inf")
         some = torch.cat([toks[5:25], torch.randint(0, VOCAB, (30,), generator=g)])
@@ -67,11 +67,11 @@ LISTED_RANKS: set[bool] = set()  # whether an asking row's rank came from the li
 ANY = {2, 3}  # a draw over the whole row: accepted at once, or by the slow path
 
 
-def compare(name, logits, p, num_top=0, paths=None, gather=None, biased=False) -> bool:
+def compare(name, logits, p, num_top=0, paths=None, gather=None, biased=False, allow_every=3) -> bool:
     """The kernels equal the definition; `paths` gives each row's allowed paths (see sample()), and
     `gather` whether each row's candidates took a pass over the row (1) or came from the lists (0)."""
     rows = logits.shape[0]
-    ta = table(rows, biased)
+    ta = table(rows, biased, allow_every)
     tb = PenaltyTable(rows + 1, VOCAB, torch.device("cpu"))
     tb._padded.copy_(ta._padded)  # entries and biases
     tb.bits.copy_(ta.bits)
@@ -232,6 +232,14 @@ def main() -> bool:
     good &= compare("biased rows, top-20 logprobs", peaked, rows_mixed(), num_top=20, biased=True)
     with short_lists():
         good &= compare("biased rows, cut", peaked, rows_mixed(), num_top=20, biased=True)
+    # Every row an allow-list (about 40 tokens; every other score -inf): the score list holds the
+    # finite scores, so each sampled row is decided from its candidates, with no pass over the row.
+    allow = rows_mixed()
+    allowed_paths = [0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1]
+    good &= compare(
+        "allow-list rows, top-20 logprobs", peaked, allow, num_top=20, paths=allowed_paths, gather=[0] * 12,
+        biased=True, allow_every=1,
+    )  # fmt: skip
     # Equal values: a grid of 0.25 (many ties per bucket); few allowed tokens, the rest -inf (the
     # top-20 logprobs reach into the -inf ties); 15 ties at the top, then 200 near-equal values
     # sharing a bucket. The -inf rows' floor is -inf: their lists overflow.
@@ -245,7 +253,8 @@ def main() -> bool:
     good &= compare("ties and -inf", odd, p, num_top=20, paths=[1, 1, 1, 0, 1, 1], gather=[0, 0, 1, 1, 0, 0])
     counts = list_counts()
     good &= check(
-        "a -inf floor lists nothing", counts[2:4] == [[sampling_triton.LISTED + 1, sampling_triton.RAW_LISTED + 1]] * 2,
+        "a -inf floor lists the finite scores, and no raw logit",
+        counts[2:4] == [[7, sampling_triton.RAW_LISTED + 1]] * 2,
         f"{counts[2:4]}",
     )  # fmt: skip
     # Every logit equal: every token reaches the floor. A list past its end takes no more tokens.

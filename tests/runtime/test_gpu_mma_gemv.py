@@ -133,13 +133,19 @@ def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere():
     assert _close(ops.linear(x[:8, :2044].contiguous(), odd), F.linear(x[:8, :2044], odd))
     assert not mma_gemv.fits(x[:8, 1:2041], w[:, :2040], None)  # rows not 16-byte aligned
     assert not mma_gemv.fits(x.float(), w.float(), None)
-    # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT: cuBLAS, then the SiLU-mul kernel.
+    # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT, not GATED_MAX_WEIGHT: the gated build, the
+    # SiLU-mul in its epilogue; as a plain linear it stays on cuBLAS.
     gate_up = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     assert gate_up.numel() > mma_gemv.MAX_WEIGHT and not mma_gemv.fits(x[:8], gate_up, None)
-    assert torch.equal(ops.gated_linear(x[:8], gate_up), ops.silu_mul(F.linear(x[:8], gate_up)))
-    # A smaller MLP's gate_up takes the gated build: the SiLU-mul in its epilogue.
-    small = gate_up[:4096]
-    assert torch.equal(ops.gated_linear(x[:8], small), mma_gemv.linear(x[:8], small, gated=True, pdl=True))
+    assert mma_gemv.fits(x[:8], gate_up, None, gated=True)
+    assert torch.equal(
+        ops.gated_linear(x[:8], gate_up), mma_gemv.linear(x[:8], gate_up, gated=True, pdl=True)
+    )
+    assert torch.equal(ops.linear(x[:8], gate_up), F.linear(x[:8], gate_up))
+    # Past GATED_MAX_WEIGHT (an 8B Llama's 117M-element gate_up): cuBLAS, then the SiLU-mul kernel.
+    big = torch.randn(2 * 17408, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    assert big.numel() > mma_gemv.GATED_MAX_WEIGHT and not mma_gemv.fits(x[:8], big, None, gated=True)
+    assert torch.equal(ops.gated_linear(x[:8], big), ops.silu_mul(F.linear(x[:8], big)))
     assert _close(ops.linear(x[:, :2040], w[:, :2040]), F.linear(x[:, :2040], w[:, :2040]))
 
 
