@@ -32,7 +32,7 @@ MAX_WEIGHT = 1 << 24
 # The gated build (silu(gate) * up) takes gate_up_proj too (33.5M elements): alone it is 1-3 µs slower
 # than cuBLAS and the SiLU-mul kernel (round 22's `linear`), but in the step it drops the SiLU-mul's
 # launch and keeps the chain under programmatic dependent launch, which cuBLAS's kernels break. With
-# two chunks a slot and two slots it took 13, 5 and 11 µs off the step at 2, 8 and 16 rows, in both
+# two chunks a slot and two slots it took 11, 5 and 12 µs off the step at 2, 8 and 16 rows, in both
 # rounds of round 25's `ab-gated`; with round 22's ring (one chunk, four slots) it lost 22 at 8.
 GATED_MAX_WEIGHT = 1 << 26
 GATED_UNROLL, GATED_STAGES = 2, 2
