@@ -21,14 +21,14 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   kernel for o_proj, down_proj and the LM head, cuBLAS and the SiLU-mul kernel for the rest);
 - "PDL, q|k|v RoPE in the tensor-core GEMV": 2-16 rows' q|k|v projection with RoPE and the KV-cache
   write in mma_gemv.cu's epilogue (triton_ops.MMA_ROPE, off in the engine until this times it);
-- "PDL, gate_up on cuBLAS and the SiLU-mul": 2-16 rows' gate_up_proj as before round 25, cuBLAS's
-  GEMM then the SiLU-mul kernel (smaller gated weights on the gated build with one chunk a slot and
-  four slots);
-- "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": the engine's gated build with round 22's
-  ring (one chunk a slot, four slots) instead of two and two;
+- "PDL, gate_up gated on the tensor-core GEMV": 2-16 rows' gate_up_proj (33.5M elements) on
+  mma_gemv.cu's gated build with two chunks a slot and two slots (FASTPATH_MMA_GATED=1), the SiLU-mul
+  in its epilogue: one launch for cuBLAS's and the SiLU-mul's, and the PDL chain unbroken;
+- "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": the same with round 22's ring (one chunk a
+  slot, four slots);
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
-  rows' linears on the tensor-core GEMV (mma_gemv.cu), gate_up_proj on its gated build.
+  rows' linears on the tensor-core GEMV (mma_gemv.cu), gate_up_proj on cuBLAS and the SiLU-mul.
 
 The variants of round 20 and before read all of that after each wait, as those rounds did.
 
@@ -69,10 +69,10 @@ class Variant:
     early_rope: bool = True  # triton_ops.EARLY_ROPE
     mma_small_m: bool = True  # triton_ops.MMA_SMALL_M
     mma_rope: bool = False  # triton_ops.MMA_ROPE (FASTPATH_MMA_ROPE=1)
-    # mma_gemv.GATED_MAX_WEIGHT and (GATED_UNROLL, GATED_STAGES): gate_up_proj on the gated build (the
-    # engine's since round 25) or on cuBLAS and the SiLU-mul kernel
-    gated_max_weight: int = 1 << 26
-    gated_ring: tuple[int, int] = (2, 2)
+    # mma_gemv.GATED_MAX_WEIGHT and (GATED_UNROLL, GATED_STAGES): gate_up_proj on cuBLAS and the SiLU-mul
+    # kernel (the engine's), or on the gated build (FASTPATH_MMA_GATED=1)
+    gated_max_weight: int = 1 << 24
+    gated_ring: tuple[int, int] = (1, 4)
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
@@ -102,8 +102,8 @@ VARIANTS = {
     "PDL, RoPE tables after the wait": Variant(early_rope=False),
     "PDL, small-M on Triton and cuBLAS": Variant(mma_small_m=False),
     "PDL, q|k|v RoPE in the tensor-core GEMV": Variant(mma_rope=True),
-    "PDL, gate_up on cuBLAS and the SiLU-mul": Variant(gated_max_weight=1 << 24, gated_ring=(1, 4)),
-    "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_ring=(1, 4)),
+    "PDL, gate_up gated on the tensor-core GEMV": Variant(gated_max_weight=1 << 26, gated_ring=(2, 2)),
+    "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_max_weight=1 << 26),
     "PDL": Variant(),
 }
 

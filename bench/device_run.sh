@@ -57,9 +57,9 @@ for step in "$@"; do
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mma --batch ${AB_BATCH:-4 8 16} --rounds ${AB_ROUNDS:-3} --variants "PDL, small-M on Triton and cuBLAS" "PDL" 2>&1 | tail -20 ;;
     ab-mma-rope)  # round 23: 2-16 rows' q|k|v RoPE and cache write in the tensor-core GEMV's epilogue against the engine as it is, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mma_rope --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-3} --variants "PDL" "PDL, q|k|v RoPE in the tensor-core GEMV" 2>&1 | tail -20 ;;
-    ab-gated)  # round 25: 2-16 rows' gate_up_proj on the tensor-core GEMV's gated build (the engine's, and round 22's ring) against cuBLAS and the SiLU-mul, alternating
+    ab-gated)  # round 25: 2-16 rows' gate_up_proj on the tensor-core GEMV's gated build (two rings) against cuBLAS and the SiLU-mul, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_gated --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-2} \
-        --variants "PDL, gate_up on cuBLAS and the SiLU-mul" "PDL, gate_up gated on the tensor-core GEMV, ring 1x4" "PDL" 2>&1 | tail -20 ;;
+        --variants "PDL" "PDL, gate_up gated on the tensor-core GEMV, ring 1x4" "PDL, gate_up gated on the tensor-core GEMV" 2>&1 | tail -20 ;;
     ab-step) timeout 420 python3 bench/ab_step.py --out "$OUT" --variants "one-launch prologue, no PDL" "PDL, not attention" "PDL" 2>&1 | tail -14 ;;
     guided-pdl-tests)  # PDL is opt-in: does the guided graphs' capture failure of round 9 repeat with it on?
       for i in ${PDL_REPEATS:-1 2}; do FASTPATH_PDL=1 timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_guided.py 2>&1 | tee "$OUT/gpu_guided_pdl_tests-$i.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8; done ;;

@@ -80,10 +80,12 @@ def test_gated_matches_the_silu_mul_after_the_linear():
 
     g = torch.Generator(device="cuda").manual_seed(2)
     w = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    for m in (2, 8, 16):
+    for m in (2, 8, 9, 16):
         x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
-        got = mma_gemv.linear(x, w, gated=True, pdl=True)
-        assert got.shape == (m, 8192)
+        # Round 22's ring and the 2x2 one FASTPATH_MMA_GATED=1 takes: the same sums, the same bits.
+        rings = [mma_gemv.linear(x, w, gated=True, pdl=True, unroll=u, stages=s) for u, s in ((1, 4), (2, 2))]
+        got = rings[0]
+        assert got.shape == (m, 8192) and torch.equal(rings[0], rings[1]), m
         assert _close(got, TorchOps().gated_linear(x, w)), m
         # The same products as the plain build, rounded and combined as silu_mul rounds them.
         apart = TorchOps().silu_mul(mma_gemv.linear(x, w))
@@ -117,7 +119,7 @@ def test_graph_replay_gives_the_eager_bits_under_pdl():
     assert torch.equal(out, chain(x))
 
 
-def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere():
+def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere(monkeypatch):
     from fastpath.runtime.kernels import mma_gemv
     from fastpath.runtime.kernels.triton_ops import TritonOps
 
@@ -133,16 +135,20 @@ def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere():
     assert _close(ops.linear(x[:8, :2044].contiguous(), odd), F.linear(x[:8, :2044], odd))
     assert not mma_gemv.fits(x[:8, 1:2041], w[:, :2040], None)  # rows not 16-byte aligned
     assert not mma_gemv.fits(x.float(), w.float(), None)
-    # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT, not GATED_MAX_WEIGHT: the gated build, the
-    # SiLU-mul in its epilogue; as a plain linear it stays on cuBLAS.
+    # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT: cuBLAS, then the SiLU-mul kernel; with
+    # FASTPATH_MMA_GATED=1 (GATED_MAX_WEIGHT 67M, a 2x2 ring) the gated build, the SiLU-mul in its epilogue.
     gate_up = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     assert gate_up.numel() > mma_gemv.MAX_WEIGHT and not mma_gemv.fits(x[:8], gate_up, None)
+    assert torch.equal(ops.gated_linear(x[:8], gate_up), ops.silu_mul(F.linear(x[:8], gate_up)))
+    monkeypatch.setattr(mma_gemv, "GATED_MAX_WEIGHT", 1 << 26)
+    monkeypatch.setattr(mma_gemv, "GATED_UNROLL", 2)
+    monkeypatch.setattr(mma_gemv, "GATED_STAGES", 2)
     assert mma_gemv.fits(x[:8], gate_up, None, gated=True)
-    assert torch.equal(
-        ops.gated_linear(x[:8], gate_up), mma_gemv.linear(x[:8], gate_up, gated=True, pdl=True)
-    )
-    assert torch.equal(ops.linear(x[:8], gate_up), F.linear(x[:8], gate_up))
-    # Past GATED_MAX_WEIGHT (an 8B Llama's 117M-element gate_up): cuBLAS, then the SiLU-mul kernel.
+    on = ops.gated_linear(x[:8], gate_up)
+    assert torch.equal(on, mma_gemv.linear(x[:8], gate_up, gated=True, pdl=True, unroll=2, stages=2))
+    assert _close(on, ops.silu_mul(F.linear(x[:8], gate_up)))
+    assert torch.equal(ops.linear(x[:8], gate_up), F.linear(x[:8], gate_up))  # a plain linear stays on cuBLAS
+    # Past GATED_MAX_WEIGHT (71M elements): cuBLAS, then the SiLU-mul kernel.
     big = torch.randn(2 * 17408, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     assert big.numel() > mma_gemv.GATED_MAX_WEIGHT and not mma_gemv.fits(x[:8], big, None, gated=True)
     assert torch.equal(ops.gated_linear(x[:8], big), ops.silu_mul(F.linear(x[:8], big)))

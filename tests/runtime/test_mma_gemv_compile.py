@@ -26,7 +26,9 @@ BUILDS = sorted(
         for m in (8, 16)
         for bias in (False, True)
         for d in (64, 128)
-    },
+    }
+    # gate_up_proj's gated build with FASTPATH_MMA_GATED=1: two chunks a slot, two slots.
+    | {mma_gemv.variant_for(m, 2048, True, False, unroll=2, stages=2) for m in (8, 16)},
     key=repr,
 )
 
