@@ -272,6 +272,7 @@ class ExecutorCore:
             runner.penalty_slots,
             self._sampling_rows,
             decided,
+            self._traits.words,
         )
         if guided:
             runner.guided.enqueue(list(seqs), rows)

@@ -14,6 +14,8 @@ import reprlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..runner.penalties import WORD_SEQUENCES, WORD_TOKENS
+
 MAX_INT64 = (1 << 63) - 1
 MAX_TOKEN_ID = (1 << 31) - 1
 MIN_TEMPERATURE = 0.01  # vLLM's floor for a positive temperature
@@ -302,8 +304,10 @@ class SamplingParams:
         default=None,
         metadata=doc(
             f"Words never generated (at most {MAX_BIASED}), each as its tokens with and without a leading "
-            "space, as vLLM tokenizes them. A word of one token is banned outright; fastpath refuses a "
-            "word of several tokens, which vLLM bans after its first ones."
+            "space, as vLLM tokenizes them. A word of one token is banned outright; a word of several "
+            "tokens has its last token banned where the tokens generated last are its first ones, as "
+            f"vLLM does (at most {WORD_SEQUENCES} such token sequences a request, {WORD_TOKENS} tokens "
+            "each)."
         ),
     )
     logprobs: int | None = field(

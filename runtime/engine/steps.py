@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..runner.decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, POSITION, SLOT, SRC_ROW, TOKEN
-from ..runner.penalties import PenaltyFill, PenaltySlots
+from ..runner.penalties import ANY, WORD_TOKENS, PenaltyFill, PenaltySlots
 from ..runner.sampler import FIELDS, Sampled, SamplingTensors, float_bits
 from ..runner.step_inputs import DecodeStep, PrefillStep
 from .sampling_params import SamplingParams
@@ -86,6 +86,11 @@ def keeps_penalty_state(seq: Sequence) -> bool:
     return seq.params.penalized or seq.params.min_tokens > 0 or seq.biases is not None
 
 
+def bans_words(seq: Sequence) -> bool:
+    """Whether the sequence has bad words of several tokens: its steps ban tokens on the device."""
+    return seq.biases is not None and bool(seq.biases.sequences)
+
+
 def wants_top_logprobs(seqs: list[Sequence]) -> bool:
     return most_top_logprobs(seqs) > 0
 
@@ -152,6 +157,7 @@ class BatchTraits:
     min_rows: list[Sequence] = field(default_factory=list)
     top: bool = False
     guided: bool = False  # some row follows a grammar
+    words: bool = False  # some row has bad words of several tokens
 
     def of(self, seqs: list[Sequence]) -> tuple[bool, bool]:
         """(needs the general sampler this step, wants top-k logprobs)."""
@@ -165,6 +171,7 @@ class BatchTraits:
                 always = always or hit
             self.seqs, self.always, self.top = seqs, always, wants_top_logprobs(seqs)
             self.guided = any(s.guided is not None for s in seqs)
+            self.words = any(map(bans_words, seqs))
             self.min_rows = [] if always else [s for s in seqs if s.params.min_tokens]
         general = self.always or any(
             len(s.output_ids) + s.num_pending < s.params.min_tokens for s in self.min_rows
@@ -181,17 +188,20 @@ def decode_step(
     slots: PenaltySlots | None = None,
     kept: SamplingRows | None = None,
     decided: tuple[bool, bool] | None = None,
+    words: bool | None = None,
 ) -> DecodeStep:
     """A decode step's payload: the greedy fast path unless some row needs the general sampler.
     `kept`: the executor's rows of the last step, reused when the batch is the same; `decided`: the
-    batch's (general sampler, top-k logprobs), from its BatchTraits."""
+    batch's (general sampler, top-k logprobs), and `words` whether some row bans bad words of
+    several tokens, from its BatchTraits."""
     general, top = decided if decided is not None else (any_needs_general(seqs), wants_top_logprobs(seqs))
     sampling = None
     if general and kept is not None:
         sampling = kept.tensors(seqs, rows, slots)
     elif general:
         sampling = sampling_tensors(seqs, rows, slots)
-    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, top)
+    words = any(map(bans_words, seqs)) if words is None else words
+    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, top, words)
 
 
 def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | None:
@@ -222,7 +232,20 @@ def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | No
         fill.bias_ids = _padded([list(b.ids) if b is not None else [] for b in biases])
         values = [list(float_bits(*b.values)) if b is not None else [] for b in biases]
         fill.bias_bits = _padded(values)
+        if any(b is not None and b.sequences for b in biases):
+            fill.words = _words([b.sequences if b is not None else () for b in biases])
     return fill
+
+
+def _words(rows: list[tuple[tuple[int, ...], ...]]) -> torch.Tensor:
+    """Each row's word sequences right-aligned in WORD_TOKENS columns, ANY left of them; [N, K,
+    WORD_TOKENS], K the most sequences of a row, -1 rows where a row has fewer."""
+    k = max(map(len, rows))
+    out = torch.full((len(rows), k, WORD_TOKENS), -1, dtype=torch.int64)
+    for i, seqs in enumerate(rows):
+        for j, ids in enumerate(seqs):
+            out[i, j] = torch.tensor([ANY] * (WORD_TOKENS - len(ids)) + list(ids))
+    return out
 
 
 def _padded(rows: list[list[int]]) -> torch.Tensor:
@@ -284,6 +307,7 @@ def prefill_step(
         sampling=sampling_tensors(sampled, len(sampled), slots) if general else None,
         top_logprobs=wants_top_logprobs(sampled),
         penalty=fill,
+        words=any(map(bans_words, sampled)),
         pending=torch.tensor(pending, dtype=torch.int64).view(-1, 2) if pending else None,
     )
     return step, sampled

@@ -1,7 +1,8 @@
 """A request's logit_bias, allowed_token_ids and bad_words as one list of token biases.
 
 The sampler adds a request's biases to its logits before penalties (kernels/sampling.py), from its
-penalty-table slot; a banned token's bias is -inf. Checked here, at admission, against the model's
+penalty-table slot; a banned token's bias is -inf. A bad word of several tokens bans its last token
+only where the row's last generated tokens are its first ones (runner/penalties.py). Checked here, at admission, against the model's
 vocabulary and tokenizer, so a bad request fails alone with its own error.
 """
 
@@ -11,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..runner.penalties import WORD_SEQUENCES, WORD_TOKENS
 from .sampling_params import SamplingParams
 
 BANNED = -math.inf
@@ -18,11 +20,13 @@ BANNED = -math.inf
 
 @dataclass(frozen=True, slots=True)
 class TokenBiases:
-    """exclusive: only the listed tokens may follow (allowed_token_ids); ids and their biases."""
+    """exclusive: only the listed tokens may follow (allowed_token_ids); ids and their biases; the
+    token sequences of bad words of several tokens."""
 
     exclusive: bool
     ids: tuple[int, ...]
     values: tuple[float, ...]
+    sequences: tuple[tuple[int, ...], ...] = ()
 
 
 def _in_vocab(name: str, ids: Any, vocab_size: int) -> None:
@@ -42,20 +46,29 @@ def bad_word_ids(word: str, tokenizer: Any) -> list[list[int]]:
     return [v for v in variants if v]
 
 
-def banned_tokens(words: list[str], tokenizer: Any) -> set[int]:
+def banned_tokens(words: list[str], tokenizer: Any) -> tuple[set[int], list[tuple[int, ...]]]:
+    """(tokens banned outright: words of one token, the token sequences of longer words)."""
     if tokenizer is None:
         raise ValueError("bad_words are matched as tokens, and this model has no tokenizer")
     banned: set[int] = set()
+    sequences: set[tuple[int, ...]] = set()
     for word in words:
         for ids in bad_word_ids(word, tokenizer):
-            if len(ids) > 1:
+            if len(ids) > WORD_TOKENS:
                 raise ValueError(
-                    f"bad_words: {word!r} is {len(ids)} tokens {ids}; fastpath bans words of one token "
-                    "(vLLM bans a longer word's last token after its first ones), so ban its tokens with "
-                    "logit_bias, or constrain the output with guided_decoding"
+                    f"bad_words: {word!r} is {len(ids)} tokens; fastpath bans words of at most "
+                    f"{WORD_TOKENS} tokens"
                 )
-            banned.update(ids)
-    return banned
+            if len(ids) == 1:
+                banned.add(ids[0])
+            else:
+                sequences.add(tuple(ids))
+    if len(sequences) > WORD_SEQUENCES:
+        raise ValueError(
+            f"bad_words: {len(sequences)} token sequences of several tokens (a word and its variant "
+            f"after a space count apart); fastpath holds at most {WORD_SEQUENCES} a request"
+        )
+    return banned, sorted(sequences)
 
 
 def token_biases(
@@ -73,8 +86,8 @@ def token_biases(
         _in_vocab("allowed_token_ids", allowed, vocab_size)
         # A bias on a token that may not follow changes nothing; the allowed ones keep theirs.
         bias = {t: bias.get(t, 0.0) for t in allowed}
-    banned = banned_tokens(params.bad_words, tokenizer) if params.bad_words else set()
-    _in_vocab("bad_words", banned, vocab_size)
+    banned, sequences = banned_tokens(params.bad_words, tokenizer) if params.bad_words else (set(), [])
+    _in_vocab("bad_words", banned | {t for seq in sequences for t in seq}, vocab_size)
     for t in banned:
         if allowed is None or t in bias:
             bias[t] = BANNED
@@ -89,4 +102,4 @@ def token_biases(
                 f"min_tokens={params.min_tokens} bans until then"
             )
     ids = tuple(sorted(bias))
-    return TokenBiases(allowed is not None, ids, tuple(bias[t] for t in ids))
+    return TokenBiases(allowed is not None, ids, tuple(bias[t] for t in ids), tuple(sequences))

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..runner.penalties import PenaltyFill
+from ..runner.penalties import WORD_TOKENS, PenaltyFill
 from ..runner.sampler import FIELDS, SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
-HEADER = 11
+HEADER = 13
 log = logging.getLogger("fastpath.parallel")
 
 
@@ -82,18 +82,21 @@ class Channel:
         payload: list[torch.Tensor] = []
         if isinstance(step, DecodeStep):
             rows, cols = step.packed.shape
-            fields = [step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev, step.top_logprobs]
+            fields = [
+                step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev, step.top_logprobs, step.words
+            ]  # fmt: skip
             payload.append(step.packed)
         elif isinstance(step, PrefillStep):
             (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
             fill = step.penalty
-            # (sequences, tokens, stop-id width, bias width + 1) of the penalty work; 0 sequences: none,
-            # bias width 0: no biases.
-            shape = [0, 0, 0, 0]
+            # (sequences, tokens, stop-id width, bias width + 1, word rows) of the penalty work; 0
+            # sequences: none, bias width 0: no biases, 0 word rows: no words.
+            shape = [0, 0, 0, 0, 0]
             if fill is not None:
                 biases = 0 if fill.bias_ids is None else fill.bias_ids.shape[1] + 1
-                shape = [len(fill.slots), len(fill.tokens), fill.stop_ids.shape[1], biases]
-            fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, *shape]
+                words = 0 if fill.words is None else fill.words.shape[1]
+                shape = [len(fill.slots), len(fill.tokens), fill.stop_ids.shape[1], biases, words]
+            fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, step.words, *shape]
             parts = (
                 step.ids,
                 step.positions,
@@ -134,25 +137,28 @@ class Channel:
 
     def recv(self) -> Message:
         self._bcast(self._header)
-        op, a, b, c, d, e, f, g, h, i, j = (int(v) for v in self._header[:HEADER])
+        op, a, b, c, d, e, f, g, h, i, j, k, m = (int(v) for v in self._header[:HEADER])
         op = Op(op)
         if op is Op.DECODE:
-            num_seqs, rows, cols, has_sampling, uses_prev, top = a, b, c, d, e, f
+            num_seqs, rows, cols, has_sampling, uses_prev, top, words = a, b, c, d, e, f, g
             packed = self._pinned(rows, cols)
             self._bcast(packed)
             sampling = self._sampling(rows) if has_sampling else None
-            return op, DecodeStep(num_seqs, packed, sampling, bool(uses_prev), top_logprobs=bool(top))
+            step = DecodeStep(
+                num_seqs, packed, sampling, bool(uses_prev), top_logprobs=bool(top), words=bool(words)
+            )
+            return op, step
         if op in (Op.PREFILL, Op.PREFILL_LOGITS):
-            t, s, w, r, has_sampling, top = a, b, c, d, e, f
+            t, s, w, r, has_sampling, top, words = a, b, c, d, e, f, g
             flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)
             self._bcast(flat)
             ids, positions, slots, tables, ends, query_lens, logits_rows = flat.split(
                 [t, t, t, s * w, s, s, r]
             )
-            fill = self._penalty_fill(g, h, i, j) if g else None
+            fill = self._penalty_fill(h, i, j, k, m) if h else None
             step = PrefillStep(
                 ids, positions, slots, tables.view(s, w), ends, query_lens, logits_rows,
-                self._sampling(r) if has_sampling else None, bool(top), fill,
+                self._sampling(r) if has_sampling else None, bool(top), fill, bool(words),
             )  # fmt: skip
             return op, step
         return op, None
@@ -162,13 +168,12 @@ class Channel:
         self._bcast(data)
         return SamplingTensors(data)
 
-    def _penalty_fill(self, seqs: int, tokens: int, width: int, biases: int) -> PenaltyFill:
+    def _penalty_fill(self, seqs: int, tokens: int, width: int, biases: int, words: int) -> PenaltyFill:
         k = max(biases - 1, 0)  # the bias width; `biases` 0: none
-        flat = torch.empty(
-            seqs * (3 + width) + tokens + (seqs * (1 + 2 * k) if biases else 0), dtype=torch.int64
-        )
-        self._bcast(flat)
         sizes = [seqs, seqs, seqs, tokens, seqs * width] + ([seqs, seqs * k, seqs * k] if biases else [])
+        sizes += [seqs * words * WORD_TOKENS] if words else []
+        flat = torch.empty(sum(sizes), dtype=torch.int64)
+        self._bcast(flat)
         parts = flat.split(sizes)
         fill = PenaltyFill(*parts[:4], parts[4].view(seqs, width))
         if biases:
@@ -177,6 +182,8 @@ class Channel:
                 parts[6].view(seqs, k),
                 parts[7].view(seqs, k),
             )
+        if words:
+            fill.words = parts[8].view(seqs, words, WORD_TOKENS)
         return fill
 
     def _pinned(self, rows: int, cols: int) -> torch.Tensor:

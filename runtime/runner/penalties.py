@@ -1,11 +1,18 @@
 """Per-request sampling state on the device: which tokens a request's prompt holds, how often it has
 generated each token, its stop tokens (for min_tokens), and its token biases (logit_bias, and -inf
-for the tokens allowed_token_ids and bad_words ban).
+for the tokens allowed_token_ids and bad_words ban), and its bad words of several tokens.
 
 One int32 entry per (slot, token) and a float32 bias beside it (layout: kernels/sampling.py), and a
 bit per entry saying it is not zero, so the sampling kernels read a dense row of bits and only the
 few entries that are set.
 Slot 0 is the shared, always-empty row of requests without penalties and of graph padding.
+
+A bad word of several tokens bans its last token only after its first ones, as vLLM does: a slot
+holds its words, right-aligned (`words` [slots, W, L]), and its last L - 1 generated tokens
+(`recent`). Before a step that samples such a row, `ban_words` gives each word whose first tokens
+are the row's last ones a -inf bias on its last token; `lift_words` puts the entries back after
+sampling, and `remember` shifts the sampled tokens into `recent`. All tensor ops on the device, no
+sync, in stream order with the steps: the host need not know a row's last token.
 
 Rank 0 assigns slots (`assign`, at a sequence's first prefill chunk, also after preemption) and a
 step's payload carries them, so every tensor-parallel rank fills and updates its own table the
@@ -21,6 +28,12 @@ from typing import Any
 import torch
 
 from ..kernels.sampling import BIAS_BIT, PROMPT_BIT, STOP_BIT
+
+# A slot's bad words of several tokens: at most WORD_SEQUENCES token sequences (a word and its
+# variant after a space count apart), each at most WORD_TOKENS long (engine/token_biases.py checks).
+WORD_SEQUENCES = 128
+WORD_TOKENS = 16
+ANY = -2  # a `words` column left of a shorter word: it matches whatever the row generated
 
 
 @dataclass(slots=True)
@@ -39,12 +52,26 @@ class PenaltyFill:
     exclusive: torch.Tensor | None = None  # [N]
     bias_ids: torch.Tensor | None = None
     bias_bits: torch.Tensor | None = None
+    # Bad words of several tokens [N, K, WORD_TOKENS]: right-aligned, ANY left of them, -1 rows
+    # unused. Only beside biases (a request with such words has biases).
+    words: torch.Tensor | None = None
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         head = (self.slots, self.prompt_lens, self.lens, self.tokens, self.stop_ids)
         if self.bias_ids is None:
             return head
-        return (*head, self.exclusive, self.bias_ids, self.bias_bits)
+        biases = (*head, self.exclusive, self.bias_ids, self.bias_bits)
+        return biases if self.words is None else (*biases, self.words)
+
+
+@dataclass(slots=True)
+class WordBan:
+    """What `ban_words` changed, for `lift_words`: flat indices of the entries of each row's words'
+    last tokens [B, W], and their entries and bias bits before."""
+
+    index: torch.Tensor
+    entries: torch.Tensor
+    bias_bits: torch.Tensor
 
 
 class PenaltyTable:
@@ -64,6 +91,10 @@ class PenaltyTable:
         self._weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64), torch.arange(32)).to(
             device
         )
+        self.words = torch.full(
+            (num_slots, WORD_SEQUENCES, WORD_TOKENS), -1, dtype=torch.int32, device=device
+        )
+        self.recent = torch.full((num_slots, WORD_TOKENS - 1), -1, dtype=torch.int32, device=device)
 
     def fill(self, fill: PenaltyFill) -> None:
         """Clear the sequences' slots and enter their tokens and stop tokens."""
@@ -71,6 +102,8 @@ class PenaltyTable:
         slots = fill.slots.tolist()
         self._padded[slots] = 0
         self.bits[slots] = 0
+        self.words[slots] = -1
+        self.recent[slots] = -1
         if fill.bias_ids is not None:
             self._bias(fill)
         stop = fill.stop_ids
@@ -89,6 +122,70 @@ class PenaltyTable:
             ones = torch.ones_like(generated, dtype=torch.int32)
             self.entries.index_put_((rows[~prompt].to(dev), generated), ones, accumulate=True)
         self.bits[slots] = self._pack(slots)
+        if fill.words is not None:
+            self._words(fill, slots)
+
+    def _words(self, fill: PenaltyFill, slots: list[int]) -> None:
+        """Enter the words, the last tokens each sequence generated, and a bit in the summary for
+        each word's last token (so the sampler reads its entry when `ban_words` sets it; an entry the
+        bit marks that is zero changes nothing)."""
+        dev = self.words.device
+        k = fill.words.shape[1]
+        self.words[slots, :k] = fill.words.to(torch.int32).to(dev)
+        keep = WORD_TOKENS - 1
+        ends = torch.cumsum(fill.lens, 0).tolist()
+        spans = zip(ends, fill.lens.tolist(), fill.prompt_lens.tolist(), strict=True)
+        recent = torch.full((len(slots), keep), -1, dtype=torch.int32)
+        for i, (end, n, prompt) in enumerate(spans):
+            generated = fill.tokens[end - n + prompt : end][-keep:]
+            if generated.numel():
+                recent[i, keep - generated.numel() :] = generated.to(torch.int32)
+        self.recent[slots] = recent.to(dev)
+        last = fill.words[:, :, -1]
+        bits = torch.zeros(len(slots), self.bits.shape[1], dtype=torch.int64)
+        for i, row in enumerate(last.tolist()):
+            for t in row:
+                if 0 <= t < self.vocab:
+                    bits[i, t >> 5] |= 1 << (t & 31)
+        bits = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32)  # bit 31: the sign
+        self.bits[slots] = self.bits[slots] | bits.to(dev)
+
+    def ban_words(self, slots: torch.Tensor) -> WordBan:
+        """A -inf bias on the last token of each word whose first tokens the row generated last
+        (`slots` [B], the rows' slots on the device). Rows of slot 0 hold no words."""
+        words = self.words.index_select(0, slots)  # [B, W, L]
+        recent = self.recent.index_select(0, slots)[:, None, :]
+        last = words[:, :, -1]
+        head = words[:, :, :-1]
+        hit = ((head == recent) | (head == ANY)).all(-1) & (last >= 0)
+        index = slots[:, None] * self._padded.stride(0) + last.clamp_min(0).long()
+        flat = self._padded.view(-1)
+        entries = flat[index]
+        bias_bits = flat[index + self._width]
+        # Several words may end in one token, some hit and some not: max and min decide the same in
+        # any order (an entry is non-negative, BIAS_BIT only raises it; -inf is the least bias).
+        flat.scatter_reduce_(
+            0, index.flatten(), torch.where(hit, entries | BIAS_BIT, entries).flatten(), "amax"
+        )
+        values = flat.view(torch.float32)
+        banned = torch.where(hit, float("-inf"), bias_bits.view(torch.float32))
+        values.scatter_reduce_(0, (index + self._width).flatten(), banned.flatten(), "amin")
+        return WordBan(index, entries, bias_bits)
+
+    def lift_words(self, ban: WordBan) -> None:
+        """Undo `ban_words` after sampling, keeping the counts the sampler recorded meanwhile."""
+        flat = self._padded.view(-1)
+        now = flat[ban.index]
+        # Repeated indices all write the same value: the entry before, with the count of now.
+        flat[ban.index] = (now & ~BIAS_BIT) | (ban.entries & BIAS_BIT)
+        flat[ban.index + self._width] = ban.bias_bits
+
+    def remember(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Shift each row's sampled token into its slot's `recent`; rows of slot 0 write back what
+        they read, so its repeats agree."""
+        old = self.recent.index_select(0, slots)
+        shifted = torch.cat([old[:, 1:], tokens[:, None].to(torch.int32)], dim=1)
+        self.recent[slots] = torch.where((slots != 0)[:, None], shifted, old)
 
     def _bias(self, fill: PenaltyFill) -> None:
         dev = self.entries.device

@@ -227,7 +227,9 @@ class ModelRunner:
             hidden = self.model.cfg.hidden_size if self.decode_from_embeds else None
             buffers = DecodeBuffers.allocate(rows, cols - FIXED_COLUMNS, hidden, self.dtype, self.device)
         prev = prev_tokens if step.uses_prev else None
-        kind = ("guided_" if step.guided else "") + ("greedy" if step.sampling is None else "general")
+        # A step that bans bad words of several tokens runs eagerly: no graph is captured for it.
+        words = "words_" if step.words else ""
+        kind = ("guided_" if step.guided else "") + words + ("greedy" if step.sampling is None else "general")
         sampling = self._pinned(step.sampling)
         replay = graphed and (rows, kind) in self.graphs.graphs
         if replay and sampling is not None:
@@ -243,7 +245,13 @@ class ModelRunner:
                 sampling = sampling.to(self.device) if sampling is not None else None
                 lens = step.packed[: step.num_seqs, CONTEXT_LEN].tolist()
                 sampled = self.decode_forward(
-                    buffers, sampling, capturing=False, lens=lens, guided=step.guided, top=step.top_logprobs
+                    buffers,
+                    sampling,
+                    capturing=False,
+                    lens=lens,
+                    guided=step.guided,
+                    top=step.top_logprobs,
+                    words=step.words,
                 )
         return sampled.head(step.num_seqs, top=step.top_logprobs)
 
@@ -266,6 +274,7 @@ class ModelRunner:
         lens: list[int] | None = None,
         guided: bool = False,
         top: bool = True,
+        words: bool = False,
     ):
         """The pure decode step: inputs in static buffers -> the sampled rows (with top-k logprobs
         when `top` and the general sampler runs: graphs always compute them, steps decide).
@@ -289,12 +298,29 @@ class ModelRunner:
         else:
             hidden = self.model.embed(buffers.input_ids)
         logits = self.model(hidden, buffers.positions, self.kv, meta, self.fmha)
+        ban = self._ban_words(sampling) if words else None
         if joined is not None:
             joined()
             logits, sampling = self._guided_logits(
                 logits, self.guided.device_mask, self.guided.device_rows, sampling
             )
-        return sample(logits, sampling, self.model.ops, self.penalties, top)
+        return self._sample(logits, sampling, top, ban)
+
+    def _ban_words(self, sampling: SamplingTensors | None):
+        """Bad words of several tokens banned where their first tokens came last (runner/penalties.py),
+        before the guided mask, which counts banned tokens as forbidden."""
+        if sampling is None:  # a row with bad words has biases, so the general sampler
+            raise RuntimeError("a step that bans bad words needs the general sampler's rows")
+        slots = sampling.data[:, SLOTS_COLUMN]
+        return slots, self.penalties.ban_words(slots)
+
+    def _sample(self, logits, sampling: SamplingTensors | None, top: bool, ban=None) -> Sampled:
+        sampled = sample(logits, sampling, self.model.ops, self.penalties, top)
+        if ban is not None:
+            slots, words = ban
+            self.penalties.lift_words(words)
+            self.penalties.remember(slots, sampled.tokens)
+        return sampled
 
     def _guided_logits(self, logits, mask, rows, sampling: SamplingTensors | None):
         """The step's bitmask applied to its logits (forbidden tokens at -inf), and, for the general
@@ -338,7 +364,9 @@ class ModelRunner:
             raise RuntimeError("a prefill step with pending tokens needs the previous step's device tokens")
         sampling = self._pinned(step.sampling)
         bucket = (
-            self.prefill_graphs.bucket(step) if self.prefill_graphs is not None and guided is None else None
+            self.prefill_graphs.bucket(step)
+            if self.prefill_graphs is not None and guided is None and not step.words
+            else None
         )
         if bucket is not None:
             with self.forward_order():
@@ -356,13 +384,14 @@ class ModelRunner:
             if not step.logits_rows.numel():
                 empty = torch.empty(0, dtype=torch.int64, device=self.device)
                 return Sampled(empty, empty.float())
+            ban = self._ban_words(sampling) if step.words else None
             if guided is not None:
                 self.guided.fill_on_host(guided)
                 n, g = len(guided), self.guided
                 mask = g.host_mask[:n].to(self.device, non_blocking=True)
                 rows = g.host_rows[:n].to(self.device, non_blocking=True)
                 logits, sampling = self._guided_logits(logits, mask, rows, sampling)
-            return sample(logits, sampling, self.model.ops, self.penalties, step.top_logprobs)
+            return self._sample(logits, sampling, step.top_logprobs, ban)
 
     def take_pending(
         self, ids: torch.Tensor, pending: torch.Tensor | None, prev: torch.Tensor | None

@@ -22,6 +22,7 @@ class DecodeStep:
     uses_prev: bool  # rows whose SRC_ROW is set take their token from the previous step's tokens
     guided: bool = False  # apply the guided decoder's bitmask (one rank only)
     top_logprobs: bool = False  # a row asked for top-k logprobs: the step returns them
+    words: bool = False  # a row bans bad words of several tokens (runner/penalties.py)
 
 
 @dataclass(slots=True)
@@ -38,5 +39,6 @@ class PrefillStep:
     sampling: SamplingTensors | None  # [R]; None: greedy
     top_logprobs: bool = False
     penalty: PenaltyFill | None = None  # the sequences' penalty-table work, before sampling
+    words: bool = False  # a sampling row bans bad words of several tokens (runner/penalties.py)
     # [K, 2]: (index in ids, row of the previous step's tokens) for tokens still on the device
     pending: torch.Tensor | None = None

@@ -170,3 +170,21 @@ def test_greedy_with_repetition_penalty_equals_hf_on_cuda_in_graphs(hf_checkpoin
             repetition_penalty=1.3, eos_token_id=None, pad_token_id=0,
         )[0, len(prompt) :].tolist()  # fmt: skip
         assert ours == ref, f"{arch}: prompt of {len(prompt)} tokens"
+
+
+def test_bad_words_of_several_tokens_in_a_graphed_engine_equal_eager_and_leave_other_rows_alone():
+    """A step with such a word runs eagerly beside graphs that replay the other steps; the other rows'
+    tokens equal a run without the word, and the word's row equals the eager engine's."""
+    graphed = _engine(cuda_graphs=True, graph_batch_sizes=EXACT_GRAPHS)
+    prompts = [[4, 5, 6], list(range(3, 20)), [7, 7, 8, 200, 13]]
+    plain = _run(graphed, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    word = graphed.tokenizer.decode(plain[0][1:3])  # two tokens its greedy run generates
+    banned = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, bad_words=[word])
+    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True, bad_words=[word])
+    params = [banned, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), sampled]
+    got = _run(graphed, prompts, params)
+    assert got == _run(_engine(cuda_graphs=False), prompts, params)
+    assert got[1] == plain[1]
+    seq = graphed.tokenizer.encode(word, add_special_tokens=False)
+    for row in (got[0], got[2]):
+        assert all(row[i : i + len(seq)] != seq for i in range(len(row) - len(seq) + 1))

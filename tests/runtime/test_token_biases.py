@@ -76,10 +76,9 @@ def test_requests_that_cannot_be_biased_fail_alone_with_their_own_error(llm):
         llm.generate(PROMPTS[:1], SamplingParams(logit_bias={4096: 1.0}))
     with pytest.raises(ValueError, match=r"allowed_token_ids: token ids \[999\]"):
         llm.generate(PROMPTS[:1], SamplingParams(allowed_token_ids=[1, 999]))
-    with pytest.raises(
-        ValueError, match=r"'hello' is 4 tokens \[74, 71, 274, 81\]; fastpath bans words of one"
-    ):
-        llm.generate(PROMPTS[:1], SamplingParams(bad_words=["hello"]))
+    with pytest.raises(ValueError, match=r"bad_words: token ids \[4097\] are out of range \[0, 512\)"):
+        biased_vocab = type("Tok", (), {"encode": lambda self, text, add_special_tokens=False: [7, 4097]})()
+        token_biases(SamplingParams(bad_words=["hello"]), biased_vocab, 512)
     with pytest.raises(ValueError, match="ban every one of allowed_token_ids"):
         llm.generate(PROMPTS[:1], SamplingParams(allowed_token_ids=[71], bad_words=["e"]))
     stops_only = SamplingParams(allowed_token_ids=[40], stop_token_ids=[40], min_tokens=3)
@@ -193,9 +192,10 @@ def test_biases_survive_chunked_prefill_preemption_and_slot_reuse():
 @pytest.mark.slow
 def test_tp2_biases_what_one_rank_biases():
     params = [
-        SamplingParams(**GREEDY, logit_bias={17: 4.0}),
+        # "\x12\x12" is two tokens, 209 209, which greedy decoding of the first prompt repeats.
+        SamplingParams(**GREEDY, bad_words=["e", "\x12\x12"]),
         SamplingParams(temperature=0.9, seed=2, max_tokens=10, ignore_eos=True, allowed_token_ids=[5, 6, 7]),
-        SamplingParams(**GREEDY, bad_words=["e"]),
+        SamplingParams(**GREEDY, logit_bias={17: 4.0}),
     ]
     want = [token_ids(o) for o in LLM("random:tiny-llama", **CPU32).generate(PROMPTS, params)]
     with LLM("random:tiny-llama", tp=2, **CPU32) as llm:
