@@ -112,7 +112,7 @@ def beam_score(
 
 
 @dataclass(slots=True)
-class _Search:
+class Search:
     """One prompt's search: its live beams and the ones an EOS ended."""
 
     params: BeamSearchParams
@@ -139,7 +139,7 @@ def beam_search(
 ) -> list[BeamSearchOutput]:
     """The search over prompts already admitted (`LLM.beam_search` encodes and checks them), at most
     `concurrency_limit` prompts' beams at a time."""
-    searches = [_Search(params, [BeamSearchSequence(tokens=list(ids))]) for ids in prompt_ids]
+    searches = [Search(params, [BeamSearchSequence(tokens=list(ids))]) for ids in prompt_ids]
     chunk = concurrency_limit or max(len(searches), 1)
     # One bar over every step of every group of prompts (vLLM's "Beam search" bar), not one a step.
     bar = progress_bar(use_tqdm, -(-len(searches) // chunk) * params.max_tokens, "Beam search")
@@ -152,12 +152,48 @@ def beam_search(
     return [_finish(llm, s) for s in searches]
 
 
-def _run(llm: LLM, searches: list[_Search], params: BeamSearchParams, bar: Any) -> None:
-    step = SamplingParams(
+def step_params(params: BeamSearchParams) -> SamplingParams:
+    """Each step's one-token request for a beam: its 2 * beam_width likeliest next tokens."""
+    return SamplingParams(
         max_tokens=1, logprobs=2 * params.beam_width, temperature=params.temperature, ignore_eos=True
     )
+
+
+def live_beams(searches: list[Search]) -> list[tuple[Search, BeamSearchSequence]]:
+    return [(s, beam) for s in searches for beam in s.beams]
+
+
+def extend(
+    live: list[tuple[Search, BeamSearchSequence]],
+    outs: list[Any],
+    eos_ids: frozenset[int],
+    params: BeamSearchParams,
+) -> None:
+    """One step: each live beam's children from its one-token request's output (in `live`'s order);
+    an EOS child leaves the search as a finished candidate; each search keeps its best beam_width."""
+    searches = {id(s): s for s, _ in live}
+    grown: dict[int, list[BeamSearchSequence]] = {key: [] for key in searches}
+    for (search, beam), out in zip(live, outs, strict=True):
+        top = out.outputs[0].logprobs[0]
+        for token, lp in top.items():
+            child = BeamSearchSequence(
+                tokens=[*beam.tokens, token],
+                logprobs=[*beam.logprobs, top],
+                cum_logprob=beam.cum_logprob + lp.logprob,
+            )
+            if token in eos_ids and not params.ignore_eos:
+                child.finish_reason = "stop"
+                search.done.append(child)
+            else:
+                grown[id(search)].append(child)
+    for key, search in searches.items():
+        search.beams = _best(grown[key], eos_ids, params)
+
+
+def _run(llm: LLM, searches: list[Search], params: BeamSearchParams, bar: Any) -> None:
+    step = step_params(params)
     for i in range(params.max_tokens):
-        live = [(s, beam) for s in searches for beam in s.beams]
+        live = live_beams(searches)
         if not live:  # every beam ended early: the bar still counts the steps not taken
             if bar is not None:
                 bar.update(params.max_tokens - i)
@@ -165,22 +201,7 @@ def _run(llm: LLM, searches: list[_Search], params: BeamSearchParams, bar: Any) 
         outs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step, use_tqdm=False)
         if bar is not None:
             bar.update(1)
-        grown: dict[int, list[BeamSearchSequence]] = {id(s): [] for s in searches}
-        for (search, beam), out in zip(live, outs, strict=True):
-            top = out.outputs[0].logprobs[0]
-            for token, lp in top.items():
-                child = BeamSearchSequence(
-                    tokens=[*beam.tokens, token],
-                    logprobs=[*beam.logprobs, top],
-                    cum_logprob=beam.cum_logprob + lp.logprob,
-                )
-                if token in llm.eos_ids and not params.ignore_eos:
-                    child.finish_reason = "stop"
-                    search.done.append(child)
-                else:
-                    grown[id(search)].append(child)
-        for search in searches:
-            search.beams = _best(grown[id(search)], llm.eos_ids, params)
+        extend(live, outs, llm.eos_ids, params)
 
 
 def _best(
@@ -191,10 +212,15 @@ def _best(
     return sorted(beams, key=key, reverse=True)[: params.beam_width]
 
 
-def _finish(llm: LLM, search: _Search) -> BeamSearchOutput:
+def best_beams(search: Search, eos_ids: frozenset[int]) -> list[BeamSearchSequence]:
+    """A search's result: its beam_width best of the finished and the live beams, best first."""
     for beam in search.beams:
         beam.finish_reason = "length"
-    best = _best(search.done + search.beams, llm.eos_ids, search.params)
+    return _best(search.done + search.beams, eos_ids, search.params)
+
+
+def _finish(llm: LLM, search: Search) -> BeamSearchOutput:
+    best = best_beams(search, llm.eos_ids)
     for beam in best:
         beam.text = llm.tokenizer.decode(beam.tokens) if llm.tokenizer is not None else None
     return BeamSearchOutput(best)

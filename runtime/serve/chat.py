@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.token_bytes import token_bytes
+from .beam import BeamGeneration, beam_params
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, client_request_id, request_id
 from .params import check_room, request_keys, sampling_params
@@ -59,7 +60,14 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     rid = request_id("chatcmpl", client)
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
-    gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(body))
+    keys = request_keys(body)
+    if body.use_beam_search:
+        top = (body.top_logprobs or 0) if body.logprobs else None
+        gen = await BeamGeneration.begin(
+            state, prompts, 1, beam_params(body, params), top, rid, body.stream, keys
+        )
+    else:
+        gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys)
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
     if body.stream:

@@ -12,6 +12,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.outputs import CompletionOutput, RequestOutput
+from .beam import BeamGeneration, beam_params
 from .errors import ServeError, error_body
 from .generation import Generation, client_request_id, request_id
 from .params import check_room, request_keys, sampling_params
@@ -129,9 +130,16 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     rid = request_id("cmpl", client)
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
-    gen = await Generation.start(
-        state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body)
-    )
+    if body.use_beam_search:
+        beam = beam_params(body, params)
+        top = body.logprobs
+        gen = await BeamGeneration.begin(
+            state, engine_prompts, len(prompts), beam, top, rid, body.stream, request_keys(body)
+        )
+    else:
+        gen = await Generation.start(
+            state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body)
+        )
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
     env = Envelope(rid, "text_completion", int(time.time()), state.model_name)

@@ -80,7 +80,7 @@ class Generation:
             state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
             raise
         try:
-            handles = await _submit_in_thread(state, prompts, params, rid, stream, keys)
+            handles = await submit_in_thread(state, prompts, params, rid, stream, keys)
         except BaseException:
             state.gate.leave(completions)
             raise
@@ -92,7 +92,7 @@ class Generation:
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, incremental output) as steps complete; records TTFT and inter-token latency."""
-        async for i, out in _merged(self.handles):
+        async for i, out in merged(self.handles):
             if out.error is not None:
                 raise Unavailable(f"the request failed: {out.error}")
             if self.stream:
@@ -175,7 +175,7 @@ class Generation:
         self.state.gate.leave(self.completions)
 
 
-async def _submit_in_thread(state, prompts, params, rid, stream, keys: RequestKeys) -> list[RequestHandle]:
+async def submit_in_thread(state, prompts, params, rid, stream, keys: RequestKeys) -> list[RequestHandle]:
     loop = asyncio.get_running_loop()
 
     # A client may send the same X-Request-Id twice: the engine's ids stay unique.
@@ -211,7 +211,7 @@ async def _submit_in_thread(state, prompts, params, rid, stream, keys: RequestKe
         raise RequestInvalid(message, keys.blame(message)) from None
 
 
-async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
     if len(handles) == 1:
         async for out in handles[0]:
             yield 0, out

@@ -192,6 +192,8 @@ class SamplingFields(Body):
     structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: what fits)
+    use_beam_search: bool = False  # vLLM's: n beams, the n best returned (serve/beam.py)
+    length_penalty: float = 1.0  # beam search's score: cumulative logprob / length ** length_penalty
 
     @field_validator("stream_options")
     @classmethod
