@@ -178,13 +178,20 @@ def test_bad_words_of_several_tokens_in_a_graphed_engine_equal_eager_and_leave_o
     graphed = _engine(cuda_graphs=True, graph_batch_sizes=EXACT_GRAPHS)
     prompts = [[4, 5, 6], list(range(3, 20)), [7, 7, 8, 200, 13]]
     plain = _run(graphed, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
-    word = graphed.tokenizer.decode(plain[0][1:3])  # two tokens its greedy run generates
+    tok = graphed.tokenizer
+    # Two tokens its greedy run generates after its first, as a word that encodes back to them.
+    pair = next(
+        plain[0][i : i + 2]
+        for i in range(1, len(plain[0]) - 1)
+        if tok.encode(tok.decode(plain[0][i : i + 2]), add_special_tokens=False) == plain[0][i : i + 2]
+    )
+    word = tok.decode(pair)
     banned = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, bad_words=[word])
     sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True, bad_words=[word])
     params = [banned, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), sampled]
     got = _run(graphed, prompts, params)
     assert got == _run(_engine(cuda_graphs=False), prompts, params)
     assert got[1] == plain[1]
-    seq = graphed.tokenizer.encode(word, add_special_tokens=False)
+    assert got[0] != plain[0], "the word changed the greedy row"
     for row in (got[0], got[2]):
-        assert all(row[i : i + len(seq)] != seq for i in range(len(row) - len(seq) + 1))
+        assert all(row[i : i + 2] != pair for i in range(len(row) - 1))
