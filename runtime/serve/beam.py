@@ -6,8 +6,11 @@ submits one one-token request per live beam, asking for its 2 * n likeliest toke
 prompt's n best extensions. The response comes whole once the search ends (streamed: in one chunk
 per choice, as vLLM's), its text the generated tokens decoded without a final EOS, as vLLM's server.
 
-What beams do not use is refused by name instead of dropped: stop strings and stop tokens, grammars,
-biases, penalties, top-k/top-p/min-p and seeds (vLLM's server ignores them), and `echo`.
+What beams do not use is refused by name where it would change the output, instead of dropped as
+vLLM's server drops it: stop strings and stop tokens, min_tokens, grammars, biases, bans, penalties,
+top-k/top-p/min-p below their neutral values, and `echo`; so are more logprobs than a step asks for
+(2 * n). Neutral values (`top_p: 1`, `logit_bias: {}`, `stop: []`) and a seed pass: the steps take the
+likeliest tokens, so a seed changes nothing at temperature 0 and only the extra draw above it.
 """
 
 from __future__ import annotations
@@ -32,22 +35,40 @@ from .generation import Generation, merged, submit_in_thread
 from .params import RequestKeys
 from .state import ServerState
 
-# Request fields a beam search does not use: refused where the request sets them to anything else
-# than their default.
-UNUSED = (
-    "stop", "stop_token_ids", "min_tokens", "include_stop_str_in_output", "logit_bias",
-    "allowed_token_ids", "bad_words", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "top_p", "top_k", "min_p", "seed", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "structured_outputs", "truncate_prompt_tokens", "echo",
-)  # fmt: skip
+# Request fields a beam search does not use, and the values that leave the output unchanged.
+_EMPTY = (None, "", [], {})
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "stop": _EMPTY,
+    "stop_token_ids": _EMPTY,
+    "min_tokens": (0,),
+    "logit_bias": _EMPTY,
+    "allowed_token_ids": (None,),
+    "bad_words": _EMPTY,
+    "presence_penalty": (0, None),
+    "frequency_penalty": (0, None),
+    "repetition_penalty": (1, None),
+    "top_p": (1, None),
+    "top_k": (0, -1, None),
+    "min_p": (0, None),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+    "echo": (False,),
+}
 
 
-def beam_params(req: Any, params: SamplingParams) -> BeamSearchParams:
+def beam_params(req: Any, params: SamplingParams, top: int | None) -> BeamSearchParams:
     """The request's beam search, from its resolved SamplingParams (`n`, `max_tokens`, `temperature`,
-    `ignore_eos`); RequestInvalid names a field beams do not use, or a width they cannot take."""
-    fields = type(req).model_fields
-    for name in UNUSED:
-        if name in fields and name in req.model_fields_set and getattr(req, name) != fields[name].default:
+    `ignore_eos`); `top`: the logprobs a choice lists. RequestInvalid names a field beams do not use,
+    a width they cannot take, or more logprobs than a step has."""
+    for name, neutral in NEUTRAL.items():
+        if (
+            name in type(req).model_fields
+            and name in req.model_fields_set
+            and getattr(req, name) not in neutral
+        ):
             raise RequestInvalid(
                 f"{name} does not apply to use_beam_search: beams keep the likeliest tokens by logprob",
                 name,
@@ -55,7 +76,7 @@ def beam_params(req: Any, params: SamplingParams) -> BeamSearchParams:
     if params.guided_decoding is not None:
         raise RequestInvalid("use_beam_search: beams do not follow a grammar", "response_format")
     try:
-        return BeamSearchParams(
+        beam = BeamSearchParams(
             beam_width=params.n,
             max_tokens=params.max_tokens if params.max_tokens is not None else 1 << 30,
             ignore_eos=params.ignore_eos,
@@ -66,6 +87,14 @@ def beam_params(req: Any, params: SamplingParams) -> BeamSearchParams:
         message = str(exc).replace("BeamSearchParams.beam_width", "n (the beam width)")
         param = "n" if "beam_width" in str(exc) else "length_penalty"
         raise RequestInvalid(message.replace("BeamSearchParams.", ""), param) from None
+    if top is not None and top > 2 * beam.beam_width:
+        key = "top_logprobs" if "top_logprobs" in type(req).model_fields else "logprobs"
+        raise RequestInvalid(
+            f"{key} is {top}; with use_beam_search each token lists at most 2 * n = "
+            f"{2 * beam.beam_width} alternatives, the tokens each step weighs",
+            key,
+        )
+    return beam
 
 
 class BeamGeneration(Generation):
@@ -99,8 +128,10 @@ class BeamGeneration(Generation):
         rid: str,
         stream: bool,
         keys: RequestKeys,
+        truncate: int | None = None,
     ) -> BeamGeneration:
-        """Admit the request (503 at capacity) and submit each prompt's first step."""
+        """Admit the request (503 at capacity) and submit each prompt's first step (which truncates
+        the prompt as `truncate_prompt_tokens` asks; later steps send the beams' tokens)."""
         arrival = time.monotonic()
         completions = params.beam_width * prompt_count
         try:
@@ -109,7 +140,8 @@ class BeamGeneration(Generation):
             state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
             raise
         try:
-            handles = await submit_in_thread(state, prompts, step_params(params), f"{rid}-s0", False, keys)
+            first = step_params(params).clone(truncate_prompt_tokens=truncate)
+            handles = await submit_in_thread(state, prompts, first, f"{rid}-s0", False, keys)
         except BaseException:
             state.gate.leave(completions)
             raise

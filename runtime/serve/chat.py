@@ -63,9 +63,8 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     keys = request_keys(body)
     if body.use_beam_search:
         top = (body.top_logprobs or 0) if body.logprobs else None
-        gen = await BeamGeneration.begin(
-            state, prompts, 1, beam_params(body, params), top, rid, body.stream, keys
-        )
+        beam, truncate = beam_params(body, params, top), params.truncate_prompt_tokens
+        gen = await BeamGeneration.begin(state, prompts, 1, beam, top, rid, body.stream, keys, truncate)
     else:
         gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys)
     request.state.prompt_tokens = gen.prompt_tokens

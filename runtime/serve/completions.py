@@ -131,10 +131,10 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
     if body.use_beam_search:
-        beam = beam_params(body, params)
-        top = body.logprobs
+        beam = beam_params(body, params, body.logprobs)
+        keys, truncate = request_keys(body), params.truncate_prompt_tokens
         gen = await BeamGeneration.begin(
-            state, engine_prompts, len(prompts), beam, top, rid, body.stream, request_keys(body)
+            state, engine_prompts, len(prompts), beam, body.logprobs, rid, body.stream, keys, truncate
         )
     else:
         gen = await Generation.start(
