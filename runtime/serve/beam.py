@@ -172,6 +172,10 @@ class BeamGeneration(Generation):
                     self.state, lambda asks=asks: asks, step_params(params), rid, False, self.keys
                 )
             extend(live, await self._results(self._step_handles), llm.eos_ids, params)
+            if not step:  # every prompt's first tokens: the time to first token, as a stream counts it
+                ttft = time.monotonic() - self.arrival
+                self.state.metrics.ttft.observe(ttft)
+                self.timeline.setdefault("ttft_ms", round(ttft * 1e3, 3))
         tokenizer = llm.get_tokenizer()
         for i, (search, (prompt, ids)) in enumerate(zip(searches, self.prompts, strict=True)):
             best = best_beams(search, llm.eos_ids)

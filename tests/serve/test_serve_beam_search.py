@@ -4,7 +4,7 @@ beams, best first, for completions and chat, streamed or not; what beams do not 
 import httpx
 import openai
 import pytest
-from serve_helpers import client, running
+from serve_helpers import client, metric, running
 
 from fastpath.runtime import BeamSearchParams
 
@@ -163,3 +163,20 @@ def test_a_truncated_prompt_is_searched_from_its_last_tokens(url, llm):
     )  # fmt: skip
     assert r.usage.prompt_tokens == 3
     _check(r.choices, _offline(llm, ids[-3:], 2, 4), 3, llm)
+
+
+def test_a_beam_request_counts_its_first_token_and_its_finishes(url):
+    ttft = "fastpath_time_to_first_token_seconds_count"
+
+    def finished() -> float:  # every finish reason's count
+        lines = httpx.get(f"{url}/metrics", timeout=10).text.splitlines()
+        return sum(
+            float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith("fastpath_request_finished_total{")
+        )
+
+    before = metric(url, ttft), finished()
+    client(url).completions.create(
+        model="tiny", prompt="Hi", n=2, max_tokens=3, temperature=0, extra_body=BEAM
+    )
+    assert metric(url, ttft) == before[0] + 1
+    assert finished() == before[1] + 2, "one finish per choice"
