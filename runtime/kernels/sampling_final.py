@@ -238,7 +238,9 @@ def decide_kernel(
     token = first
     state = tl.zeros([], tl.int32)
     big_p = tl.full([], 1e300, tl.float64)
-    if float_field(prow, 0) > 0:
+    # A row with no finite score (every token banned: an allow-list whose tokens its bad words or a
+    # grammar ban) has nothing to draw: it takes the greedy token, the first (0), as the definition.
+    if (float_field(prow, 0) > 0) & (top > float("-inf")):
         decided, token, z_lo, n = _from_candidates(
             row, V, P, sel_ptr, cand_ptr, cidx_ptr, below_ptr, top, total, k, top_p, min_q, int_field(prow, 7),
             int_field(prow, 8), PMAX, CAP,

@@ -67,11 +67,18 @@ LISTED_RANKS: set[bool] = set()  # whether an asking row's rank came from the li
 ANY = {2, 3}  # a draw over the whole row: accepted at once, or by the slow path
 
 
-def compare(name, logits, p, num_top=0, paths=None, gather=None, biased=False, allow_every=3) -> bool:
+def compare(
+    name, logits, p, num_top=0, paths=None, gather=None, biased=False, allow_every=3, ban_all=False
+) -> bool:
     """The kernels equal the definition; `paths` gives each row's allowed paths (see sample()), and
-    `gather` whether each row's candidates took a pass over the row (1) or came from the lists (0)."""
+    `gather` whether each row's candidates took a pass over the row (1) or came from the lists (0).
+    `ban_all`: every token of every slot banned, so no row has a finite score."""
     rows = logits.shape[0]
     ta = table(rows, biased, allow_every)
+    if ban_all:
+        ta.entries[1:] |= BIAS_BIT
+        ta.biases[1:] = float("-inf")
+        ta.bits.copy_(ta._pack(list(range(rows + 1))))
     tb = PenaltyTable(rows + 1, VOCAB, torch.device("cpu"))
     tb._padded.copy_(ta._padded)  # entries and biases
     tb.bits.copy_(ta.bits)
@@ -240,6 +247,11 @@ def main() -> bool:
         "allow-list rows, top-20 logprobs", peaked, allow, num_top=20, paths=allowed_paths, gather=[0] * 12,
         biased=True, allow_every=1,
     )  # fmt: skip
+    # No finite score in any row (an allow-list whose tokens bad words or a grammar ban): nothing to
+    # draw, so every row, sampled or not, takes the greedy token, the first, as the definition does.
+    good &= compare(
+        "rows with no finite score", peaked, rows_mixed(), num_top=20, paths=[0] * 12, ban_all=True
+    )
     # Equal values: a grid of 0.25 (many ties per bucket); few allowed tokens, the rest -inf (the
     # top-20 logprobs reach into the -inf ties); 15 ties at the top, then 200 near-equal values
     # sharing a bucket. The -inf rows' floor is -inf: their lists overflow.
