@@ -150,7 +150,8 @@ def list_kernel(
     low = tl.load(floor_ptr + row * 2 + 0)
     rlow = tl.load(floor_ptr + row * 2 + 1)
     # A -inf raw floor: floor_kernel marked the raw list full (every token reaches it). A -inf score
-    # floor lists the finite scores instead (below), so an allow-list row needs no pass over the row.
+    # floor lists the finite scores instead (below), so an allow-list row's candidates need no
+    # histogram or gather pass (a row whose draw spans the whole row still reads it to draw).
     rfull = (rlow == float("-inf")) | (TOPK == 0)
     full = low != low  # False (a NaN floor aside), until this program finds the list past its end
     low = signed_key(low)

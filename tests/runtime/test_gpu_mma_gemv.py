@@ -138,6 +138,10 @@ def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere(mon
     # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT: cuBLAS, then the SiLU-mul kernel; with
     # FASTPATH_MMA_GATED=1 (GATED_MAX_WEIGHT 67M, a 2x2 ring) the gated build, the SiLU-mul in its epilogue.
     gate_up = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    # The default build, whatever FASTPATH_MMA_GATED says in this process's environment.
+    monkeypatch.setattr(mma_gemv, "GATED_MAX_WEIGHT", mma_gemv.MAX_WEIGHT)
+    monkeypatch.setattr(mma_gemv, "GATED_UNROLL", 1)
+    monkeypatch.setattr(mma_gemv, "GATED_STAGES", 4)
     assert gate_up.numel() > mma_gemv.MAX_WEIGHT and not mma_gemv.fits(x[:8], gate_up, None)
     assert torch.equal(ops.gated_linear(x[:8], gate_up), ops.silu_mul(F.linear(x[:8], gate_up)))
     monkeypatch.setattr(mma_gemv, "GATED_MAX_WEIGHT", 1 << 26)
