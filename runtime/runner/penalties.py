@@ -141,14 +141,12 @@ class PenaltyTable:
             if generated.numel():
                 recent[i, keep - generated.numel() :] = generated.to(torch.int32)
         self.recent[slots] = recent.to(dev)
-        last = fill.words[:, :, -1]
-        bits = torch.zeros(len(slots), self.bits.shape[1], dtype=torch.int64)
-        for i, row in enumerate(last.tolist()):
-            for t in row:
-                if 0 <= t < self.vocab:
-                    bits[i, t >> 5] |= 1 << (t & 31)
-        bits = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32)  # bit 31: the sign
-        self.bits[slots] = self.bits[slots] | bits.to(dev)
+        last = fill.words[:, :, -1].to(dev)
+        marked = torch.zeros(len(slots), self._width, dtype=torch.bool, device=dev)
+        rows = torch.arange(len(slots), device=dev)[:, None].expand_as(last)
+        used = (last >= 0) & (last < self.vocab)
+        marked[rows[used], last[used]] = True
+        self.bits[slots] = self.bits[slots] | self._packed(marked)
 
     def ban_words(self, slots: torch.Tensor) -> WordBan:
         """A -inf bias on the last token of each word whose first tokens the row generated last
@@ -205,7 +203,11 @@ class PenaltyTable:
         self.entries[rows, toks] = self.entries[rows, toks] | flag
 
     def _pack(self, slots: list[int]) -> torch.Tensor:
-        words = (self._padded[slots, : self._width].view(len(slots), -1, 32) != 0).long()
+        return self._packed(self._padded[slots, : self._width] != 0)
+
+    def _packed(self, marked: torch.Tensor) -> torch.Tensor:
+        """[n, width] bools as the summary's int32 words (bit 31 wraps to the sign)."""
+        words = marked.view(marked.shape[0], -1, 32).long()
         return (words * self._weights).sum(-1).to(torch.int32)
 
 

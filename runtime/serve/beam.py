@@ -31,7 +31,7 @@ from ..engine.beam_search import (
 from ..engine.outputs import CompletionOutput, RequestOutput
 from ..engine.sampling_params import SamplingParams
 from .errors import RequestInvalid, Unavailable
-from .generation import Generation, merged, submit_in_thread
+from .generation import Generation, admit_and_submit, merged, submit_in_thread
 from .params import RequestKeys
 from .state import ServerState
 
@@ -133,18 +133,9 @@ class BeamGeneration(Generation):
         """Admit the request (503 at capacity) and submit each prompt's first step (which truncates
         the prompt as `truncate_prompt_tokens` asks; later steps send the beams' tokens)."""
         arrival = time.monotonic()
+        first = step_params(params).clone(truncate_prompt_tokens=truncate)
         completions = params.beam_width * prompt_count
-        try:
-            state.gate.enter(completions)
-        except Unavailable:
-            state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
-            raise
-        try:
-            first = step_params(params).clone(truncate_prompt_tokens=truncate)
-            handles = await submit_in_thread(state, prompts, first, f"{rid}-s0", False, keys)
-        except BaseException:
-            state.gate.leave(completions)
-            raise
+        handles = await admit_and_submit(state, completions, prompts, first, f"{rid}-s0", False, keys)
         return cls(state, handles, arrival, stream, params, top, rid, keys)
 
     @property

@@ -74,16 +74,7 @@ class Generation:
         """Admit the request (503 at capacity) and submit its prompts; `prompts()` runs in a worker thread."""
         arrival = time.monotonic()
         completions = params.n * prompt_count
-        try:
-            state.gate.enter(completions)
-        except Unavailable:
-            state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
-            raise
-        try:
-            handles = await submit_in_thread(state, prompts, params, rid, stream, keys)
-        except BaseException:
-            state.gate.leave(completions)
-            raise
+        handles = await admit_and_submit(state, completions, prompts, params, rid, stream, keys)
         return cls(state, handles, arrival, completions, stream)
 
     @property
@@ -173,6 +164,23 @@ class Generation:
             metrics.finished.labels(reason).inc()
         metrics.e2e.observe(time.monotonic() - self.arrival)
         self.state.gate.leave(self.completions)
+
+
+async def admit_and_submit(
+    state, completions: int, prompts, params, rid, stream, keys: RequestKeys
+) -> list[RequestHandle]:
+    """Take `completions` places at the gate (503 at capacity or while draining), then submit the
+    prompts (`submit_in_thread`); the places go back if the submission fails."""
+    try:
+        state.gate.enter(completions)
+    except Unavailable:
+        state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
+        raise
+    try:
+        return await submit_in_thread(state, prompts, params, rid, stream, keys)
+    except BaseException:
+        state.gate.leave(completions)
+        raise
 
 
 async def submit_in_thread(state, prompts, params, rid, stream, keys: RequestKeys) -> list[RequestHandle]:
