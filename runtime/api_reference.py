@@ -56,6 +56,7 @@ def reference_markdown() -> str:
     from .engine.beam_search import BeamSearchParams, BeamSearchSequence
     from .engine.core import EngineStats
     from .engine.llm import LLM
+    from .engine.lora_request import LoRARequest
     from .engine.options import ALIASES, EngineOptions
     from .engine.outputs import CompletionOutput, Logprob, RequestOutput
     from .engine.request import RequestHandle
@@ -97,6 +98,7 @@ def reference_markdown() -> str:
         ),
         *_section("CompletionOutput", CompletionOutput),
         *_section("Logprob", Logprob),
+        *_section("LoRARequest", LoRARequest),
         *_section("BeamSearchParams", BeamSearchParams),
         *_section("BeamSearchSequence", BeamSearchSequence),
         "## `RequestHandle`",

@@ -86,7 +86,9 @@ class BeamSearchSequence:
     logprobs: list[dict[int, Logprob]] = field(
         default_factory=list, metadata=doc("Per generated token: the step's top tokens, by id.")
     )
-    lora_request: Any = field(default=None, metadata=doc("Always None: fastpath has no adapters."))
+    lora_request: Any = field(
+        default=None, metadata=doc("The LoRARequest its prompt was searched with (None: the base model).")
+    )
     cum_logprob: float = field(default=0.0, metadata=doc("Sum of the generated tokens' logprobs."))
     text: str | None = field(
         default=None,
@@ -136,10 +138,15 @@ def beam_search(
     params: BeamSearchParams,
     use_tqdm: bool | Callable[..., Any] = False,
     concurrency_limit: int | None = None,
+    lora_requests: Sequence[Any] | None = None,
 ) -> list[BeamSearchOutput]:
     """The search over prompts already admitted (`LLM.beam_search` encodes and checks them), at most
     `concurrency_limit` prompts' beams at a time."""
-    searches = [Search(params, [BeamSearchSequence(tokens=list(ids))]) for ids in prompt_ids]
+    loras = lora_requests if lora_requests is not None else [None] * len(prompt_ids)
+    searches = [
+        Search(params, [BeamSearchSequence(tokens=list(ids), lora_request=lora)])
+        for ids, lora in zip(prompt_ids, loras, strict=True)
+    ]
     chunk = concurrency_limit or max(len(searches), 1)
     # One bar over every step of every group of prompts (vLLM's "Beam search" bar), not one a step.
     bar = progress_bar(use_tqdm, -(-len(searches) // chunk) * params.max_tokens, "Beam search")
@@ -179,6 +186,7 @@ def extend(
             child = BeamSearchSequence(
                 tokens=[*beam.tokens, token],
                 logprobs=[*beam.logprobs, top],
+                lora_request=beam.lora_request,
                 cum_logprob=beam.cum_logprob + lp.logprob,
             )
             if token in eos_ids and not params.ignore_eos:
@@ -198,7 +206,11 @@ def _run(llm: LLM, searches: list[Search], params: BeamSearchParams, bar: Any) -
             if bar is not None:
                 bar.update(params.max_tokens - i)
             return
-        outs = llm.generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step, use_tqdm=False)
+        loras = [beam.lora_request for _, beam in live]
+        adapters = {"lora_request": loras} if any(r is not None for r in loras) else {}
+        outs = llm.generate(
+            [{"prompt_token_ids": beam.tokens} for _, beam in live], step, use_tqdm=False, **adapters
+        )
         if bar is not None:
             bar.update(1)
         extend(live, outs, llm.eos_ids, params)

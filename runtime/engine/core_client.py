@@ -94,7 +94,15 @@ class EngineCoreClient:
                 members = [(s.seq_id, s.index, s.seed) for s in seqs]
                 # The biases as the client resolved them: the engine need not tokenize bad words again.
                 items.append(
-                    (h.engine_token, h.prompt_ids, h.params, seqs[0].streams, members, seqs[0].biases)
+                    (
+                        h.engine_token,
+                        h.prompt_ids,
+                        h.params,
+                        seqs[0].streams,
+                        members,
+                        seqs[0].biases,
+                        seqs[0].lora,
+                    )
                 )
         self._send(("add", items))
 

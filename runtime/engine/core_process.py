@@ -371,7 +371,7 @@ class LinkServer:
     def _add(self, link: ClientLink, items: list[tuple]) -> None:
         seqs = []
         limits = self.llm._limits
-        for token, prompt_ids, params, streams, members, biases in items:
+        for token, prompt_ids, params, streams, members, biases, lora in items:
             guided = link.prepared.pop(token, None) if token is not None else None
             for k, (seq_id, index, seed) in enumerate(members):
                 seq = Sequence(
@@ -385,6 +385,7 @@ class LinkServer:
                     primary_eos=self.llm.primary_eos,
                     guided=guided[k] if guided is not None else None,
                     biases=biases,
+                    lora=lora,
                 )
                 seq.streams = streams
                 seqs.append(seq)

@@ -89,6 +89,7 @@ class ExecutorCore:
             config.max_batch_size,
             config.max_num_batched_tokens,
             mixed_batches=self._mixed_batches_by_default() if mixed is None else mixed,
+            max_loras=config.max_loras,
         )
         log.info(
             "mixed batches %s (%s)",
@@ -231,6 +232,8 @@ class ExecutorCore:
     # --- one step ---------------------------------------------------------------------------------
 
     def launch(self, batch: ScheduledBatch, prev: InflightStep | None) -> InflightStep:
+        if self.scheduler.lora is not None and self.scheduler.lora.loads:
+            self._load_adapters()
         if batch.phase == "decode":
             out, sampled = self.launch_decode(batch, prev)
         else:
@@ -238,6 +241,15 @@ class ExecutorCore:
         for seq in sampled:
             seq.num_pending += 1
         return self._read_back(batch, sampled, out)
+
+    def _load_adapters(self) -> None:
+        """The LoRA adapters the scheduler gave slots since the last step, into those slots (every
+        rank reads its slice from the adapter's folder)."""
+        for slot, request in self.scheduler.lora.take_loads():
+            log.info("LoRA adapter %r (id %d) into slot %d", request.lora_name, request.lora_int_id, slot)
+            if self.parallel is not None:
+                self.parallel.send_adapter(slot, request.lora_path)
+            self.runner.load_adapter(slot, request.lora_path)
 
     def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
         seqs, runner = batch.seqs, self.runner
@@ -273,6 +285,7 @@ class ExecutorCore:
             self._sampling_rows,
             decided,
             self._traits.words,
+            self._traits.lora_rows(rows),
         )
         if guided:
             runner.guided.enqueue(list(seqs), rows)

@@ -48,6 +48,7 @@ from .beam_search import BeamSearchOutput, BeamSearchParams
 from .chat_kwargs import check_template_kwargs
 from .core import EngineCore, EngineStats
 from .generation_defaults import generation_defaults
+from .lora_admission import LoRAAdmission, per_prompt
 from .native_executor import NativeExecutor
 from .options import engine_config, model_dtype, parse_options
 from .outputs import EngineClosedError, RequestError, RequestOutput
@@ -89,6 +90,7 @@ class LLM:
             tensor_parallel_size=config.tensor_parallel_size,
         )
         self.config = dataclasses.replace(config, guided_backend=backend)
+        self._lora = LoRAAdmission(cfg, self.config.max_loras, self.config.max_lora_rank)
         self._generation_defaults = generation_defaults(o.generation_config, checkpoint)
         self._defaults = SamplingParams(**self._generation_defaults)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
@@ -249,23 +251,40 @@ class LLM:
         loop: asyncio.AbstractEventLoop | None = None,
         stream: bool = True,
         wake: threading.Event | None = None,
+        lora_request: Any = None,
     ) -> RequestHandle:
         """Admit one request into the running batch and return its handle; ValueError if it is invalid.
 
         From any thread; pass `loop` to iterate the handle with `async for` on that event loop.
-        `stream=False` reports only the finish (cheaper for the engine's loop).
+        `stream=False` reports only the finish (cheaper for the engine's loop). `lora_request`: the
+        LoRARequest it runs with (enable_lora=True).
         """
-        handle = self._admit(prompt, sampling_params, request_id, loop, stream, wake)
+        handle = self._admit(prompt, sampling_params, request_id, loop, stream, wake, lora_request)
         self.core.submit([handle])
         return handle
 
-    def _admit(self, prompt, sampling_params, request_id, loop, stream, wake) -> RequestHandle:
+    def check_lora(self, lora_request: Any) -> Any:
+        """`lora_request` checked as a request's is (LoRA on, its folder an adapter this model can
+        run); returned as is. ValueError or TypeError naming what is wrong."""
+        return self._lora.check(lora_request)
+
+    def lora_id_for(self, path: str) -> int:
+        """A lora_int_id for the adapter at `path`: the one it was admitted under, else a fresh one."""
+        return self._lora.id_for(path)
+
+    def _admit(self, prompt, sampling_params, request_id, loop, stream, wake, lora=None) -> RequestHandle:
         """A request checked and made into its sequences, not yet submitted."""
         if self.core is None:
             raise RuntimeError("requests go to rank 0, which gets the results")
         params = sampling_params if sampling_params is not None else self._defaults
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        lora = self._lora.check(lora)
+        if lora is not None and params.prompt_logprobs is not None:
+            raise ValueError(
+                f"prompt_logprobs with lora_request {lora.lora_name!r} is not supported: the prompt's "
+                "logprobs are computed by the base model"
+            )
         admitted = encode(prompt, self.tokenizer, self._limits, params.truncate_prompt_tokens)
         check_request(admitted.prompt_ids, params, self._limits)
         biases = token_biases(params, self.tokenizer, self._limits.vocab_size, self.eos_ids)
@@ -297,6 +316,7 @@ class LLM:
         for seq in seqs:
             handle.attach(seq)
             seq.streams = stream or bool(params.stop)
+            seq.lora = lora
         return handle
 
     def _prepare(self, handle: RequestHandle, prompt_ids: list[int], params: SamplingParams) -> list[Any]:
@@ -375,16 +395,19 @@ class LLM:
           with vLLM's keywords (total, desc, dynamic_ncols); False shows none.
         - `errors`: "raise" (a RequestError after the rest have run) or "return" (the failed
           requests' outputs carry their `error`).
-        - `lora_request`, `priority`: vLLM's, accepted at None (and priorities of 0); fastpath has no
-          adapters and schedules first come, first served."""
-        vllm_keywords.check_call(lora_request=lora_request, priority=priority)
+        - `lora_request`: a LoRARequest for every prompt, or a list with one (or None) per prompt;
+          the engine needs enable_lora=True. A bad adapter fails its requests alone.
+        - `priority`: vLLM's, accepted at None (and priorities of 0): requests are scheduled first
+          come, first served."""
+        vllm_keywords.check_call(priority=priority)
         if errors not in ("raise", "return"):
             raise ValueError(f"errors must be 'raise' or 'return', got {errors!r}")
         if self.core is None:
             return []
         prompts = _prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts), self._defaults)
-        outputs, handles, problems, wake = self._submit_all(prompts, params, stream=False)
+        loras = per_prompt(lora_request, len(prompts))
+        outputs, handles, problems, wake = self._submit_all(prompts, params, stream=False, loras=loras)
         try:
             wait_all(list(handles.values()), wake, use_tqdm)
         except BaseException:  # Ctrl-C, a timeout: what this call started stops with it
@@ -400,14 +423,17 @@ class LLM:
             raise RequestError("invalid requests: " + " | ".join(problems), outputs)
         return outputs
 
-    def _submit_all(self, prompts: list, params: list[SamplingParams], stream: bool):
+    def _submit_all(
+        self, prompts: list, params: list[SamplingParams], stream: bool, loras: list | None = None
+    ):
         wake = threading.Event()
         outputs: list[RequestOutput | None] = [None] * len(prompts)
         handles: dict[int, RequestHandle] = {}
         problems = []
-        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        loras = loras if loras is not None else [None] * len(prompts)
+        for i, (prompt, p, lora) in enumerate(zip(prompts, params, loras, strict=True)):
             try:
-                handles[i] = self._admit(prompt, p, None, None, stream, wake)
+                handles[i] = self._admit(prompt, p, None, None, stream, wake, lora)
             except (ValueError, TypeError) as exc:
                 outputs[i] = _failed(str(next(self._requests)), prompt, str(exc))
                 problems.append(f"request {i}: {exc}")
@@ -424,7 +450,7 @@ class LLM:
             raise self.core.failure or EngineClosedError(failed)
 
     def stream(
-        self, prompts: Prompt | Sequence[Prompt], sampling_params: Params = None
+        self, prompts: Prompt | Sequence[Prompt], sampling_params: Params = None, lora_request: Any = None
     ) -> Iterator[RequestOutput]:
         """Incremental outputs as steps complete: each holds the new token ids and the new text of one
         request. Invalid requests raise before anything runs; closing the iterator aborts the rest.
@@ -432,12 +458,14 @@ class LLM:
         - `prompts`: one prompt or a list of them, as in generate(); an output's `request_id` says
           which request it belongs to.
         - `sampling_params`: one SamplingParams for every prompt, or a list with one per prompt;
-          None: `get_default_sampling_params()`."""
+          None: `get_default_sampling_params()`.
+        - `lora_request`: as in generate()."""
         if self.core is None:
             return
         prompts = _prompt_list(prompts)
         params = _params_per_prompt(sampling_params, len(prompts), self._defaults)
-        outputs, handles, problems, wake = self._submit_all(prompts, params, stream=True)
+        loras = per_prompt(lora_request, len(prompts))
+        outputs, handles, problems, wake = self._submit_all(prompts, params, stream=True, loras=loras)
         if problems:
             raise RequestError("invalid requests: " + " | ".join(problems), [o for o in outputs if o])
         try:
@@ -488,15 +516,16 @@ class LLM:
         - `chat_template_kwargs`: extra variables for the template (e.g. enable_thinking).
         - `tools`: tool (function) definitions, passed to the template as `tools`.
         - `use_tqdm`: as in generate().
-        - `lora_request`, `chat_template_content_format` ('auto' or 'string'), `mm_processor_kwargs`:
-          vLLM's, accepted where they ask for what fastpath does (no adapters; text parts joined)."""
+        - `lora_request`: as in generate(), one per conversation or one for all.
+        - `chat_template_content_format` ('auto' or 'string'), `mm_processor_kwargs`: vLLM's, accepted
+          where they ask for what fastpath does (text parts joined)."""
         vllm_keywords.check_call(
-            lora_request=lora_request,
             chat_template_content_format=chat_template_content_format,
             mm_processor_kwargs=mm_processor_kwargs,
         )
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self._defaults)
+        loras = per_prompt(lora_request, len(conversations))
         # What is wrong with the call itself fails the call, not each conversation.
         self._chat_tokenizer(chat_template)
         check_template_kwargs(chat_template_kwargs)
@@ -517,9 +546,17 @@ class LLM:
             except Exception as exc:  # the template's own error (raise_exception, a bad role order)
                 failed[i] = _failed(str(next(self._requests)), None, f"{type(exc).__name__}: {exc}")
         if not failed:
-            return self.generate(prompts, params, use_tqdm=use_tqdm)
+            return self.generate(prompts, params, use_tqdm=use_tqdm, lora_request=loras)
         good = [i for i in range(len(conversations)) if i not in failed]
-        ran = iter(self.generate(prompts, [params[i] for i in good], use_tqdm=use_tqdm, errors="return"))
+        ran = iter(
+            self.generate(
+                prompts,
+                [params[i] for i in good],
+                use_tqdm=use_tqdm,
+                errors="return",
+                lora_request=[loras[i] for i in good],
+            )
+        )
         merged = [failed[i] if i in failed else next(ran) for i in range(len(conversations))]
         problems = [f"conversation {i}: {o.error}" for i, o in enumerate(merged) if o.error is not None]
         raise RequestError("invalid requests: " + " | ".join(problems), merged)
@@ -603,15 +640,17 @@ class LLM:
         prefills every beam again. `concurrency_limit` searches that many prompts at a time."""
         from . import beam_search as search
 
-        vllm_keywords.check_call(lora_request=lora_request)
         search.check_request(params, concurrency_limit)
         if self.core is None:
             return []
         ids = []
-        for i, prompt in enumerate(_prompt_list(prompts)):
+        prompts = _prompt_list(prompts)
+        loras = per_prompt(lora_request, len(prompts))
+        for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
             try:
                 prompt_ids = encode(prompt, self.tokenizer, self._limits).prompt_ids
                 check_request(prompt_ids, SamplingParams(max_tokens=params.max_tokens), self._limits)
+                self._lora.check(lora)
                 if len(prompt_ids) + params.max_tokens > self._limits.max_seq_len:
                     raise ValueError(
                         f"{len(prompt_ids)} prompt tokens and max_tokens={params.max_tokens} exceed "
@@ -622,7 +661,7 @@ class LLM:
             ids.append(prompt_ids)
         if not self.config.enable_prefix_caching and params.max_tokens > 1:
             log.info("beam_search prefills every beam again each step: enable_prefix_caching=True finds them")
-        return search.beam_search(self, ids, params, use_tqdm, concurrency_limit)
+        return search.beam_search(self, ids, params, use_tqdm, concurrency_limit, loras)
 
     def prompt_logits(self, prompt: Prompt):
         """Next-token logits after one prompt (fp32, CPU). A diagnostic for comparing against an oracle."""

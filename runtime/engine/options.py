@@ -142,6 +142,17 @@ class EngineOptions:
             "rest. Off by default (vLLM's is on); None is off."
         ),
     )
+    enable_lora: bool = field(
+        default=False,
+        metadata=doc(
+            "Serve LoRA adapters (PEFT folders) named per request by a LoRARequest, as vLLM; the "
+            "projections then run unfused, with every adapter's delta in the same matmuls."
+        ),
+    )
+    max_loras: int = field(
+        default=1, metadata=doc("Adapters that can run in one batch (device slots), 1 to 64.")
+    )
+    max_lora_rank: int = field(default=16, metadata=doc("The largest adapter rank accepted, 1 to 512."))
     engine_process: bool = field(
         default=False,
         metadata=doc(
@@ -205,7 +216,7 @@ def _check_switches(o: EngineOptions) -> None:
     """A switch is True or False (None where it means "decide for me"): "no" is not False."""
     for name, optional in (("cuda_graphs", True), ("enforce_eager", False), ("fused_kernels", True),
                            ("engine_process", False), ("mixed_batches", True), ("prefill_graphs", True),
-                           ("enable_prefix_caching", True)):  # fmt: skip
+                           ("enable_prefix_caching", True), ("enable_lora", False)):  # fmt: skip
         value = getattr(o, name)
         if not isinstance(value, bool) and not (optional and value is None):
             allowed = "True, False or None" if optional else "True or False"
@@ -248,6 +259,10 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         why = next((reason for reason, hit in blocked.items() if hit), None)
         if why is not None:
             raise ValueError(f"prefill_graphs=True cannot be honoured: {why}")
+    max_loras = _int("max_loras", o.max_loras, 1, 64)
+    max_lora_rank = _int("max_lora_rank", o.max_lora_rank, 1, 512)
+    if o.enable_lora and o.prefill_graphs:
+        raise ValueError("prefill_graphs=True cannot be honoured: LoRA adapters are on (enable_lora)")
     if o.tp_allreduce not in TP_ALLREDUCE:
         raise ValueError(f"tp_allreduce must be one of {', '.join(TP_ALLREDUCE)}, got {o.tp_allreduce!r}")
     return EngineConfig(
@@ -275,4 +290,6 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         tensor_parallel_size=tp,
         tp_allreduce=o.tp_allreduce,
         enable_prefix_caching=bool(o.enable_prefix_caching),
+        max_loras=max_loras if o.enable_lora else 0,
+        max_lora_rank=max_lora_rank,
     )

@@ -8,10 +8,15 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..runner.kv_cache import BlockAllocator
-from ..runner.prefix_cache import PrefixCachingAllocator, Walk
+from ..runner.prefix_cache import PrefixCachingAllocator, Walk, root_for
+from .lora_slots import LoRASlots
 from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.scheduler")
+
+
+def prefix_root(seq: Sequence) -> tuple[int, int]:
+    return root_for(seq.lora.lora_int_id if seq.lora is not None else 0)
 
 
 @dataclass(slots=True)
@@ -41,8 +46,11 @@ class Scheduler:
         max_batch_size: int,
         max_num_batched_tokens: int,
         mixed_batches: bool = False,
+        max_loras: int = 0,
     ) -> None:
         self.allocator = allocator
+        # The device's LoRA slots (enable_lora): a batch runs at most max_loras adapters.
+        self.lora = LoRASlots(max_loras) if max_loras else None
         # Prefix caching, when the allocator remembers blocks (runner/prefix_cache.py).
         self.prefix_cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         # A prefill step also carries each decoding sequence's next token (as a one-token chunk), so
@@ -88,6 +96,8 @@ class Scheduler:
         self.allocator.free(seq.block_table)
         seq.block_table = []
         seq.table_epoch += 1
+        if self.lora is not None:
+            self.lora.release(seq)
         if seq in self.running:
             self.running.remove(seq)
 
@@ -151,9 +161,13 @@ class Scheduler:
             seq = self.waiting[0]
             if unguided and seq.guided is not None:
                 break
+            if self.lora is not None and not self.lora.can_take(seq):
+                break  # every slot holds an adapter that running sequences use
             taken = self._add_chunk(batch, seq, budget)
             if not taken:
                 break
+            if self.lora is not None:
+                self.lora.acquire(seq)
             self.waiting.popleft()
             seq.status = Status.RUNNING
             if seq.scheduled_at is None:  # for queue time; a preempted sequence keeps its first
@@ -235,10 +249,11 @@ class Scheduler:
         computed, so the step has its logits."""
         bs = self.block_size
         known = seq.prompt_ids + seq.output_ids
-        blocks = self.prefix_cache.match(known, min(seq.num_tokens - 1, len(known)) // bs)
+        root = prefix_root(seq)
+        blocks = self.prefix_cache.match(known, min(seq.num_tokens - 1, len(known)) // bs, root)
         seq.block_table = blocks
         seq.num_computed = seq.prefix_hit = len(blocks) * bs
-        seq.prefix_walk = Walk()
+        seq.prefix_walk = Walk(0, root)
         if blocks:
             self.epoch += 1
 
@@ -246,7 +261,7 @@ class Scheduler:
         """Remember `seq`'s whole blocks among its first `computed` tokens that the host knows."""
         known = len(seq.prompt_ids) + len(seq.output_ids)
         full = min(computed, known, len(seq.block_table) * self.block_size) // self.block_size
-        walk = seq.prefix_walk if seq.prefix_walk is not None else Walk()
+        walk = seq.prefix_walk if seq.prefix_walk is not None else Walk(0, prefix_root(seq))
         if full > walk.blocks:
             tokens = seq.prompt_ids + seq.output_ids
             seq.prefix_walk = self.prefix_cache.remember(seq.block_table, tokens, full, walk)

@@ -45,6 +45,8 @@ class Sequence:
     sink: Any = None  # what hears of its tokens (engine/request.py); None for internal probes
     streams: bool = False  # report every step's tokens, not only the finish
     penalty_slot: int = 0  # its row in the sampler's penalty tables (0: none)
+    lora: Any = None  # its LoRARequest (engine/lora_request.py), if it runs with an adapter
+    lora_slot: int = -1  # the device slot holding that adapter while it runs (engine/lora_slots.py)
     # Prefix caching (runner/prefix_cache.py): tokens its last admission found cached, and how far
     # its blocks are remembered (a Walk; None: not yet).
     prefix_hit: int = 0

@@ -158,6 +158,8 @@ class BatchTraits:
     top: bool = False
     guided: bool = False  # some row follows a grammar
     words: bool = False  # some row has bad words of several tokens
+    lora_slots: list[int] | None = None  # each row's LoRA slot, when some row has an adapter
+    _lora_rows: torch.Tensor | None = None  # lora_slots padded to a step's rows
 
     def of(self, seqs: list[Sequence]) -> tuple[bool, bool]:
         """(needs the general sampler this step, wants top-k logprobs)."""
@@ -172,11 +174,29 @@ class BatchTraits:
             self.seqs, self.always, self.top = seqs, always, wants_top_logprobs(seqs)
             self.guided = any(s.guided is not None for s in seqs)
             self.words = any(map(bans_words, seqs))
+            slots = [s.lora_slot for s in seqs]
+            self.lora_slots = slots if any(slot >= 0 for slot in slots) else None
+            self._lora_rows = None
             self.min_rows = [] if always else [s for s in seqs if s.params.min_tokens]
         general = self.always or any(
             len(s.output_ids) + s.num_pending < s.params.min_tokens for s in self.min_rows
         )
         return general, self.top
+
+    def lora_rows(self, rows: int) -> torch.Tensor | None:
+        """The batch's LoRA slots padded to `rows` (padding: -1); None when no row has an adapter."""
+        if self.lora_slots is None:
+            return None
+        if self._lora_rows is None or self._lora_rows.shape[0] != rows:
+            self._lora_rows = lora_rows(self.lora_slots, rows)
+        return self._lora_rows
+
+
+def lora_rows(slots: list[int], rows: int) -> torch.Tensor | None:
+    """Rows' LoRA slots padded to `rows` with -1; None when none is set."""
+    if all(s < 0 for s in slots):
+        return None
+    return torch.tensor(slots + [-1] * (rows - len(slots)), dtype=torch.int64)
 
 
 def decode_step(
@@ -189,11 +209,12 @@ def decode_step(
     kept: SamplingRows | None = None,
     decided: tuple[bool, bool] | None = None,
     words: bool | None = None,
+    lora: torch.Tensor | None = None,
 ) -> DecodeStep:
     """A decode step's payload: the greedy fast path unless some row needs the general sampler.
     `kept`: the executor's rows of the last step, reused when the batch is the same; `decided`: the
     batch's (general sampler, top-k logprobs), and `words` whether some row bans bad words of
-    several tokens, from its BatchTraits."""
+    several tokens, from its BatchTraits; `lora` the rows' LoRA slots (BatchTraits.lora_rows)."""
     general, top = decided if decided is not None else (any_needs_general(seqs), wants_top_logprobs(seqs))
     sampling = None
     if general and kept is not None:
@@ -201,7 +222,7 @@ def decode_step(
     elif general:
         sampling = sampling_tensors(seqs, rows, slots)
     words = any(map(bans_words, seqs)) if words is None else words
-    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, top, words)
+    return DecodeStep(len(seqs), packed, sampling, uses_prev, guided, top, words, lora)
 
 
 def penalty_fill(batch: ScheduledBatch, slots: PenaltySlots) -> PenaltyFill | None:
@@ -309,8 +330,16 @@ def prefill_step(
         penalty=fill,
         words=any(map(bans_words, sampled)),
         pending=torch.tensor(pending, dtype=torch.int64).view(-1, 2) if pending else None,
+        lora=_token_lora(batch.seqs, lens),
     )
     return step, sampled
+
+
+def _token_lora(seqs: list[Sequence], lens: np.ndarray) -> torch.Tensor | None:
+    slots = [s.lora_slot for s in seqs]
+    if all(s < 0 for s in slots):
+        return None
+    return torch.from_numpy(np.repeat(np.asarray(slots, dtype=np.int64), lens))
 
 
 def stage(

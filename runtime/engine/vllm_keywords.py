@@ -67,6 +67,14 @@ NEUTRAL: dict[str, Neutral] = {
         _one_of(None), "CUDA graphs and fused Triton kernels; see cuda_graphs and graph_batch_sizes"
     ),
     "hf_overrides": Neutral(_one_of(None), "the checkpoint's config.json is read as it is"),
+    "max_cpu_loras": Neutral(
+        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+        "an adapter is read from its folder whenever a device slot takes it",
+    ),
+    "lora_dtype": Neutral(_one_of(None, "auto"), "adapters run in the model's dtype"),
+    "fully_sharded_loras": Neutral(
+        _one_of(False), "under tensor parallelism each rank holds the slice of B (or A) its shard needs"
+    ),
 }
 
 
@@ -80,16 +88,11 @@ def check(key: str, value: Any) -> None:
 
 def check_call(
     *,
-    lora_request: Any = None,
     priority: Any = None,
     chat_template_content_format: str = "auto",
     mm_processor_kwargs: Any = None,
 ) -> None:
     """vLLM's generate() and chat() keywords, accepted where they ask for what fastpath does."""
-    if lora_request is not None:
-        raise ValueError(
-            "lora_request is not supported: fastpath serves the checkpoint's own weights, no adapters"
-        )
     if priority is not None and any(p != 0 for p in priority):
         # vLLM refuses it too unless its scheduler runs the priority policy, which fastpath's has not.
         raise ValueError("priority is not supported: requests are scheduled first come, first served")

@@ -22,6 +22,7 @@ from ..kernels import TorchOps
 from .collectives import SINGLE, TPContext
 from .config import ModelConfig
 from .layers import RMSNorm, RotaryEmbedding
+from .lora_table import LoRATable
 from .sharding import Partition, local_config, partition
 
 
@@ -38,14 +39,12 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops):
-        """Normed hidden states -> attention output projected back to the hidden size."""
+    def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops, lora=None):
+        """Normed hidden states -> attention output projected back to the hidden size. `lora`: the
+        forward's LoRAPass (lora_table.py), whose deltas join the projections unfused."""
         cfg = self.cfg
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
-        q = ops.qkv_linear_rope_cache(
-            x,
-            self.qkv_proj.weight,
-            self.qkv_proj.bias,
+        rest = (
             positions,
             rope.cos,
             rope.sin,
@@ -57,24 +56,39 @@ class Attention(nn.Module):
             meta.slot_mapping,
             (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
         )
+        if lora is None:
+            q = ops.qkv_linear_rope_cache(x, self.qkv_proj.weight, self.qkv_proj.bias, *rest)
+        else:
+            qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias) + lora.delta(self.layer, "qkv", x)
+            q = ops.qkv_rope_cache(qkv, *rest)
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
-        out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale)
+        out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale).reshape(-1, cfg.q_size)
         # Row-parallel: each rank's heads give a partial sum (o_proj's bias is held by rank 0 alone).
-        return self.tp.all_reduce(
-            ops.linear(out.reshape(-1, cfg.q_size), self.o_proj.weight, self.o_proj.bias)
-        )
+        o = ops.linear(out, self.o_proj.weight, self.o_proj.bias)
+        if lora is not None:
+            o = o + lora.delta(self.layer, "o", out)
+        return self.tp.all_reduce(o)
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TPContext) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, tp: TPContext) -> None:
         super().__init__()
         self.tp = tp
+        self.layer = layer
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, act, ops):
+    def forward(self, act, ops, lora=None):
         """down_proj of silu(gate) * up, which the norm before it computes with gate_up_proj."""
-        return self.tp.all_reduce(ops.linear(act, self.down_proj.weight))
+        down = ops.linear(act, self.down_proj.weight)
+        if lora is not None:
+            down = down + lora.delta(self.layer, "down", act)
+        return self.tp.all_reduce(down)
+
+    def gated(self, normed, ops, lora):
+        """silu(gate) * up of normed inputs, with the LoRA deltas of gate and up."""
+        gate_up = ops.linear(normed, self.gate_up_proj.weight) + lora.delta(self.layer, "gate_up", normed)
+        return ops.silu_mul(gate_up)
 
 
 class DecoderLayer(nn.Module):
@@ -83,17 +97,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg, tp)
+        self.mlp = MLP(cfg, layer, tp)
 
-    def forward(self, x, residual, positions, rope, kv, meta, fmha, ops):
+    def forward(self, x, residual, positions, rope, kv, meta, fmha, ops, lora=None):
         """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
         eps, attn = self.input_layernorm.eps, self.self_attn
         normed, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
-        h = attn(normed, positions, rope, kv, meta, fmha, ops)
-        act, residual = ops.add_rms_norm_gated_linear(
-            h, residual, self.post_attention_layernorm.weight, eps, self.mlp.gate_up_proj.weight
-        )
-        return self.mlp(act, ops), residual
+        h = attn(normed, positions, rope, kv, meta, fmha, ops, lora)
+        if lora is None:
+            act, residual = ops.add_rms_norm_gated_linear(
+                h, residual, self.post_attention_layernorm.weight, eps, self.mlp.gate_up_proj.weight
+            )
+        else:
+            normed, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm.weight, eps)
+            act = self.mlp.gated(normed, ops, lora)
+        return self.mlp(act, ops, lora), residual
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -129,6 +147,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(cfg, max_positions)
         self.ops = TorchOps()
+        self.lora: LoRATable | None = None  # the engine's adapters (enable_lora), set by the runner
 
     def embed_local(self, input_ids: torch.Tensor) -> torch.Tensor:
         """This rank's share of the embeddings: the whole lookup with one rank."""
@@ -152,8 +171,9 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Embedded inputs [T, H] -> logits of the rows in `logits_indices` (all rows when None)."""
         ops, residual = self.ops, None
+        lora = self.lora.begin(hidden.shape[0]) if self.lora is not None else None
         for layer in self.layers:
-            hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops)
+            hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops, lora)
         if logits_indices is not None:
             hidden, residual = hidden[logits_indices], residual[logits_indices]
         logits, _ = ops.add_rms_norm_linear(

@@ -20,7 +20,7 @@ from ..runner.penalties import WORD_TOKENS, PenaltyFill
 from ..runner.sampler import FIELDS, SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
-HEADER = 13
+HEADER = 14
 log = logging.getLogger("fastpath.parallel")
 
 
@@ -30,9 +30,10 @@ class Op(enum.IntEnum):
     PREFILL_LOGITS = 3  # a prefill whose logits rank 0 wants (prompt_logits): nothing is sampled
     WARMUP_DONE = 4
     STOP = 5
+    LOAD_ADAPTER = 6  # a LoRA adapter's folder, to read into a slot before the next step
 
 
-Message = tuple[Op, DecodeStep | PrefillStep | None]
+Message = tuple[Op, DecodeStep | PrefillStep | tuple[int, str] | None]
 
 
 class Channel:
@@ -83,9 +84,12 @@ class Channel:
         if isinstance(step, DecodeStep):
             rows, cols = step.packed.shape
             fields = [
-                step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev, step.top_logprobs, step.words
+                step.num_seqs, rows, cols, step.sampling is not None, step.uses_prev, step.top_logprobs, step.words,
+                step.lora is not None,
             ]  # fmt: skip
             payload.append(step.packed)
+            if step.lora is not None:
+                payload.append(step.lora)
         elif isinstance(step, PrefillStep):
             (t,), (s, w), (r,) = step.ids.shape, step.tables.shape, step.logits_rows.shape
             fill = step.penalty
@@ -97,6 +101,7 @@ class Channel:
                 words = 0 if fill.words is None else fill.words.shape[1]
                 shape = [len(fill.slots), len(fill.tokens), fill.stop_ids.shape[1], biases, words]
             fields = [t, s, w, r, step.sampling is not None, step.top_logprobs, step.words, *shape]
+            fields.append(step.lora is not None)
             parts = (
                 step.ids,
                 step.positions,
@@ -109,12 +114,21 @@ class Channel:
             payload.append(torch.cat([f.flatten() for f in parts]))
             if fill is not None:
                 payload.append(torch.cat([f.flatten() for f in fill.tensors()]))
+            if step.lora is not None:
+                payload.append(step.lora)
         if step is not None and step.sampling is not None:
             payload.append(step.sampling.data)
         header = [int(op), *map(int, fields)]
         self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
         for t in payload:
             self._bcast(t)
+
+    def send_adapter(self, slot: int, path: str) -> None:
+        """Op.LOAD_ADAPTER: every rank reads its slice of the adapter at `path` into `slot`."""
+        name = torch.frombuffer(bytearray(path.encode()), dtype=torch.uint8)
+        header = [int(Op.LOAD_ADAPTER), slot, name.numel()]
+        self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
+        self._bcast(name)
 
     def send_bounded(self, op: Op, timeout_s: float) -> bool:
         """A message without payload that gives up after `timeout_s`: False when a worker did not take it
@@ -137,17 +151,28 @@ class Channel:
 
     def recv(self) -> Message:
         self._bcast(self._header)
-        op, a, b, c, d, e, f, g, h, i, j, k, m = (int(v) for v in self._header[:HEADER])
+        op, a, b, c, d, e, f, g, h, i, j, k, m, n = (int(v) for v in self._header[:HEADER])
         op = Op(op)
         if op is Op.DECODE:
-            num_seqs, rows, cols, has_sampling, uses_prev, top, words = a, b, c, d, e, f, g
+            num_seqs, rows, cols, has_sampling, uses_prev, top, words, has_lora = a, b, c, d, e, f, g, h
             packed = self._pinned(rows, cols)
             self._bcast(packed)
+            lora = self._ints(rows) if has_lora else None
             sampling = self._sampling(rows) if has_sampling else None
             step = DecodeStep(
-                num_seqs, packed, sampling, bool(uses_prev), top_logprobs=bool(top), words=bool(words)
+                num_seqs,
+                packed,
+                sampling,
+                bool(uses_prev),
+                top_logprobs=bool(top),
+                words=bool(words),
+                lora=lora,
             )
             return op, step
+        if op is Op.LOAD_ADAPTER:
+            name = torch.empty(b, dtype=torch.uint8)
+            self._bcast(name)
+            return op, (a, bytes(name.tolist()).decode())
         if op in (Op.PREFILL, Op.PREFILL_LOGITS):
             t, s, w, r, has_sampling, top, words = a, b, c, d, e, f, g
             flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)
@@ -156,12 +181,18 @@ class Channel:
                 [t, t, t, s * w, s, s, r]
             )
             fill = self._penalty_fill(h, i, j, k, m) if h else None
+            lora = self._ints(t) if n else None
             step = PrefillStep(
                 ids, positions, slots, tables.view(s, w), ends, query_lens, logits_rows,
-                self._sampling(r) if has_sampling else None, bool(top), fill, bool(words),
+                self._sampling(r) if has_sampling else None, bool(top), fill, bool(words), lora=lora,
             )  # fmt: skip
             return op, step
         return op, None
+
+    def _ints(self, n: int) -> torch.Tensor:
+        data = torch.empty(n, dtype=torch.int64)
+        self._bcast(data)
+        return data
 
     def _sampling(self, rows: int) -> SamplingTensors:
         data = torch.empty(rows, len(FIELDS), dtype=torch.int64)

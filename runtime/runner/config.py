@@ -41,6 +41,8 @@ class EngineConfig:
     tp_allreduce: str = "auto"  # vocab.TP_ALLREDUCE
     tokenizer: Path | None = None  # None: the checkpoint's own, if it has one
     enable_prefix_caching: bool = False  # KV blocks found again by their tokens (prefix_cache.py)
+    max_loras: int = 0  # LoRA adapter slots on the device (model/lora_table.py); 0: LoRA is off
+    max_lora_rank: int = 16
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -22,6 +22,12 @@ from .kv_cache import BlockAllocator, CacheFullError
 ROOT = (0, 0)  # the "block before" the first block (block 0 is never handed out)
 
 
+def root_for(adapter: int) -> tuple[int, int]:
+    """The first block's "block before" for sequences run with LoRA adapter `adapter` (0: none): the
+    same tokens under another adapter hold other KV, so they are never found across adapters."""
+    return (0, -adapter) if adapter else ROOT
+
+
 class PrefixCachingAllocator(BlockAllocator):
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks)
@@ -83,11 +89,11 @@ class PrefixCachingAllocator(BlockAllocator):
         bs = self.block_size
         return (*parent, tuple(tokens[i * bs : (i + 1) * bs]))
 
-    def match(self, tokens: Sequence[int], max_blocks: int) -> list[int]:
+    def match(self, tokens: Sequence[int], max_blocks: int, root: tuple[int, int] = ROOT) -> list[int]:
         """The remembered blocks that hold `tokens`' first whole blocks (at most `max_blocks`), each
-        now held once more by the caller."""
+        now held once more by the caller; `root`: root_for the sequence's adapter."""
         found: list[int] = []
-        parent = ROOT
+        parent = root
         for i in range(max_blocks):
             block = self._block_of.get(self._key(parent, tokens, i))
             if block is None:

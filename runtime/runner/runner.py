@@ -23,6 +23,8 @@ from ..attention.manager import FmhaManager, NoAttentionLibrary
 from ..attention.metadata import AttentionConfig, AttentionMetadata, AttentionShapes
 from ..guided.decoder import GuidedDecoder
 from ..model.collectives import SINGLE
+from ..model.lora_adapter import read_header, read_weights
+from ..model.lora_table import LoRATable
 from ..model.sharding import local_config
 from ..model.weights import build_model
 from .config import EngineConfig
@@ -82,6 +84,16 @@ class ModelRunner:
         # Allocated before the cache is sized from the memory left.
         self.penalties = PenaltyTable(config.max_batch_size + 1, config.model.vocab_size, config.device)
         self.penalty_slots = PenaltySlots(config.max_batch_size)
+        if config.max_loras:
+            self.model.lora = LoRATable(
+                config.model,
+                self.model.part,
+                config.max_loras,
+                config.max_lora_rank,
+                max(config.max_batch_size, config.max_num_batched_tokens, config.max_seq_len),
+                config.dtype,
+                config.device,
+            )
         self.sizing = self._size_cache(local, parallel)
         self.kv = KVCache(local, self.sizing, config.dtype, config.device)
         self.block_size = self.sizing.block_size
@@ -146,6 +158,8 @@ class ModelRunner:
             return "CUDA graphs are off"
         if not self.one_rank:
             return "tensor parallelism (prefill graphs run on one rank)"
+        if c.max_loras:
+            return "LoRA adapters are on (enable_lora)"
         shapes = AttentionShapes("prefill", self.model.cfg.sliding_window is not None, True, True)
         try:
             lib = self.fmha.select(shapes)
@@ -188,6 +202,13 @@ class ModelRunner:
     def graph_rows(self, num_seqs: int) -> int | None:
         """The rows of the graph that runs `num_seqs` sequences; None when no graph does."""
         return self.graphs.bucket(num_seqs) if self.graphs is not None else None
+
+    def load_adapter(self, slot: int, path: str) -> None:
+        """The LoRA adapter in folder `path` into `slot` (this rank's slice), in stream order after the
+        steps launched before; its header was checked when the request was admitted."""
+        c = self.config
+        header = read_header(path, c.model, c.max_lora_rank)
+        self.model.lora.load(slot, read_weights(header, c.dtype))
 
     # --- stream order -----------------------------------------------------------------------------
 
@@ -237,6 +258,8 @@ class ModelRunner:
             # left the H200's stream idle ~15 us a step (bench/step_timeline.py). The loop's stream
             # is ordered after the last replay (forward_order), which read the buffer.
             self.graphs.sampling[rows].copy_(sampling)
+        if self.model.lora is not None:
+            self.model.lora.place(step.lora, rows)
         self.prologue(DecodeInputs(step.num_seqs, step.packed, buffers, prev))
         with self.forward_order():
             if replay:
@@ -363,6 +386,8 @@ class ModelRunner:
         if step.pending is not None and prev_tokens is None:
             raise RuntimeError("a prefill step with pending tokens needs the previous step's device tokens")
         sampling = self._pinned(step.sampling)
+        if self.model.lora is not None:
+            self.model.lora.place(step.lora, step.ids.shape[0])
         bucket = (
             self.prefill_graphs.bucket(step)
             if self.prefill_graphs is not None and guided is None and not step.words
@@ -432,5 +457,7 @@ class ModelRunner:
 
     def run_prompt(self, step: PrefillStep) -> torch.Tensor:
         """A prefill whose logits the caller wants: nothing is sampled."""
+        if self.model.lora is not None:
+            self.model.lora.place(step.lora, step.ids.shape[0])
         with self.forward_order():
             return self.prefill_forward(step)

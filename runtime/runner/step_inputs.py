@@ -23,6 +23,7 @@ class DecodeStep:
     guided: bool = False  # apply the guided decoder's bitmask (one rank only)
     top_logprobs: bool = False  # a row asked for top-k logprobs: the step returns them
     words: bool = False  # a row bans bad words of several tokens (runner/penalties.py)
+    lora: torch.Tensor | None = None  # [rows] int64 LoRA slot of each row (-1: none); None: no row has one
 
 
 @dataclass(slots=True)
@@ -42,3 +43,4 @@ class PrefillStep:
     words: bool = False  # a sampling row bans bad words of several tokens (runner/penalties.py)
     # [K, 2]: (index in ids, row of the previous step's tokens) for tokens still on the device
     pending: torch.Tensor | None = None
+    lora: torch.Tensor | None = None  # [T] int64 LoRA slot of each token (-1: none); None: no token has one

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastpath.runtime import LLM, BeamSearchOutput, BeamSearchParams, SamplingParams
+from fastpath.runtime import LLM, BeamSearchOutput, BeamSearchParams, LoRARequest, SamplingParams
 from fastpath.runtime.engine import beam_search as search
 from fastpath.runtime.engine.outputs import Logprob
 
@@ -158,8 +158,10 @@ def test_what_beam_search_cannot_take_is_refused_by_name(llm):
         llm.beam_search([[1, 2], list(range(3, 65))], params)
     with pytest.raises(ValueError, match="beam_search prompt 0: .*out of range"):
         llm.beam_search([[10**7]], params)
-    with pytest.raises(ValueError, match="lora_request"):
+    with pytest.raises(TypeError, match="lora_request must be a LoRARequest"):
         llm.beam_search(PROMPTS, params, lora_request=object())
+    with pytest.raises(ValueError, match="beam_search prompt 0: .*enable_lora=True"):
+        llm.beam_search(PROMPTS, params, lora_request=LoRARequest("a", 1, "/nowhere"))
     # Nothing was left running by the refusals: a search still works.
     assert len(llm.beam_search(PROMPTS[:1], params)[0].sequences) == 2
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fastpath.runtime import LLM, SamplingParams, TextPrompt, TokensPrompt
+from fastpath.runtime import LLM, LoRARequest, SamplingParams, TextPrompt, TokensPrompt
 from fastpath.runtime.engine.options import parse_options
 from fastpath.runtime.engine.outputs import RequestError
 
@@ -95,8 +95,10 @@ def test_generate_and_chat_take_vllms_call_keywords_at_neutral_values(llm):
     assert llm.generate(["hi"], GREEDY, use_tqdm=False, lora_request=None, priority=[0])
     chat = [{"role": "user", "content": "hi"}]
     assert llm.chat(chat, GREEDY, use_tqdm=False, lora_request=None, chat_template_content_format="string")
-    with pytest.raises(ValueError, match="lora_request is not supported"):
+    with pytest.raises(RequestError, match="lora_request must be a LoRARequest"):
         llm.generate(["hi"], GREEDY, use_tqdm=False, lora_request=object())
+    with pytest.raises(RequestError, match=r"LoRA adapters are off; .*enable_lora=True"):
+        llm.generate(["hi"], GREEDY, use_tqdm=False, lora_request=LoRARequest("a", 1, "/nowhere"))
     with pytest.raises(ValueError, match="priority is not supported"):
         llm.generate(["hi"], GREEDY, use_tqdm=False, priority=[1])
     with pytest.raises(ValueError, match="chat_template_content_format='openai' is not supported"):

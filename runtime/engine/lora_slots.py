@@ -1,0 +1,66 @@
+"""Which adapter each of the device's `max_loras` LoRA slots holds (model/lora_table.py).
+
+A running sequence with an adapter holds a reference to its slot. A waiting one is admitted only
+when its adapter is in a slot already, or a slot is free or held by no running sequence (the least
+recently used of those is given up): at most `max_loras` adapters run in one batch, as in vLLM.
+Loading a slot is queued here and done by the executor before the step that needs it, in stream
+order, so a step still in flight has read the slot's old contents.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from .sequence import Sequence
+
+
+class LoRASlots:
+    def __init__(self, slots: int) -> None:
+        self.ids: list[int | None] = [None] * slots  # lora_int_id held by each slot
+        self.refs = [0] * slots  # running sequences using it
+        self._idle: OrderedDict[int, None] = OrderedDict()  # loaded, unreferenced; LRU first
+        self.loads: list[tuple[int, Any]] = []  # (slot, LoRARequest) to load before the next step
+        self.num_loads = 0
+
+    def _slot_of(self, lora_id: int) -> int | None:
+        try:
+            return self.ids.index(lora_id)
+        except ValueError:
+            return None
+
+    def can_take(self, seq: Sequence) -> bool:
+        if seq.lora is None:
+            return True
+        return self._slot_of(seq.lora.lora_int_id) is not None or None in self.ids or bool(self._idle)
+
+    def acquire(self, seq: Sequence) -> None:
+        """Give `seq` its adapter's slot, loading the adapter into one if need be (can_take first)."""
+        if seq.lora is None or seq.lora_slot >= 0:
+            return
+        lora_id = seq.lora.lora_int_id
+        slot = self._slot_of(lora_id)
+        if slot is None:
+            if None in self.ids:
+                slot = self.ids.index(None)
+            else:
+                slot, _ = self._idle.popitem(last=False)
+            self.ids[slot] = lora_id
+            self.loads.append((slot, seq.lora))
+            self.num_loads += 1
+        self._idle.pop(slot, None)
+        self.refs[slot] += 1
+        seq.lora_slot = slot
+
+    def release(self, seq: Sequence) -> None:
+        slot = seq.lora_slot
+        if slot < 0:
+            return
+        seq.lora_slot = -1
+        self.refs[slot] -= 1
+        if self.refs[slot] == 0:
+            self._idle[slot] = None
+
+    def take_loads(self) -> list[tuple[int, Any]]:
+        loads, self.loads = self.loads, []
+        return loads

@@ -1,0 +1,45 @@
+"""LoRA adapters on CUDA: graph-replayed decode steps with any mix of adapters give, in float32, the
+tokens of HF transformers with each adapter merged into its weights, and a bf16 graphed engine gives
+the eager engine's."""
+
+import pytest
+from lora_files import merged_greedy, write_adapter
+
+from fastpath.runtime import LLM, LoRARequest, SamplingParams
+
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips it where no CUDA device is visible
+
+PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]] * 2
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.fixture(scope="module")
+def loras(hf_checkpoints, tmp_path_factory):
+    root, base = tmp_path_factory.mktemp("lora-gpu"), hf_checkpoints["llama"]
+    a = write_adapter(base, root / "a", 1, 8, ALL)
+    b = write_adapter(base, root / "b", 2, 16, ["q_proj", "v_proj", "down_proj"], use_rslora=True)
+    return [LoRARequest("a", 1, a), None, LoRARequest("b", 2, b), LoRARequest("a", 1, a)] * 2
+
+
+def _tokens(base, loras, **kw):
+    settings = dict(max_seq_len=256, max_batch_size=8, enable_lora=True, max_loras=2)
+    with LLM(str(base), **settings, **kw) as llm:
+        graphs = llm.executor.runner.graphs is not None
+        return graphs, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, lora_request=loras)]
+
+
+def test_graphed_adapter_steps_give_the_merged_models_tokens(hf_checkpoints, loras):
+    base = hf_checkpoints["llama"]
+    graphs, got = _tokens(base, loras, device="cuda", dtype="float32")
+    assert graphs
+    for prompt, r, tokens in zip(PROMPTS, loras, got, strict=True):
+        assert tokens == merged_greedy(base, r.lora_path if r else None, prompt, 24, "cuda")
+
+
+def test_bf16_graphs_give_the_eager_tokens_with_adapters(hf_checkpoints, loras):
+    # Every batch size a graph of its own, as eager steps have, so both run the same kernel shapes.
+    kw = dict(device="cuda", dtype="bfloat16", graph_batch_sizes=tuple(range(1, 9)),
+              fmha_enabled=["triton_decode", "sdpa_math"])  # fmt: skip
+    base = hf_checkpoints["llama"]
+    assert _tokens(base, loras, enforce_eager=True, **kw)[1] == _tokens(base, loras, **kw)[1]

@@ -1,0 +1,184 @@
+"""LoRA adapters (enable_lora): the tokens of PEFT's own generate over the same adapter files, for
+batches that mix adapters and the base model, with more adapters than slots, the prefix cache, tensor
+parallelism and the engine process; bad adapters fail their requests alone."""
+
+import functools
+
+import pytest
+import torch
+from lora_adapters import ALL, build_adapter, peft_greedy
+
+from fastpath.runtime import LLM, LoRARequest, RequestError, SamplingParams
+from fastpath.runtime.model.config import ModelConfig
+from fastpath.runtime.model.lora_adapter import read_header, read_weights
+from fastpath.runtime.model.lora_table import LoRATable
+from fastpath.runtime.model.sharding import partition
+
+PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+CPU32 = dict(device="cpu", dtype="float32", max_seq_len=256, max_batch_size=4, enable_lora=True)
+
+# name -> (seed, rank, targets, extra LoraConfig fields)
+KINDS = {
+    "all": (1, 8, ALL, {}),
+    "attn": (2, 4, ["q_proj", "v_proj"], {}),
+    # rsLoRA's scale, a rank and an alpha of their own for two modules
+    "mlp": (3, 8, ["o_proj", "gate_proj", "up_proj", "down_proj"],
+            {"use_rslora": True, "rank_pattern": {"o_proj": 4}, "alpha_pattern": {"down_proj": 5}}),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def adapter(hf_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+
+    @functools.cache
+    def get(arch: str, kind: str) -> LoRARequest:
+        seed, r, targets, extra = KINDS[kind]
+        path = build_adapter(hf_checkpoints[arch], root / f"{arch}-{kind}", seed, r, targets, **dict(extra))
+        return LoRARequest(f"{arch}-{kind}", 1 + list(KINDS).index(kind), str(path))
+
+    return get
+
+
+def tokens(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def want(base, prompts, loras, n=20) -> list[list[int]]:
+    return [peft_greedy(base, r.lora_path if r else None, p, n) for p, r in zip(prompts, loras, strict=True)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-tied-mqa", "qwen2", "qwen3"])
+def test_a_batch_of_adapters_and_the_base_model_gives_pefts_tokens(hf_checkpoints, adapter, arch):
+    """Three adapters and the base model in one call, two slots: some requests wait for a slot, and
+    a slot is given up and loaded again."""
+    base = hf_checkpoints[arch]
+    a, b, c = (adapter(arch, k) for k in KINDS)
+    prompts = PROMPTS + PROMPTS[:2]
+    loras = [a, None, b, c, b, a]
+    with LLM(str(base), max_loras=2, **CPU32) as llm:
+        got = tokens(llm.generate(prompts, GREEDY, lora_request=loras))
+        loads = llm.executor.scheduler.lora.num_loads
+    assert got == want(base, prompts, loras)
+    assert loads >= 3, "three adapters went through two slots"
+    assert got[0] != want(base, prompts[:1], [None])[0], "the adapter changes the tokens"
+
+
+def test_the_prefix_cache_keeps_each_adapters_blocks_apart(hf_checkpoints, adapter):
+    """The same 57-token prompt under the base model and two adapters: none may take another's KV,
+    while a repeat under the same adapter finds its own."""
+    base = hf_checkpoints["llama"]
+    prompt = PROMPTS[1]
+    order = [None, adapter("llama", "all"), adapter("llama", "attn"), adapter("llama", "all")]
+    with LLM(str(base), enable_prefix_caching=True, max_loras=2, **CPU32) as llm:
+        outs = [llm.generate([prompt], GREEDY, lora_request=r)[0] for r in order]
+    assert tokens(outs) == want(base, [prompt] * 4, order)
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 0, 48]
+
+
+def test_tensor_parallel_adapters_give_the_tokens_of_one_rank(hf_checkpoints, adapter):
+    """Each rank applies its slice of B (q|k|v, gate|up) or of A (o, down); qwen2's biases, rsLoRA."""
+    base = hf_checkpoints["qwen2"]
+    loras = [adapter("qwen2", "all"), None, adapter("qwen2", "mlp"), adapter("qwen2", "attn")]
+    with LLM(str(base), tensor_parallel_size=2, max_loras=2, **CPU32) as llm:
+        got = tokens(llm.generate(PROMPTS, GREEDY, lora_request=loras))
+    assert got == want(base, PROMPTS, loras)
+
+
+def test_adapters_run_in_the_engine_process_and_stream(hf_checkpoints, adapter):
+    base = hf_checkpoints["llama"]
+    a = adapter("llama", "all")
+    with LLM(str(base), engine_process=True, **CPU32) as llm:
+        got = tokens(llm.generate(PROMPTS[:2], GREEDY, lora_request=a))
+        streamed = [
+            t for out in llm.stream(PROMPTS[0], GREEDY, lora_request=a) for t in out.outputs[0].token_ids
+        ]
+    assert got == want(base, PROMPTS[:2], [a, a])
+    assert streamed == got[0]
+
+
+def test_chat_and_beam_search_take_the_adapter(hf_checkpoints, adapter):
+    from fastpath.runtime import BeamSearchParams
+
+    base = hf_checkpoints["llama"]
+    a = adapter("llama", "attn")
+    with LLM(str(base), **CPU32) as llm:
+        beams = llm.beam_search([{"prompt_token_ids": PROMPTS[0]}], BeamSearchParams(beam_width=1, max_tokens=8),
+                                lora_request=a)  # fmt: skip
+    best = beams[0].sequences[0]
+    assert best.tokens[len(PROMPTS[0]) :] == peft_greedy(base, a.lora_path, PROMPTS[0], 8)
+    assert best.lora_request == a
+
+
+def test_bad_adapters_fail_their_requests_alone(hf_checkpoints, adapter, tmp_path):
+    base = hf_checkpoints["llama"]
+    a = adapter("llama", "all")
+    wide = build_adapter(base, tmp_path / "wide", 4, 16, ["q_proj"])
+    head = build_adapter(base, tmp_path / "head", 5, 4, ["q_proj", "lm_head"])
+    bad_json = tmp_path / "bad_json"
+    bad_json.mkdir()
+    (bad_json / "adapter_config.json").write_text("{")
+    (bad_json / "adapter_model.safetensors").write_bytes(
+        (tmp_path / "wide" / "adapter_model.safetensors").read_bytes()
+    )
+    cases = {
+        "no adapter_config.json": LoRARequest("missing", 11, str(tmp_path / "nowhere")),
+        "above max_lora_rank 8": LoRARequest("wide", 12, str(wide)),
+        "lm_head": LoRARequest("head", 13, str(head)),
+        "is not JSON": LoRARequest("bad_json", 14, str(bad_json)),
+        "already names": LoRARequest("same id", a.lora_int_id, str(wide)),
+    }
+    with LLM(str(base), max_lora_rank=8, **CPU32) as llm:
+        assert tokens(llm.generate(PROMPTS[:1], GREEDY, lora_request=a)) == want(base, PROMPTS[:1], [a])
+        loras = [a, *cases.values()]
+        outs = llm.generate([PROMPTS[0]] * len(loras), GREEDY, lora_request=loras, errors="return")
+        assert outs[0].outputs[0].token_ids == want(base, PROMPTS[:1], [a])[0]
+        for (words, r), out in zip(cases.items(), outs[1:], strict=True):
+            assert words in out.error and r.lora_name in out.error, out.error
+        with pytest.raises(RequestError, match="lora_request must be a LoRARequest"):
+            llm.generate(PROMPTS[:1], GREEDY, lora_request=[{"lora_path": a.lora_path}])
+        with pytest.raises(ValueError, match="lora_request has 2 entries for 1 prompts"):
+            llm.generate(PROMPTS[:1], GREEDY, lora_request=[a, a])
+        with pytest.raises(RequestError, match="prompt_logprobs with lora_request"):
+            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, prompt_logprobs=1), lora_request=a)
+
+
+def test_lora_switches_are_checked(hf_checkpoints, adapter):
+    base = str(hf_checkpoints["llama"])
+    off = dict(CPU32, enable_lora=False)
+    with LLM(base, **off) as llm, pytest.raises(RequestError, match=r"enable_lora=True"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request=adapter("llama", "all"))
+    for kw, words in [
+        (dict(enable_lora="yes"), "enable_lora must be True or False"),
+        (dict(max_loras=0), "max_loras must be an int >= 1"),
+        (dict(max_lora_rank=1024), "max_lora_rank must be an int >= 1, at most 512"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            LLM(base, **dict(CPU32, **kw))
+    for bad in [dict(lora_int_id=0), dict(lora_name=""), dict(lora_path="")]:
+        with pytest.raises(ValueError, match="LoRARequest"):
+            LoRARequest(**{**dict(lora_name="x", lora_int_id=1, lora_path="/x"), **bad})
+
+
+def test_a_rows_delta_depends_on_its_own_slot_only(hf_checkpoints, adapter):
+    """The masked matmuls: a row with no adapter gets exactly zero, and a row's delta has the same
+    bits whichever adapters the other rows run."""
+    cfg = ModelConfig.from_dir(hf_checkpoints["llama"])
+    table = LoRATable(cfg, partition(cfg, 0, 1), 2, 8, 16, torch.float32, torch.device("cpu"))
+    for slot, kind in enumerate(["all", "attn"]):
+        table.load(slot, read_weights(read_header(adapter("llama", kind).lora_path, cfg, 8), torch.float32))
+    x = torch.randn(6, cfg.hidden_size)
+    table.place(torch.tensor([0, -1, 1, 0, -1, 1]), 6)
+    mixed = table.begin(6).delta(0, "qkv", x)
+    assert torch.equal(mixed[[1, 4]], torch.zeros(2, mixed.shape[1]))
+    for slot in (0, 1):
+        table.place(torch.full((6,), slot), 6)
+        alone = table.begin(6).delta(0, "qkv", x)
+        rows = [i for i, s in enumerate([0, -1, 1, 0, -1, 1]) if s == slot]
+        assert torch.equal(mixed[rows], alone[rows])
+    table.place(None, 6)
+    assert torch.equal(
+        table.begin(6).delta(1, "down", torch.randn(6, cfg.intermediate_size)),
+        torch.zeros(6, cfg.hidden_size),
+    )
