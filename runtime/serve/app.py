@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from ..engine.lora_request import LoRARequest
 from ..engine.outputs import EngineClosedError
 from .chat import create_chat_completion
 from .completions import create_completion
@@ -62,6 +63,7 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
         metrics=ServerMetrics(llm.stats, names[0]),
         created=int(time.time()),
         routes=ROUTES,
+        adapters=_adapters(llm, config, names),
     )
     app = FastAPI(title="fastpath", summary="An OpenAI-compatible server for a fastpath engine")
     app.state.fastpath = state
@@ -79,6 +81,21 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     app.include_router(_v1_routes(), prefix="/v1", dependencies=[Depends(_require_api_key)])
     app.include_router(_utility_routes(), dependencies=[Depends(_require_api_key)])
     return app
+
+
+def _adapters(llm: Any, config: ServeConfig, names: tuple[str, ...]) -> dict[str, Any]:
+    """--lora-modules as LoRARequests, each checked now: a server never starts with an adapter its
+    model cannot run."""
+    if not config.lora_modules:
+        return {}
+    if not llm.config.max_loras:
+        raise ValueError("lora_modules need an engine with LoRA on (--enable-lora, LLM(enable_lora=True))")
+    out = {}
+    for name, path in config.lora_modules:
+        if name in names:
+            raise ValueError(f"lora_modules: {name!r} is also the served model's name")
+        out[name] = llm.check_lora(LoRARequest(name, llm.lora_id_for(path), path))
+    return out
 
 
 def _engine_model_name(llm: Any) -> str:
@@ -142,11 +159,15 @@ def _public_routes() -> APIRouter:
 
 
 def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    adapter = state.adapters.get(name)
     return {
         "id": name,
         "object": "model",
         "created": state.created,
         "owned_by": "fastpath",
+        # vLLM's: an adapter's root is its folder and its parent the base model.
+        "root": adapter.lora_path if adapter is not None else name,
+        "parent": state.model_name if adapter is not None else None,
         "max_model_len": state.llm.config.max_seq_len,
     }
 
@@ -157,7 +178,8 @@ def _v1_routes() -> APIRouter:
     @router.get("/models")
     async def models(request: Request) -> Response:
         state: ServerState = request.app.state.fastpath
-        return JSONResponse({"object": "list", "data": [_model_card(state, name) for name in state.names]})
+        names = [*state.names, *state.adapters]
+        return JSONResponse({"object": "list", "data": [_model_card(state, name) for name in names]})
 
     @router.get("/models/{model:path}")
     async def model(model: str, request: Request) -> Response:

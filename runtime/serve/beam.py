@@ -110,10 +110,12 @@ class BeamGeneration(Generation):
         top: int | None,
         rid: str,
         keys: RequestKeys,
+        lora: Any = None,
     ):
-        """`handles`: each prompt's first step; `top`: the logprobs a choice lists (None: none)."""
+        """`handles`: each prompt's first step; `top`: the logprobs a choice lists (None: none);
+        `lora`: the LoRARequest every step runs with."""
         super().__init__(state, handles, arrival, params.beam_width * len(handles), stream)
-        self.params, self.top, self.rid, self.keys = params, top, rid, keys
+        self.params, self.top, self.rid, self.keys, self.lora = params, top, rid, keys, lora
         self.prompts = [(h.prompt, list(h.prompt_ids)) for h in handles]
         self._step_handles = handles
 
@@ -129,14 +131,15 @@ class BeamGeneration(Generation):
         stream: bool,
         keys: RequestKeys,
         truncate: int | None = None,
+        lora: Any = None,
     ) -> BeamGeneration:
         """Admit the request (503 at capacity) and submit each prompt's first step (which truncates
         the prompt as `truncate_prompt_tokens` asks; later steps send the beams' tokens)."""
         arrival = time.monotonic()
         first = step_params(params).clone(truncate_prompt_tokens=truncate)
         completions = params.beam_width * prompt_count
-        handles = await admit_and_submit(state, completions, prompts, first, f"{rid}-s0", False, keys)
-        return cls(state, handles, arrival, stream, params, top, rid, keys)
+        handles = await admit_and_submit(state, completions, prompts, first, f"{rid}-s0", False, keys, lora)
+        return cls(state, handles, arrival, stream, params, top, rid, keys, lora)
 
     @property
     def prompt_tokens(self) -> int:
@@ -160,7 +163,7 @@ class BeamGeneration(Generation):
                 asks = [{"prompt_token_ids": beam.tokens} for _, beam in live]
                 rid = f"{self.rid}-s{step}"
                 self._step_handles = await submit_in_thread(
-                    self.state, lambda asks=asks: asks, step_params(params), rid, False, self.keys
+                    self.state, lambda asks=asks: asks, step_params(params), rid, False, self.keys, self.lora
                 )
             extend(live, await self._results(self._step_handles), llm.eos_ids, params)
             if not step:  # every prompt's first tokens: the time to first token, as a stream counts it

@@ -33,7 +33,7 @@ from .state import ServerState
 
 async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     state.check_chat_template(body.chat_template)
     params = sampling_params(body, state.config.max_tokens, defaults=state.llm.generation_defaults)
     messages = body.template_messages()
@@ -64,15 +64,15 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     if body.use_beam_search:
         top = (body.top_logprobs or 0) if body.logprobs else None
         beam, truncate = beam_params(body, params, top), params.truncate_prompt_tokens
-        gen = await BeamGeneration.begin(state, prompts, 1, beam, top, rid, body.stream, keys, truncate)
+        gen = await BeamGeneration.begin(state, prompts, 1, beam, top, rid, body.stream, keys, truncate, lora)
     else:
-        gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys)
+        gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys, lora)
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
     if body.stream:
-        env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.model_name)
+        env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.reply_name(body.model))
         return SSEResponse(_events(gen, env, body, request), gen)
-    env = Envelope(rid, "chat.completion", int(time.time()), state.model_name)
+    env = Envelope(rid, "chat.completion", int(time.time()), state.reply_name(body.model))
     return await unless_disconnected(request.receive, gen, _respond(gen, env, body, request))
 
 

@@ -40,6 +40,8 @@ ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
     ),
     "--tensor-parallel-size": ("tensor_parallel_size", int, "GPUs that split each layer"),
     "--tokenizer": ("tokenizer", str, "a tokenizer folder, when the model's has none"),
+    "--max-loras": ("max_loras", int, "LoRA adapters that can run in one batch (with --enable-lora)"),
+    "--max-lora-rank": ("max_lora_rank", int, "the largest adapter rank accepted (with --enable-lora)"),
 }
 ALIASES = {
     "--max-num-seqs": "--max-batch-size",
@@ -123,6 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         help="web origins whose pages may call the server from a browser (CORS), comma-separated or a "
         "JSON list as vLLM takes it; '*' for any (default: none)",
     )
+    s.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=_lora_module,
+        default=(),
+        help="LoRA adapters requests may name as their model: name=path, or vLLM's JSON "
+        '\'{"name": ..., "path": ...}\' (needs --enable-lora)',
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     e = parser.add_argument_group("engine")
     for flag, (key, kind, text) in ENGINE_FLAGS.items():
@@ -146,6 +156,14 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         default=None,
         help="replay prefill steps from CUDA graphs captured at a few token counts (default: on with "
         "CUDA graphs, one rank and a one-launch prefill attention)",
+    )
+    e.add_argument(
+        "--enable-lora",
+        dest="engine_enable_lora",
+        action="store_const",
+        const=True,
+        default=None,
+        help="serve LoRA adapters (PEFT folders) named by --lora-modules (vLLM's flag)",
     )
     e.add_argument(
         "--enable-prefix-caching",
@@ -191,6 +209,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         api_server_count=args.api_server_count,
         trust_request_chat_template=args.trust_request_chat_template,
         allowed_origins=args.allowed_origins,
+        lora_modules=tuple(args.lora_modules or ()),
     )
 
 
@@ -212,6 +231,22 @@ def _origins(text: str) -> tuple[str, ...]:
             raise argparse.ArgumentTypeError("a JSON list of strings")
         return tuple(o.strip() for o in value)
     return tuple(o.strip() for o in text.split(",") if o.strip())
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """'name=path' or vLLM's '{"name": ..., "path": ...}' -> (name, path)."""
+    if text.lstrip().startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a JSON object: {exc}") from None
+        if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in ("name", "path")):
+            raise argparse.ArgumentTypeError('a JSON object with string "name" and "path"')
+        return value["name"], value["path"]
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not name=path")
+    return name, path
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -115,7 +115,7 @@ def _echo(body: CompletionRequest, state: ServerState) -> tuple[CompletionReques
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
-    state.check_model(body.model)
+    lora = state.check_model(body.model)
     body, echo = _echo(body, state)
     prompt_logprobs = body.logprobs if echo is not None else None
     params = sampling_params(
@@ -134,15 +134,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         beam = beam_params(body, params, body.logprobs)
         keys, truncate = request_keys(body), params.truncate_prompt_tokens
         gen = await BeamGeneration.begin(
-            state, engine_prompts, len(prompts), beam, body.logprobs, rid, body.stream, keys, truncate
+            state, engine_prompts, len(prompts), beam, body.logprobs, rid, body.stream, keys, truncate, lora
         )
     else:
         gen = await Generation.start(
-            state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body)
+            state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body), lora
         )
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
-    env = Envelope(rid, "text_completion", int(time.time()), state.model_name)
+    env = Envelope(rid, "text_completion", int(time.time()), state.reply_name(body.model))
     if body.stream:
         return SSEResponse(_events(gen, env, body, params.n, request, echo), gen)
     return await unless_disconnected(request.receive, gen, _respond(gen, env, body, params.n, request, echo))

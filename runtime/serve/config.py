@@ -28,6 +28,8 @@ class ServeConfig:
     - `allowed_origins`: web origins whose pages may call the server from a browser (CORS; "*" for
       any). None by default, unlike vLLM's "*": any page a user opens could otherwise drive a server
       on their machine.
+    - `lora_modules`: (name, PEFT folder) pairs, vLLM's --lora-modules: a request whose `model` is
+      the name runs with that adapter (the engine needs enable_lora).
     """
 
     host: str = "127.0.0.1"
@@ -43,8 +45,23 @@ class ServeConfig:
     api_server_count: int = 1
     trust_request_chat_template: bool = False
     allowed_origins: tuple[str, ...] = ()
+    lora_modules: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        mods = self.lora_modules
+        _check(
+            isinstance(mods, tuple)
+            and all(
+                isinstance(m, tuple)
+                and len(m) == 2
+                and all(isinstance(v, str) and v and v.isprintable() for v in m)
+                for m in mods
+            )
+            and len({m[0] for m in mods}) == len(mods),
+            "lora_modules",
+            "a tuple of (name, adapter folder) pairs with distinct names",
+            mods,
+        )
         origins = self.allowed_origins
         _check(
             isinstance(origins, tuple)

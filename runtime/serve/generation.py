@@ -70,11 +70,13 @@ class Generation:
         rid: str,
         stream: bool,
         keys: RequestKeys,
+        lora: Any = None,
     ) -> Generation:
-        """Admit the request (503 at capacity) and submit its prompts; `prompts()` runs in a worker thread."""
+        """Admit the request (503 at capacity) and submit its prompts; `prompts()` runs in a worker
+        thread. `lora`: the LoRARequest its model names (None: the base model)."""
         arrival = time.monotonic()
         completions = params.n * prompt_count
-        handles = await admit_and_submit(state, completions, prompts, params, rid, stream, keys)
+        handles = await admit_and_submit(state, completions, prompts, params, rid, stream, keys, lora)
         return cls(state, handles, arrival, completions, stream)
 
     @property
@@ -167,7 +169,7 @@ class Generation:
 
 
 async def admit_and_submit(
-    state, completions: int, prompts, params, rid, stream, keys: RequestKeys
+    state, completions: int, prompts, params, rid, stream, keys: RequestKeys, lora: Any = None
 ) -> list[RequestHandle]:
     """Take `completions` places at the gate (503 at capacity or while draining), then submit the
     prompts (`submit_in_thread`); the places go back if the submission fails."""
@@ -177,14 +179,17 @@ async def admit_and_submit(
         state.metrics.rejected.labels("draining" if state.gate.draining else "capacity").inc()
         raise
     try:
-        return await submit_in_thread(state, prompts, params, rid, stream, keys)
+        return await submit_in_thread(state, prompts, params, rid, stream, keys, lora)
     except BaseException:
         state.gate.leave(completions)
         raise
 
 
-async def submit_in_thread(state, prompts, params, rid, stream, keys: RequestKeys) -> list[RequestHandle]:
+async def submit_in_thread(
+    state, prompts, params, rid, stream, keys: RequestKeys, lora: Any = None
+) -> list[RequestHandle]:
     loop = asyncio.get_running_loop()
+    adapter = {"lora_request": lora} if lora is not None else {}
 
     # A client may send the same X-Request-Id twice: the engine's ids stay unique.
     unique = uuid.uuid4().hex[:8]
@@ -195,7 +200,9 @@ async def submit_in_thread(state, prompts, params, rid, stream, keys: RequestKey
             for i, prompt in enumerate(prompts()):
                 engine_id = f"{rid}-{unique}-{i}"
                 handles.append(
-                    state.llm.submit(prompt, params, request_id=engine_id, loop=loop, stream=stream)
+                    state.llm.submit(
+                        prompt, params, request_id=engine_id, loop=loop, stream=stream, **adapter
+                    )
                 )
         except BaseException:
             for h in handles:

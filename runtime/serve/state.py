@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import AdmissionGate, ServeConfig
@@ -20,16 +20,26 @@ class ServerState:
     created: int  # when the server started (unix seconds), for /v1/models
     routes: frozenset[str] = frozenset()  # the paths metrics label by; any other is "other"
     aliases: tuple[str, ...] = ()  # further names requests may use (vLLM's --served-model-name a b)
+    adapters: dict[str, Any] = field(default_factory=dict)  # model name -> LoRARequest (--lora-modules)
 
     @property
     def names(self) -> tuple[str, ...]:
         """Every name the server answers to; responses carry the first."""
         return (self.model_name, *self.aliases)
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in self.names:
-            served = ", ".join(map(repr, self.names))
+    def check_model(self, model: str | None) -> Any:
+        """The LoRARequest a request's `model` names (None: the base model); 404 for an unknown name."""
+        if model is None or model in self.names:
+            return None
+        adapter = self.adapters.get(model)
+        if adapter is None:
+            served = ", ".join(map(repr, [*self.names, *self.adapters]))
             raise ServeError(f"the model {model!r} does not exist; this server serves {served}", "model", 404)
+        return adapter
+
+    def reply_name(self, model: str | None) -> str:
+        """The model a response names: the adapter's, when the request ran one, as vLLM does."""
+        return model if model is not None and model in self.adapters else self.model_name
 
     def check_chat_template(self, chat_template: str | None) -> None:
         if chat_template is not None and not self.config.trust_request_chat_template:
