@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|bf16-tests|quick-tests] [ab-step|ab-mma|ab-mma-rope|ab-gated|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|lora-tests|bf16-tests|quick-tests] [ab-step|ab-mma|ab-mma-rope|ab-gated|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|lora|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -40,6 +40,7 @@ for step in "$@"; do
       timeout 400 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_sampling.py \
         tests/runtime/test_gpu_guided.py tests/runtime/test_guided_gpu.py 2>&1 | tee "$OUT/gpu_sampler_tests.log" | grep -E "FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     prefix-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_prefix_cache.py tests/runtime/test_gpu_sampling.py 2>&1 | tee "$OUT/gpu_prefix_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
+    lora-tests) timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_lora.py 2>&1 | tee "$OUT/gpu_lora_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     prefill-graph-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k prefill_graphs 2>&1 | tee "$OUT/gpu_prefill_graph_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     bf16-tests) timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py tests/runtime/test_gpu_sampling.py -k "not triton and not mixed and not prefill_graphs" 2>&1 | tee "$OUT/gpu_bf16_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -24 ;;
     quick-tests) python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/runtime 2>&1 | tee "$OUT/gpu_tests.log" | tail -15 ;;
@@ -96,6 +97,7 @@ for step in "$@"; do
     allreduce) timeout 200 python3 bench/allreduce.py --out "$OUT" 2>&1 | tail -20 ;;
     prefill) timeout 200 python3 bench/prefill.py --out "$OUT" 2>&1 | tail -8 ;;
     prefix-cache) timeout 300 python3 bench/prefix_cache.py --out "$OUT" 2>&1 | tail -8 ;;
+    lora) timeout 420 python3 bench/lora.py --out "$OUT" 2>&1 | tail -8 ;;
     tp-two-shot) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_tensor_parallel.py -k two_shot 2>&1 | tee "$OUT/gpu_tp_two_shot.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     sampler) timeout 420 python3 bench/sampler.py --out "$OUT" --variants ${SAMPLER_VARIANTS:-4096x512x4 2048x512x4} ${SAMPLER_ARGS:-} 2>&1 | tail -30 ;;
     profile)  # kernel times inside the greedy graphs at batch 1, 8 and 64, with programmatic dependent launch, then without (each kernel's own time)
