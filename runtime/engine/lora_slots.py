@@ -5,6 +5,9 @@ when its adapter is in a slot already, or a slot is free or held by no running s
 recently used of those is given up): at most `max_loras` adapters run in one batch, as in vLLM.
 Loading a slot is queued here and done by the executor before the step that needs it, in stream
 order, so a step still in flight has read the slot's old contents.
+
+An adapter is known by its id and its folder together: clients of one engine process each check
+their own ids (engine/lora_admission.py), so two may give one id to different folders.
 """
 
 from __future__ import annotations
@@ -17,35 +20,43 @@ from .sequence import Sequence
 
 class LoRASlots:
     def __init__(self, slots: int) -> None:
-        self.ids: list[int | None] = [None] * slots  # lora_int_id held by each slot
+        self.ids: list[tuple[int, str] | None] = [None] * slots  # (lora_int_id, lora_path) of each slot
         self.refs = [0] * slots  # running sequences using it
         self._idle: OrderedDict[int, None] = OrderedDict()  # loaded, unreferenced; LRU first
         self.loads: list[tuple[int, Any]] = []  # (slot, LoRARequest) to load before the next step
         self.num_loads = 0
+        self._namespaces: dict[tuple[int, str], int] = {}
 
-    def _slot_of(self, lora_id: int) -> int | None:
+    def namespace(self, lora: Any) -> int:
+        """A number of its own for each adapter this engine has seen (0: none): the prefix cache
+        keys a sequence's blocks under it."""
+        if lora is None:
+            return 0
+        return self._namespaces.setdefault(_key(lora), len(self._namespaces) + 1)
+
+    def _slot_of(self, key: tuple[int, str]) -> int | None:
         try:
-            return self.ids.index(lora_id)
+            return self.ids.index(key)
         except ValueError:
             return None
 
     def can_take(self, seq: Sequence) -> bool:
         if seq.lora is None:
             return True
-        return self._slot_of(seq.lora.lora_int_id) is not None or None in self.ids or bool(self._idle)
+        return self._slot_of(_key(seq.lora)) is not None or None in self.ids or bool(self._idle)
 
     def acquire(self, seq: Sequence) -> None:
         """Give `seq` its adapter's slot, loading the adapter into one if need be (can_take first)."""
         if seq.lora is None or seq.lora_slot >= 0:
             return
-        lora_id = seq.lora.lora_int_id
-        slot = self._slot_of(lora_id)
+        key = _key(seq.lora)
+        slot = self._slot_of(key)
         if slot is None:
             if None in self.ids:
                 slot = self.ids.index(None)
             else:
                 slot, _ = self._idle.popitem(last=False)
-            self.ids[slot] = lora_id
+            self.ids[slot] = key
             self.loads.append((slot, seq.lora))
             self.num_loads += 1
         self._idle.pop(slot, None)
@@ -64,3 +75,7 @@ class LoRASlots:
     def take_loads(self) -> list[tuple[int, Any]]:
         loads, self.loads = self.loads, []
         return loads
+
+
+def _key(lora: Any) -> tuple[int, str]:
+    return (lora.lora_int_id, lora.lora_path)

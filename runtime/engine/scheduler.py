@@ -15,10 +15,6 @@ from .sequence import Sequence, Status
 log = logging.getLogger("fastpath.scheduler")
 
 
-def prefix_root(seq: Sequence) -> tuple[int, int]:
-    return root_for(seq.lora.lora_int_id if seq.lora is not None else 0)
-
-
 @dataclass(slots=True)
 class ScheduledBatch:
     phase: str  # "prefill" | "decode"
@@ -249,7 +245,7 @@ class Scheduler:
         computed, so the step has its logits."""
         bs = self.block_size
         known = seq.prompt_ids + seq.output_ids
-        root = prefix_root(seq)
+        root = self._prefix_root(seq)
         blocks = self.prefix_cache.match(known, min(seq.num_tokens - 1, len(known)) // bs, root)
         seq.block_table = blocks
         seq.num_computed = seq.prefix_hit = len(blocks) * bs
@@ -257,11 +253,14 @@ class Scheduler:
         if blocks:
             self.epoch += 1
 
+    def _prefix_root(self, seq: Sequence) -> tuple[int, int]:
+        return root_for(self.lora.namespace(seq.lora) if self.lora is not None else 0)
+
     def _remember(self, seq: Sequence, computed: int) -> None:
         """Remember `seq`'s whole blocks among its first `computed` tokens that the host knows."""
         known = len(seq.prompt_ids) + len(seq.output_ids)
         full = min(computed, known, len(seq.block_table) * self.block_size) // self.block_size
-        walk = seq.prefix_walk if seq.prefix_walk is not None else Walk(0, prefix_root(seq))
+        walk = seq.prefix_walk if seq.prefix_walk is not None else Walk(0, self._prefix_root(seq))
         if full > walk.blocks:
             tokens = seq.prompt_ids + seq.output_ids
             seq.prefix_walk = self.prefix_cache.remember(seq.block_table, tokens, full, walk)

@@ -23,8 +23,9 @@ ROOT = (0, 0)  # the "block before" the first block (block 0 is never handed out
 
 
 def root_for(adapter: int) -> tuple[int, int]:
-    """The first block's "block before" for sequences run with LoRA adapter `adapter` (0: none): the
-    same tokens under another adapter hold other KV, so they are never found across adapters."""
+    """The first block's "block before" for sequences run with the engine's LoRA adapter number
+    `adapter` (0: none; engine/lora_slots.py): the same tokens under another adapter hold other KV,
+    so they are never found across adapters."""
     return (0, -adapter) if adapter else ROOT
 
 

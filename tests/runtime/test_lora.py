@@ -182,3 +182,31 @@ def test_a_rows_delta_depends_on_its_own_slot_only(hf_checkpoints, adapter):
         table.begin(6).delta(1, "down", torch.randn(6, cfg.intermediate_size)),
         torch.zeros(6, cfg.hidden_size),
     )
+
+
+def test_slots_go_to_the_least_recently_released_adapter_and_know_an_adapter_by_id_and_folder():
+    from fastpath.runtime.engine.lora_slots import LoRASlots
+    from fastpath.runtime.engine.sequence import Sequence
+
+    def seq(lora):
+        s = Sequence(0, [1], GREEDY, 0, frozenset(), 64)
+        s.lora = lora
+        return s
+
+    a, b, c = (LoRARequest(n, i, f"/{n}") for i, n in enumerate("abc", start=1))
+    other_a = LoRARequest("a elsewhere", 1, "/not-a")  # another client's id 1
+    slots = LoRASlots(2)
+    sa, sb = seq(a), seq(b)
+    slots.acquire(sa)
+    slots.acquire(sb)
+    assert (sa.lora_slot, sb.lora_slot) == (0, 1) and slots.take_loads() == [(0, a), (1, b)]
+    assert not slots.can_take(seq(c)) and not slots.can_take(seq(other_a))
+    slots.release(sb)
+    slots.release(sa)  # a was released last: b's slot goes first
+    sc = seq(c)
+    slots.acquire(sc)
+    assert sc.lora_slot == 1 and slots.take_loads() == [(1, c)]
+    again = seq(a)
+    slots.acquire(again)
+    assert again.lora_slot == 0 and slots.take_loads() == [], "a is still in its slot"
+    assert len({slots.namespace(r) for r in (a, b, c, other_a)}) == 4 and slots.namespace(None) == 0
