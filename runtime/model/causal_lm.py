@@ -59,14 +59,14 @@ class Attention(nn.Module):
         if lora is None:
             q = ops.qkv_linear_rope_cache(x, self.qkv_proj.weight, self.qkv_proj.bias, *rest)
         else:
-            qkv = ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias) + lora.delta(self.layer, "qkv", x)
+            qkv = lora.add(self.layer, "qkv", x, ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias))
             q = ops.qkv_rope_cache(qkv, *rest)
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
         out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale).reshape(-1, cfg.q_size)
         # Row-parallel: each rank's heads give a partial sum (o_proj's bias is held by rank 0 alone).
         o = ops.linear(out, self.o_proj.weight, self.o_proj.bias)
         if lora is not None:
-            o = o + lora.delta(self.layer, "o", out)
+            o = lora.add(self.layer, "o", out, o)
         return self.tp.all_reduce(o)
 
 
@@ -82,12 +82,12 @@ class MLP(nn.Module):
         """down_proj of silu(gate) * up, which the norm before it computes with gate_up_proj."""
         down = ops.linear(act, self.down_proj.weight)
         if lora is not None:
-            down = down + lora.delta(self.layer, "down", act)
+            down = lora.add(self.layer, "down", act, down)
         return self.tp.all_reduce(down)
 
     def gated(self, normed, ops, lora):
         """silu(gate) * up of normed inputs, with the LoRA deltas of gate and up."""
-        gate_up = ops.linear(normed, self.gate_up_proj.weight) + lora.delta(self.layer, "gate_up", normed)
+        gate_up = lora.add(self.layer, "gate_up", normed, ops.linear(normed, self.gate_up_proj.weight))
         return ops.silu_mul(gate_up)
 
 

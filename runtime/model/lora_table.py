@@ -7,7 +7,8 @@ delta is
 
     ((x @ A_all) * mask) @ B_all
 
-where the mask keeps the columns of the token's slot. A token with no adapter (slot -1) keeps none,
+where the mask keeps the columns of the token's slot (the add onto the projection's output rides in
+the expand's epilogue). A token with no adapter (slot -1) keeps none,
 so its delta is exactly zero and its output the base model's bits. Every row's delta depends on its
 own slot only, and the step's shapes never depend on which adapters run: one CUDA graph serves any
 mix of them. The price is the other slots' columns in the shrink (slots * W of them, a few hundred
@@ -36,9 +37,12 @@ class LoRAPass:
     table: LoRATable
     masks: dict[int, torch.Tensor]
 
-    def delta(self, layer: int, proj: str, x: torch.Tensor) -> torch.Tensor:
+    def add(self, layer: int, proj: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`out` plus the delta of inputs `x`, the add in the expand's epilogue: three launches a
+        projection. A row with no adapter expands zeros, so it keeps `out`'s bits."""
         t = self.table
-        return ((x @ t.a[proj][layer]) * self.masks[t.widths[proj]]) @ t.b[proj][layer]
+        shrunk = (x @ t.a[proj][layer]).mul_(self.masks[t.widths[proj]])
+        return torch.addmm(out, shrunk, t.b[proj][layer])
 
 
 class LoRATable:

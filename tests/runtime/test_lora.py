@@ -162,26 +162,26 @@ def test_lora_switches_are_checked(hf_checkpoints, adapter):
 
 
 def test_a_rows_delta_depends_on_its_own_slot_only(hf_checkpoints, adapter):
-    """The masked matmuls: a row with no adapter gets exactly zero, and a row's delta has the same
-    bits whichever adapters the other rows run."""
+    """The masked matmuls: a row with no adapter keeps the base output's bits, and a row's result has
+    the same bits whichever adapters the other rows run."""
     cfg = ModelConfig.from_dir(hf_checkpoints["llama"])
     table = LoRATable(cfg, partition(cfg, 0, 1), 2, 8, 16, torch.float32, torch.device("cpu"))
     for slot, kind in enumerate(["all", "attn"]):
         table.load(slot, read_weights(read_header(adapter("llama", kind).lora_path, cfg, 8), torch.float32))
-    x = torch.randn(6, cfg.hidden_size)
-    table.place(torch.tensor([0, -1, 1, 0, -1, 1]), 6)
-    mixed = table.begin(6).delta(0, "qkv", x)
-    assert torch.equal(mixed[[1, 4]], torch.zeros(2, mixed.shape[1]))
+    x, base = torch.randn(6, cfg.hidden_size), torch.randn(6, cfg.q_size + 2 * cfg.kv_size)
+    slots = [0, -1, 1, 0, -1, 1]
+    table.place(torch.tensor(slots), 6)
+    mixed = table.begin(6).add(0, "qkv", x, base)
+    assert torch.equal(mixed[[1, 4]], base[[1, 4]])
+    assert not torch.equal(mixed[[0, 2]], base[[0, 2]])
     for slot in (0, 1):
         table.place(torch.full((6,), slot), 6)
-        alone = table.begin(6).delta(0, "qkv", x)
-        rows = [i for i, s in enumerate([0, -1, 1, 0, -1, 1]) if s == slot]
+        alone = table.begin(6).add(0, "qkv", x, base)
+        rows = [i for i, s in enumerate(slots) if s == slot]
         assert torch.equal(mixed[rows], alone[rows])
     table.place(None, 6)
-    assert torch.equal(
-        table.begin(6).delta(1, "down", torch.randn(6, cfg.intermediate_size)),
-        torch.zeros(6, cfg.hidden_size),
-    )
+    out = torch.randn(6, cfg.hidden_size)
+    assert torch.equal(table.begin(6).add(1, "down", torch.randn(6, cfg.intermediate_size), out), out)
 
 
 def test_slots_go_to_the_least_recently_released_adapter_and_know_an_adapter_by_id_and_folder():
