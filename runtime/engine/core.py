@@ -20,7 +20,7 @@ from typing import Any
 
 from .executor import ExecutorCore, StepRecord
 from .request import RequestHandle, closed_error
-from .sequence import Sequence
+from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.engine")
 
@@ -183,7 +183,9 @@ class EngineCore:
         sched = self.executor.scheduler
         for seq in incoming:
             self.prompt_tokens += len(seq.prompt_ids)
-            sched.add(seq)
+            problem = sched.add(seq)
+            if problem is not None:
+                self._reject(seq, problem)
         for seq in aborts:
             if not seq.finished:
                 sched.abort(seq)
@@ -230,6 +232,13 @@ class EngineCore:
         )
         self._last_delivery = now
         return now
+
+    def _reject(self, seq: Sequence, message: str) -> None:
+        """A sequence the scheduler would not take (its adapter could not be read): it fails alone."""
+        seq.status, seq.finish_reason, seq.error = Status.FINISHED, "abort", message
+        if seq.sink is not None:
+            seq.sink.post(("rejected", message))
+        self._report_finish(seq)
 
     def _report_finish(self, seq: Sequence) -> None:
         if seq.sink is not None:

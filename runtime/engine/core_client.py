@@ -179,6 +179,8 @@ class EngineCoreClient:
                     self._answer(*body)
                 elif kind == "closed":
                     self._end(*body)
+                elif kind == "rejected":
+                    self._reject(*body)
         except (EOFError, OSError):
             pass
         except BaseException as exc:  # a bug here must not leave callers waiting forever
@@ -246,6 +248,12 @@ class EngineCoreClient:
             for h in ending:  # only a handle one of whose sequences just finished can be done
                 if all(s.finished for s in h.sequences):
                     self._live.discard(h)
+
+    def _reject(self, seq_id: int, message: str) -> None:
+        """The engine would not take the sequence (its adapter could not be read); its finish follows."""
+        seq = self._seqs.get(seq_id)
+        if seq is not None and seq.sink is not None:
+            seq.sink.post(("rejected", message))
 
     def _end(self, reason: str, failure: BaseException | None) -> None:
         """The engine is gone: fail what waits on it, once."""

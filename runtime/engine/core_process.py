@@ -215,6 +215,13 @@ class PublishingCore(EngineCore):
             self._add_update(updates, seq)
         self._publish(updates, plain)
 
+    def _reject(self, seq: Sequence, message: str) -> None:
+        # Before its finish, on the same link: the client's handle fails alone with the message.
+        link = self._link_of.get(seq.seq_id)
+        if link is not None:
+            link.put(("rejected", seq.seq_id, message))
+        super()._reject(seq, message)
+
     def _report_finish(self, seq: Sequence) -> None:
         updates: dict[ClientLink, list[tuple]] = {}
         self._add_update(updates, seq)

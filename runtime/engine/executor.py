@@ -23,6 +23,7 @@ import torch
 
 from ..dispatch.dispatcher import NATIVE_EXTENSION, HostDispatcher
 from ..hooks import ALL_OFF, RuntimeHooks
+from ..model.lora_adapter import load_adapter
 from ..parallel.messages import Op
 from ..parallel.state import ParallelState, RankFailed, check_group
 from ..runner.config import EngineConfig
@@ -31,7 +32,9 @@ from ..runner.kv_cache import BlockAllocator
 from ..runner.prefix_cache import PrefixCachingAllocator
 from ..runner.runner import ModelRunner
 from ..runner.sampler import Sampled
+from .adapter_store import AdapterStore
 from .alternating import Alternating
+from .lora_slots import LoRASlots
 from .readback import Readback
 from .sampling_params import SamplingParams
 from .sampling_rows import SamplingRows
@@ -89,7 +92,7 @@ class ExecutorCore:
             config.max_batch_size,
             config.max_num_batched_tokens,
             mixed_batches=self._mixed_batches_by_default() if mixed is None else mixed,
-            max_loras=config.max_loras,
+            lora=self._lora_slots(config),
         )
         log.info(
             "mixed batches %s (%s)",
@@ -242,14 +245,27 @@ class ExecutorCore:
             seq.num_pending += 1
         return self._read_back(batch, sampled, out)
 
+    @staticmethod
+    def _lora_slots(config: EngineConfig) -> LoRASlots | None:
+        """The device's LoRA slots and the adapters' weights on the host (enable_lora), or None."""
+        if not config.max_loras:
+            return None
+
+        def read(request):
+            return load_adapter(request.lora_path, config.model, config.max_lora_rank, config.dtype)
+
+        return LoRASlots(config.max_loras, AdapterStore(read, config.max_cpu_loras))
+
     def _load_adapters(self) -> None:
-        """The LoRA adapters the scheduler gave slots since the last step, into those slots (every
-        rank reads its slice from the adapter's folder)."""
-        for slot, request in self.scheduler.lora.take_loads():
+        """The LoRA adapters the scheduler gave slots since the last step, into those slots, from the
+        weights read when their requests entered (every rank takes its slice of them)."""
+        lora = self.scheduler.lora
+        for slot, request in lora.take_loads():
             log.info("LoRA adapter %r (id %d) into slot %d", request.lora_name, request.lora_int_id, slot)
+            weights = lora.store.weights(request)
             if self.parallel is not None:
-                self.parallel.send_adapter(slot, request.lora_path)
-            self.runner.load_adapter(slot, request.lora_path)
+                self.parallel.send_adapter(slot, weights)
+            self.runner.load_adapter(slot, weights)
 
     def launch_decode(self, batch: ScheduledBatch, prev: InflightStep | None):
         seqs, runner = batch.seqs, self.runner

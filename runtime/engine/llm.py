@@ -419,6 +419,8 @@ class LLM:
         self._raise_if_failed(handles.values())
         for i, h in handles.items():
             outputs[i] = h.result()
+            if h.rejected:  # the engine would not take it: it failed alone, as an invalid one does
+                problems.append(f"request {i}: {h.error}")
         if problems and errors == "raise":
             raise RequestError("invalid requests: " + " | ".join(problems), outputs)
         return outputs
@@ -445,7 +447,7 @@ class LLM:
 
     def _raise_if_failed(self, handles) -> None:
         """Only the engine's end fails an admitted request: raise what ended it."""
-        failed = next((h.error for h in handles if h.error is not None), None)
+        failed = next((h.error for h in handles if h.error is not None and not h.rejected), None)
         if failed is not None:
             raise self.core.failure or EngineClosedError(failed)
 

@@ -2,11 +2,13 @@
 
 An adapter is named by `lora_int_id` (positive, unique per adapter: the engine keys its slots and
 the prefix cache by it) and read from `lora_path`, a PEFT folder (adapter_config.json and
-adapter_model.safetensors; runtime/lora/adapter.py).
+adapter_model.safetensors; model/lora_adapter.py). The path is made absolute where the request is
+made, so an engine in another process (or after a chdir) reads the same folder.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +39,7 @@ class LoRARequest:
             raise ValueError(f"LoRARequest.lora_int_id must be an int in [1, 2**31), got {i!r}")
         if not isinstance(self.lora_path, (str, Path)) or not str(self.lora_path):
             raise ValueError(f"LoRARequest {self.lora_name!r}: lora_path must name the adapter's folder")
-        object.__setattr__(self, "lora_path", str(self.lora_path))
+        object.__setattr__(self, "lora_path", os.path.abspath(os.path.expanduser(str(self.lora_path))))
 
     # vLLM's shorter spellings
     @property

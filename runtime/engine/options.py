@@ -153,6 +153,13 @@ class EngineOptions:
         default=1, metadata=doc("Adapters that can run in one batch (device slots), 1 to 64.")
     )
     max_lora_rank: int = field(default=16, metadata=doc("The largest adapter rank accepted, 1 to 512."))
+    max_cpu_loras: int | None = field(
+        default=None,
+        metadata=doc(
+            "Adapters whose weights stay in host memory when no request uses them, so a slot takes "
+            "them again without reading their folder; at least max_loras. None: max_loras (vLLM's)."
+        ),
+    )
     engine_process: bool = field(
         default=False,
         metadata=doc(
@@ -261,6 +268,9 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
             raise ValueError(f"prefill_graphs=True cannot be honoured: {why}")
     max_loras = _int("max_loras", o.max_loras, 1, 64)
     max_lora_rank = _int("max_lora_rank", o.max_lora_rank, 1, 512)
+    max_cpu_loras = max_loras if o.max_cpu_loras is None else _int("max_cpu_loras", o.max_cpu_loras, 1)
+    if max_cpu_loras < max_loras:
+        raise ValueError(f"max_cpu_loras ({max_cpu_loras}) must be at least max_loras ({max_loras})")
     if o.enable_lora and o.prefill_graphs:
         raise ValueError("prefill_graphs=True cannot be honoured: LoRA adapters are on (enable_lora)")
     if o.tp_allreduce not in TP_ALLREDUCE:
@@ -292,4 +302,5 @@ def engine_config(cfg: ModelConfig, checkpoint: Path | None, o: EngineOptions) -
         enable_prefix_caching=bool(o.enable_prefix_caching),
         max_loras=max_loras if o.enable_lora else 0,
         max_lora_rank=max_lora_rank,
+        max_cpu_loras=max_cpu_loras,
     )

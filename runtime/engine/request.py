@@ -68,6 +68,9 @@ class RequestHandle:
         self._wake = wake or threading.Event()
         self._async_wake = asyncio.Event() if loop is not None else None
         self.error: str | None = None
+        # The engine refused the request itself (its LoRA adapter could not be read): it failed
+        # alone, where another error means the engine failed.
+        self.rejected = False
         self.created: float = 0.0  # set by the engine: when it was submitted (time.monotonic)
         self.engine_token: int | None = None  # what an engine process prepared for it (core_client.py)
         # An async stream's deltas carry at least this many tokens (its first and last excepted): a
@@ -104,7 +107,8 @@ class RequestHandle:
         return self._completions[index].seq.scheduled_at
 
     def post(self, event: tuple) -> None:
-        """('tokens', i, n) | ('finish', i, n) | ('error', message): from the loop thread."""
+        """('tokens', i, n) | ('finish', i, n) | ('error', message) | ('rejected', message): from the
+        loop thread."""
         self._events.append(event)
 
     def wake(self) -> None:
@@ -143,8 +147,9 @@ class RequestHandle:
         while self._events:
             event = self._events.popleft()
             changed = True
-            if event[0] == "error":
+            if event[0] in ("error", "rejected"):
                 self.error = event[1]
+                self.rejected = self.rejected or event[0] == "rejected"
                 continue
             _, i, n = event
             c = self._completions[i]

@@ -42,11 +42,11 @@ class Scheduler:
         max_batch_size: int,
         max_num_batched_tokens: int,
         mixed_batches: bool = False,
-        max_loras: int = 0,
+        lora: LoRASlots | None = None,
     ) -> None:
         self.allocator = allocator
         # The device's LoRA slots (enable_lora): a batch runs at most max_loras adapters.
-        self.lora = LoRASlots(max_loras) if max_loras else None
+        self.lora = lora
         # Prefix caching, when the allocator remembers blocks (runner/prefix_cache.py).
         self.prefix_cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         # A prefill step also carries each decoding sequence's next token (as a one-token chunk), so
@@ -62,8 +62,14 @@ class Scheduler:
         # the same epoch is still exact (continue_decode's fast path).
         self.epoch = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence) -> str | None:
+        """Queue `seq`; why it cannot run (its adapter could not be read), in which case it is not queued."""
+        if self.lora is not None:
+            problem = self.lora.enter(seq)
+            if problem is not None:
+                return problem
         self.waiting.append(seq)
+        return None
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -102,6 +108,8 @@ class Scheduler:
         if reason is not None:
             seq.finish_reason = reason
         self.release(seq)
+        if self.lora is not None:
+            self.lora.leave(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Drop a request that nobody waits for any more (a stream closed early)."""
@@ -151,14 +159,17 @@ class Scheduler:
 
     def _admit(self, batch: ScheduledBatch, budget: int, unguided: bool = False) -> int:
         """Waiting sequences into `batch` in arrival order, within `budget` tokens; how many. With
-        `unguided`, admission stops at the first guided one."""
+        `unguided`, admission stops at the first guided one. One whose LoRA adapter finds no slot
+        keeps its place in the queue while those behind it go on (vLLM's scheduler does so too)."""
         admitted = 0
+        skipped: list[Sequence] = []
         while self.waiting and budget > 0 and len(self.running) < self.max_batch_size:
             seq = self.waiting[0]
             if unguided and seq.guided is not None:
                 break
             if self.lora is not None and not self.lora.can_take(seq):
-                break  # every slot holds an adapter that running sequences use
+                skipped.append(self.waiting.popleft())
+                continue
             taken = self._add_chunk(batch, seq, budget)
             if not taken:
                 break
@@ -172,6 +183,7 @@ class Scheduler:
             self.epoch += 1
             budget -= taken
             admitted += 1
+        self.waiting.extendleft(reversed(skipped))
         return admitted
 
     def admit_beside(self, prev: ScheduledBatch) -> ScheduledBatch | None:

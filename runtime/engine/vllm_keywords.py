@@ -67,10 +67,6 @@ NEUTRAL: dict[str, Neutral] = {
         _one_of(None), "CUDA graphs and fused Triton kernels; see cuda_graphs and graph_batch_sizes"
     ),
     "hf_overrides": Neutral(_one_of(None), "the checkpoint's config.json is read as it is"),
-    "max_cpu_loras": Neutral(
-        lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-        "an adapter is read from its folder whenever a device slot takes it",
-    ),
     "lora_dtype": Neutral(_one_of(None, "auto"), "adapters run in the model's dtype"),
     "fully_sharded_loras": Neutral(
         _one_of(False), "under tensor parallelism each rank holds the slice of B (or A) its shard needs"

@@ -55,13 +55,24 @@ def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
             "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}  # fmt: skip
 
 
-def _pattern_value(patterns: dict, layer: int, module: str, default):
-    """PEFT's rank_pattern / alpha_pattern: a key matches a module's name by its tail."""
+def _pattern_value(where: str, patterns: dict, layer: int, module: str, default: float) -> float:
+    """PEFT's alpha_pattern: the first key that matches the module's name as PEFT matches it (the
+    key a regex for the name's tail)."""
     name = f"model.layers.{layer}.{'mlp' if module in PARTS['gate_up'] + PARTS['down'] else 'self_attn'}.{module}"
     for key, value in patterns.items():
-        if name == key or name.endswith("." + key) or re.fullmatch(rf"(.*\.)?{key}", name):
+        try:
+            hit = name == key or re.match(rf"(.*\.)?({key})$", name) is not None
+        except re.error as exc:
+            raise AdapterError(
+                f"{where}: alpha_pattern key {key!r} is not a regular expression: {exc}"
+            ) from None
+        if hit:
             return value
     return default
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def read_header(path: str | Path, cfg: ModelConfig, max_rank: int) -> AdapterHeader:
@@ -94,11 +105,13 @@ def read_header(path: str | Path, cfg: ModelConfig, max_rank: int) -> AdapterHea
         raise AdapterError(f"{where}: modules_to_save {conf['modules_to_save']} are not supported")
     if conf.get("fan_in_fan_out"):
         raise AdapterError(f"{where}: fan_in_fan_out is for Conv1D models, not Llama-family ones")
-    alpha = conf.get("lora_alpha", conf.get("r", 8))
+    alpha = conf.get("lora_alpha", 8)  # PEFT's default
     rslora = bool(conf.get("use_rslora", False))
     alphas = conf.get("alpha_pattern") or {}
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
+    if not _number(alpha):
         raise AdapterError(f"{where}: lora_alpha must be a number, got {alpha!r}")
+    if not isinstance(alphas, dict) or not all(isinstance(k, str) and _number(v) for k, v in alphas.items()):
+        raise AdapterError(f"{where}: alpha_pattern must map module names to numbers, got {alphas!r}")
     shapes = _expected_shapes(cfg)
     tensors: dict[tuple[int, str, str], str] = {}
     found: dict[str, tuple[int, ...]] = {}
@@ -142,7 +155,7 @@ def read_header(path: str | Path, cfg: ModelConfig, max_rank: int) -> AdapterHea
             raise AdapterError(
                 f"{where}: {module} of layer {layer} has rank {r}, above max_lora_rank {max_rank}"
             )
-        a = _pattern_value(alphas, layer, module, alpha)
+        a = _pattern_value(where, alphas, layer, module, alpha)
         scales[(layer, module)] = a / (math.sqrt(r) if rslora else r)
         rank = max(rank, r)
     lone = [n for (layer, module, ab), n in tensors.items() if ab == "B" and (layer, module) not in scales]
@@ -156,11 +169,32 @@ def read_header(path: str | Path, cfg: ModelConfig, max_rank: int) -> AdapterHea
 def read_weights(
     header: AdapterHeader, dtype: torch.dtype
 ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    """(layer, HF module) -> (A [r, in], scale * B [out, r]) in `dtype`, on the CPU, unsharded."""
+    """(layer, HF module) -> (A [r, in], scale * B [out, r]) in `dtype`, on the CPU, unsharded. A NaN or
+    inf is refused: in the masked matmuls it would reach every row (NaN * 0 is NaN)."""
     out = {}
-    with safe_open(header.path / WEIGHTS_FILE, framework="pt") as f:
+    where = f"LoRA adapter {str(header.path)!r}"
+    try:
+        f = safe_open(header.path / WEIGHTS_FILE, framework="pt")
+    except Exception as exc:
+        raise AdapterError(f"{where}: {WEIGHTS_FILE} cannot be read: {exc}") from exc
+    with f:
         for (layer, module), scale in header.scales.items():
-            a = f.get_tensor(header.tensors[(layer, module, "A")]).float()
-            b = f.get_tensor(header.tensors[(layer, module, "B")]).float() * scale
-            out[(layer, module)] = (a.to(dtype), b.to(dtype))
+            pair = []
+            for ab in "AB":
+                name = header.tensors[(layer, module, ab)]
+                try:
+                    t = f.get_tensor(name).float()
+                except Exception as exc:
+                    raise AdapterError(f"{where}: tensor {name!r} cannot be read: {exc}") from exc
+                t = t * scale if ab == "B" else t
+                t = t.to(dtype)
+                if not torch.isfinite(t).all():
+                    raise AdapterError(f"{where}: tensor {name!r} holds NaN or inf (in {dtype}, scaled)")
+                pair.append(t)
+            out[(layer, module)] = (pair[0], pair[1])
     return out
+
+
+def load_adapter(path: str | Path, cfg: ModelConfig, max_rank: int, dtype: torch.dtype):
+    """read_header then read_weights: an adapter's weights, checked, on the CPU."""
+    return read_weights(read_header(path, cfg, max_rank), dtype)

@@ -16,11 +16,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..model.lora_adapter import MODULES
 from ..runner.penalties import WORD_TOKENS, PenaltyFill
 from ..runner.sampler import FIELDS, SamplingTensors
 from ..runner.step_inputs import DecodeStep, PrefillStep
 
 HEADER = 14
+MODULE_NAMES = tuple(MODULES)  # an adapter's HF module, by its index in Op.LOAD_ADAPTER's header
 log = logging.getLogger("fastpath.parallel")
 
 
@@ -30,10 +32,10 @@ class Op(enum.IntEnum):
     PREFILL_LOGITS = 3  # a prefill whose logits rank 0 wants (prompt_logits): nothing is sampled
     WARMUP_DONE = 4
     STOP = 5
-    LOAD_ADAPTER = 6  # a LoRA adapter's folder, to read into a slot before the next step
+    LOAD_ADAPTER = 6  # a LoRA adapter's weights, into a slot before the next step
 
 
-Message = tuple[Op, DecodeStep | PrefillStep | tuple[int, str] | None]
+Message = tuple[Op, DecodeStep | PrefillStep | tuple[int, dict] | None]
 
 
 class Channel:
@@ -123,12 +125,21 @@ class Channel:
         for t in payload:
             self._bcast(t)
 
-    def send_adapter(self, slot: int, path: str) -> None:
-        """Op.LOAD_ADAPTER: every rank reads its slice of the adapter at `path` into `slot`."""
-        name = torch.frombuffer(bytearray(path.encode()), dtype=torch.uint8)
-        header = [int(Op.LOAD_ADAPTER), slot, name.numel()]
+    def send_adapter(self, slot: int, weights: dict) -> None:
+        """Op.LOAD_ADAPTER: a LoRA adapter's weights for `slot`, whole (each rank takes its slice):
+        a header of (layer, module, rank, out, in) per pair, then the pairs in float32."""
+        pairs = sorted(weights.items())
+        index = torch.tensor(
+            [
+                [layer, MODULE_NAMES.index(m), a.shape[0], b.shape[0], a.shape[1]]
+                for (layer, m), (a, b) in pairs
+            ],
+            dtype=torch.int64,
+        )
+        header = [int(Op.LOAD_ADAPTER), slot, len(pairs)]
         self._bcast(torch.tensor(header + [0] * (HEADER - len(header)), dtype=torch.int64))
-        self._bcast(name)
+        self._bcast(index)
+        self._bcast(torch.cat([t.float().flatten() for _, (a, b) in pairs for t in (a, b)]))
 
     def send_bounded(self, op: Op, timeout_s: float) -> bool:
         """A message without payload that gives up after `timeout_s`: False when a worker did not take it
@@ -170,9 +181,18 @@ class Channel:
             )
             return op, step
         if op is Op.LOAD_ADAPTER:
-            name = torch.empty(b, dtype=torch.uint8)
-            self._bcast(name)
-            return op, (a, bytes(name.tolist()).decode())
+            index = torch.empty(b, 5, dtype=torch.int64)
+            self._bcast(index)
+            shapes = [((r, i), (o, r)) for _, _, r, o, i in index.tolist()]
+            sizes = [a[0] * a[1] for pair in shapes for a in pair]
+            flat = torch.empty(sum(sizes), dtype=torch.float32)
+            self._bcast(flat)
+            parts = iter(flat.split(sizes))
+            weights = {
+                (layer, MODULE_NAMES[m]): (next(parts).view(ra), next(parts).view(rb))
+                for (layer, m, *_), (ra, rb) in zip(index.tolist(), shapes, strict=True)
+            }
+            return op, (a, weights)
         if op in (Op.PREFILL, Op.PREFILL_LOGITS):
             t, s, w, r, has_sampling, top, words = a, b, c, d, e, f, g
             flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)

@@ -70,8 +70,8 @@ class ParallelState:
     def send(self, op: Op, step=None) -> None:
         self.channel.send(op, step)
 
-    def send_adapter(self, slot: int, path: str) -> None:
-        self.channel.send_adapter(slot, path)
+    def send_adapter(self, slot: int, weights: dict) -> None:
+        self.channel.send_adapter(slot, weights)
 
     def agree_on_cache(self, sizing: CacheSizing) -> CacheSizing:
         """Block ids come from rank 0's allocator, so every rank's KV cache has the blocks the fewest fit."""

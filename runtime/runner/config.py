@@ -43,6 +43,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False  # KV blocks found again by their tokens (prefix_cache.py)
     max_loras: int = 0  # LoRA adapter slots on the device (model/lora_table.py); 0: LoRA is off
     max_lora_rank: int = 16
+    max_cpu_loras: int = 1  # adapters whose weights stay on the host when no request uses them
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

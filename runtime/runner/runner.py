@@ -23,7 +23,6 @@ from ..attention.manager import FmhaManager, NoAttentionLibrary
 from ..attention.metadata import AttentionConfig, AttentionMetadata, AttentionShapes
 from ..guided.decoder import GuidedDecoder
 from ..model.collectives import SINGLE
-from ..model.lora_adapter import read_header, read_weights
 from ..model.lora_table import LoRATable
 from ..model.sharding import local_config
 from ..model.weights import build_model
@@ -203,12 +202,10 @@ class ModelRunner:
         """The rows of the graph that runs `num_seqs` sequences; None when no graph does."""
         return self.graphs.bucket(num_seqs) if self.graphs is not None else None
 
-    def load_adapter(self, slot: int, path: str) -> None:
-        """The LoRA adapter in folder `path` into `slot` (this rank's slice), in stream order after the
-        steps launched before; its header was checked when the request was admitted."""
-        c = self.config
-        header = read_header(path, c.model, c.max_lora_rank)
-        self.model.lora.load(slot, read_weights(header, c.dtype))
+    def load_adapter(self, slot: int, weights: dict) -> None:
+        """A LoRA adapter's checked weights (model/lora_adapter.py `read_weights`) into `slot`, this
+        rank's slice, in stream order after the steps launched before."""
+        self.model.lora.load(slot, weights)
 
     # --- stream order -----------------------------------------------------------------------------
 

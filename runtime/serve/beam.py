@@ -30,8 +30,8 @@ from ..engine.beam_search import (
 )
 from ..engine.outputs import CompletionOutput, RequestOutput
 from ..engine.sampling_params import SamplingParams
-from .errors import RequestInvalid, Unavailable
-from .generation import Generation, admit_and_submit, merged, submit_in_thread
+from .errors import RequestInvalid
+from .generation import Generation, admit_and_submit, failure, merged, submit_in_thread
 from .params import RequestKeys
 from .state import ServerState
 
@@ -181,9 +181,9 @@ class BeamGeneration(Generation):
         return [out async for _, out in self.outputs()]
 
     async def _results(self, handles: list) -> list[RequestOutput]:
-        async for _, out in merged(handles):
+        async for i, out in merged(handles):
             if out.error is not None:
-                raise Unavailable(f"the request failed: {out.error}")
+                raise failure(handles[i], out.error)
         return [h.result() for h in handles]
 
     def _choice(

@@ -87,7 +87,7 @@ class Generation:
         """(prompt index, incremental output) as steps complete; records TTFT and inter-token latency."""
         async for i, out in merged(self.handles):
             if out.error is not None:
-                raise Unavailable(f"the request failed: {out.error}")
+                raise failure(self.handles[i], out.error)
             if self.stream:
                 self._observe(i, out)
             else:
@@ -166,6 +166,14 @@ class Generation:
             metrics.finished.labels(reason).inc()
         metrics.e2e.observe(time.monotonic() - self.arrival)
         self.state.gate.leave(self.completions)
+
+
+def failure(handle: RequestHandle, error: str) -> ServeError:
+    """A request the engine refused alone (its adapter could not be read) is the client's 400; any
+    other failure is the engine's, 503."""
+    if handle.rejected:
+        return RequestInvalid(error, "model")
+    return Unavailable(f"the request failed: {error}")
 
 
 async def admit_and_submit(

@@ -3,15 +3,18 @@ batches that mix adapters and the base model, with more adapters than slots, the
 parallelism and the engine process; bad adapters fail their requests alone."""
 
 import functools
+import json
 
 import pytest
 import torch
 from lora_adapters import ALL, build_adapter, peft_greedy
+from safetensors.torch import load_file, save_file
 
 from fastpath.runtime import LLM, LoRARequest, RequestError, SamplingParams
 from fastpath.runtime.model.config import ModelConfig
 from fastpath.runtime.model.lora_adapter import read_header, read_weights
 from fastpath.runtime.model.lora_table import LoRATable
+from fastpath.runtime.model.random_adapter import write_random_adapter
 from fastpath.runtime.model.sharding import partition
 
 PROMPTS = [[1, 5, 9, 33, 7], list(range(3, 60)), [4], [7, 7, 8, 200, 13, 100, 2, 90, 44]]
@@ -25,6 +28,8 @@ KINDS = {
     # rsLoRA's scale, a rank and an alpha of their own for two modules
     "mlp": (3, 8, ["o_proj", "gate_proj", "up_proj", "down_proj"],
             {"use_rslora": True, "rank_pattern": {"o_proj": 4}, "alpha_pattern": {"down_proj": 5}}),
+    # an alpha_pattern key that is a regex, as PEFT matches it
+    "regex": (4, 4, ["q_proj", "v_proj", "o_proj"], {"alpha_pattern": {"q_proj|v_proj": 1.0}}),
 }  # fmt: skip
 
 
@@ -51,17 +56,19 @@ def want(base, prompts, loras, n=20) -> list[list[int]]:
 
 @pytest.mark.parametrize("arch", ["llama", "llama-tied-mqa", "qwen2", "qwen3"])
 def test_a_batch_of_adapters_and_the_base_model_gives_pefts_tokens(hf_checkpoints, adapter, arch):
-    """Three adapters and the base model in one call, two slots: some requests wait for a slot, and
+    """Four adapters and the base model in one call, two slots: some requests wait for a slot, and
     a slot is given up and loaded again."""
     base = hf_checkpoints[arch]
-    a, b, c = (adapter(arch, k) for k in KINDS)
-    prompts = PROMPTS + PROMPTS[:2]
-    loras = [a, None, b, c, b, a]
+    a, b, c, d = (adapter(arch, k) for k in KINDS)
+    prompts = PROMPTS + PROMPTS[:3]
+    loras = [a, None, b, c, d, a, b]
     with LLM(str(base), max_loras=2, **CPU32) as llm:
         got = tokens(llm.generate(prompts, GREEDY, lora_request=loras))
-        loads = llm.executor.scheduler.lora.num_loads
+        lora = llm.executor.scheduler.lora
+        loads, refs = lora.num_loads, lora.refs
     assert got == want(base, prompts, loras)
-    assert loads >= 3, "three adapters went through two slots"
+    assert loads >= 4, "four adapters went through two slots"
+    assert refs == [0, 0], "every finished sequence gave its slot back"
     assert got[0] != want(base, prompts[:1], [None])[0], "the adapter changes the tokens"
 
 
@@ -185,6 +192,7 @@ def test_a_rows_delta_depends_on_its_own_slot_only(hf_checkpoints, adapter):
 
 
 def test_slots_go_to_the_least_recently_released_adapter_and_know_an_adapter_by_id_and_folder():
+    from fastpath.runtime.engine.adapter_store import AdapterStore
     from fastpath.runtime.engine.lora_slots import LoRASlots
     from fastpath.runtime.engine.sequence import Sequence
 
@@ -195,7 +203,7 @@ def test_slots_go_to_the_least_recently_released_adapter_and_know_an_adapter_by_
 
     a, b, c = (LoRARequest(n, i, f"/{n}") for i, n in enumerate("abc", start=1))
     other_a = LoRARequest("a elsewhere", 1, "/not-a")  # another client's id 1
-    slots = LoRASlots(2)
+    slots = LoRASlots(2, AdapterStore(lambda r: {}, 2))
     sa, sb = seq(a), seq(b)
     slots.acquire(sa)
     slots.acquire(sb)
@@ -210,3 +218,68 @@ def test_slots_go_to_the_least_recently_released_adapter_and_know_an_adapter_by_
     slots.acquire(again)
     assert again.lora_slot == 0 and slots.take_loads() == [], "a is still in its slot"
     assert len({slots.namespace(r) for r in (a, b, c, other_a)}) == 4 and slots.namespace(None) == 0
+
+
+def test_peft_defaults_lora_alpha_to_eight(hf_checkpoints, tmp_path):
+    """A config without lora_alpha scales by PEFT's default alpha, 8, not by r."""
+    base = hf_checkpoints["llama"]
+    path = build_adapter(base, tmp_path / "no-alpha", 6, 4, ["q_proj", "down_proj"])
+    config = json.loads((path / "adapter_config.json").read_text())
+    del config["lora_alpha"]
+    (path / "adapter_config.json").write_text(json.dumps(config))
+    r = LoRARequest("no-alpha", 1, str(path))
+    with LLM(str(base), **CPU32) as llm:
+        assert tokens(llm.generate(PROMPTS[:2], GREEDY, lora_request=r)) == want(base, PROMPTS[:2], [r, r])
+
+
+def test_an_adapter_that_cannot_be_read_in_the_engine_fails_its_requests_alone(hf_checkpoints, tmp_path):
+    """Admission reads a folder's header; the engine reads the weights when a request enters it. A NaN
+    (which the masked matmuls would spread to every row) or a folder gone since the adapter left
+    host memory fails that request with a message naming the adapter; the engine goes on."""
+    base = hf_checkpoints["llama"]
+    cfg = ModelConfig.from_dir(base)
+    good = LoRARequest("good", 1, write_random_adapter(cfg, tmp_path / "good", 1, 4, ["q_proj"]))
+    gone = LoRARequest("gone", 2, write_random_adapter(cfg, tmp_path / "gone", 2, 4, ["q_proj"]))
+    nan = LoRARequest("nan", 3, write_random_adapter(cfg, tmp_path / "nan", 3, 4, ["v_proj"]))
+    weights = load_file(tmp_path / "nan" / "adapter_model.safetensors")
+    next(t for name, t in sorted(weights.items()) if "lora_B" in name)[0, 0] = float("nan")
+    save_file(weights, tmp_path / "nan" / "adapter_model.safetensors")
+    for engine_process in (False, True):
+        with LLM(str(base), max_loras=1, engine_process=engine_process, **CPU32) as llm:
+            want_base = tokens(llm.generate(PROMPTS[:1], GREEDY))
+            llm.generate(PROMPTS[:1], GREEDY, lora_request=gone)
+            llm.generate(PROMPTS[:1], GREEDY, lora_request=good)  # gone leaves the slot and host memory
+            (tmp_path / "gone" / "adapter_model.safetensors").rename(tmp_path / "gone.bak")
+            outs = llm.generate(PROMPTS[:3], GREEDY, lora_request=[gone, None, nan], errors="return")
+            (tmp_path / "gone.bak").rename(tmp_path / "gone" / "adapter_model.safetensors")
+            assert "lora_request 'gone'" in outs[0].error and "adapter_model.safetensors" in outs[0].error
+            assert "lora_request 'nan'" in outs[2].error and "NaN or inf" in outs[2].error
+            assert (
+                outs[1].error is None and outs[1].outputs[0].token_ids == want(base, PROMPTS[1:2], [None])[0]
+            )
+            with pytest.raises(RequestError, match="lora_request 'nan'"):
+                llm.generate(PROMPTS[:1], GREEDY, lora_request=nan)
+            assert tokens(llm.generate(PROMPTS[:1], GREEDY)) == want_base
+            assert tokens(llm.generate(PROMPTS[:1], GREEDY, lora_request=gone)) == want(
+                base, PROMPTS[:1], [gone]
+            )
+
+
+def test_a_request_waiting_for_a_slot_lets_the_ones_behind_it_run(hf_checkpoints, adapter):
+    """One slot, held by a long request: a second adapter's request waits, and the base model's
+    request behind it runs meanwhile (vLLM's scheduler skips it too)."""
+    base = hf_checkpoints["llama"]
+    a, b = adapter("llama", "all"), adapter("llama", "attn")
+    long, short = (SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (60, 4))
+    finished = []
+    with LLM(str(base), max_loras=1, **CPU32) as llm:
+        for out in llm.stream(PROMPTS[:3], [long, short, short], lora_request=[a, b, None]):
+            if out.finished:
+                finished.append(out.request_id)
+    ids = sorted(finished, key=int)  # request ids in submission order: a, b, the base model's
+    assert finished.index(ids[2]) < finished.index(ids[0]), f"the base request waited: {finished}"
+
+
+def test_max_cpu_loras_is_at_least_max_loras(hf_checkpoints):
+    with pytest.raises(ValueError, match=r"max_cpu_loras \(1\) must be at least max_loras \(2\)"):
+        LLM(str(hf_checkpoints["llama"]), max_loras=2, max_cpu_loras=1, **CPU32)
