@@ -68,7 +68,8 @@ class LLM:
     max_seq_len (max_model_len), max_batch_size (max_num_seqs), max_num_batched_tokens,
     kv_cache_blocks, gpu_memory_utilization, cuda_graphs, enforce_eager, graph_batch_sizes,
     fused_kernels, fmha_enabled, fmha_prepend, hooks, dispatch_mode, on_unsupported, guided_backend
-    ("auto": xgrammar when installed), tensor_parallel_size (tp), tp_timeout_s, executor_cls."""
+    ("auto": xgrammar when installed), tensor_parallel_size (tp), tp_timeout_s, executor_cls,
+    enable_lora, max_loras, max_lora_rank, max_cpu_loras."""
 
     def __init__(self, model: str | Path | ModelConfig, **kwargs: Any) -> None:
         o = self._configure(model, kwargs)
@@ -474,7 +475,10 @@ class LLM:
             pending = dict(handles)
             while pending:
                 for i, h in list(pending.items()):
-                    yield from h.deltas()
+                    for out in h.deltas():
+                        if h.rejected:  # the engine would not take it (its adapter): as an invalid one
+                            raise RequestError(f"invalid requests: request {i}: {h.error}", [out])
+                        yield out
                     self._raise_if_failed([h])
                     if h.finished:
                         del pending[i]

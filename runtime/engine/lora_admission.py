@@ -4,6 +4,7 @@ weights). A bad one fails its request alone, with a message naming the adapter."
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -49,8 +50,9 @@ class LoRAAdmission:
     def id_for(self, path: str) -> int:
         """The lora_int_id `path` was admitted under, else one no adapter has yet (the server's
         --lora-modules take theirs here, so they never collide with a caller's)."""
+        path = os.path.abspath(os.path.expanduser(str(path)))  # as LoRARequest keeps it
         with self._lock:
-            known = next((i for i, p in self._paths.items() if p == str(path)), None)
+            known = next((i for i, p in self._paths.items() if p == path), None)
             return known if known is not None else max(self._paths, default=0) + 1
 
 

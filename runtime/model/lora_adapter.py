@@ -34,6 +34,19 @@ _KEY = re.compile(
 )
 
 
+# PEFT's LoRA options that change what the adapter computes beyond B @ A: refused by name rather
+# than run as a plain LoRA with silently other tokens.
+UNSUPPORTED = {
+    "use_dora": "DoRA adapters",
+    "alora_invocation_tokens": "activated LoRA (aLoRA) adapters",
+    "lora_bias": "adapters with a bias on lora_B",
+    "layer_replication": "adapters that replicate layers",
+    "trainable_token_indices": "adapters that train token embeddings",
+    "arrow_config": "Arrow routing between adapters",
+    "use_bdlora": "block-diagonal LoRA adapters",
+}
+
+
 class AdapterError(ValueError):
     """An adapter the engine cannot apply; the message names the adapter and what is wrong."""
 
@@ -91,14 +104,15 @@ def read_header(path: str | Path, cfg: ModelConfig, max_rank: int) -> AdapterHea
         raise AdapterError(f"{where}: no {WEIGHTS_FILE}{other}")
     try:
         conf = json.loads(config_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise AdapterError(f"{where}: {CONFIG_FILE} is not JSON: {exc}") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise AdapterError(f"{where}: {CONFIG_FILE} is not JSON: {exc}") from None
     if not isinstance(conf, dict):
         raise AdapterError(f"{where}: {CONFIG_FILE} must hold an object")
     if conf.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{where}: peft_type {conf['peft_type']!r} is not LORA")
-    if conf.get("use_dora"):
-        raise AdapterError(f"{where}: DoRA adapters (use_dora) are not supported")
+    for key, what in UNSUPPORTED.items():
+        if conf.get(key) not in (None, False, [], {}):
+            raise AdapterError(f"{where}: {what} ({key}={conf[key]!r:.60}) are not supported")
     if conf.get("bias", "none") != "none":
         raise AdapterError(f"{where}: bias={conf['bias']!r} trains biases; only bias='none' is supported")
     if conf.get("modules_to_save"):
@@ -146,6 +160,8 @@ def read_header(path: str | Path, cfg: ModelConfig, max_rank: int) -> AdapterHea
             raise AdapterError(f"{where}: {name!r} has no lora_B beside it")
         out, inp = shapes[module]
         r = found[name][0]
+        if r < 1:
+            raise AdapterError(f"{where}: {name!r} has rank {r}; a LoRA weight's rank is at least 1")
         if found[name] != (r, inp) or found[b_name] != (out, r):
             raise AdapterError(
                 f"{where}: {name!r} is {found[name]} and {b_name!r} is {found[b_name]}; this model's "
@@ -189,7 +205,7 @@ def read_weights(
                 t = t * scale if ab == "B" else t
                 t = t.to(dtype)
                 if not torch.isfinite(t).all():
-                    raise AdapterError(f"{where}: tensor {name!r} holds NaN or inf (in {dtype}, scaled)")
+                    raise AdapterError(f"{where}: tensor {name!r} holds NaN or inf (in {dtype})")
                 pair.append(t)
             out[(layer, module)] = (pair[0], pair[1])
     return out

@@ -5,10 +5,10 @@ For each fused projection p of each layer, the slots' A matrices sit side by sid
 slot's width: max_lora_rank per HF module the projection fuses (q|k|v: 3, gate|up: 2). A token's
 delta is
 
-    ((x @ A_all) * mask) @ B_all
+    (x @ A_all, the other slots' columns zeroed) @ B_all
 
-where the mask keeps the columns of the token's slot (the add onto the projection's output rides in
-the expand's epilogue). A token with no adapter (slot -1) keeps none,
+zeroing by a fill, so that another slot's overflow never reaches a row (inf times a mask's 0 is
+NaN), and the add onto the projection's output rides in the expand's epilogue. A token with no adapter (slot -1) keeps none,
 so its delta is exactly zero and its output the base model's bits. Every row's delta depends on its
 own slot only, and the step's shapes never depend on which adapters run: one CUDA graph serves any
 mix of them. The price is the other slots' columns in the shrink (slots * W of them, a few hundred
@@ -32,7 +32,8 @@ from .sharding import Partition, Span, local_config
 
 @dataclass(slots=True)
 class LoRAPass:
-    """One forward's view of the table: the masks of its tokens' slots, built once per width."""
+    """One forward's view of the table: for each width, where a token's row drops another slot's
+    columns, built once a forward."""
 
     table: LoRATable
     masks: dict[int, torch.Tensor]
@@ -41,7 +42,8 @@ class LoRAPass:
         """`out` plus the delta of inputs `x`, the add in the expand's epilogue: three launches a
         projection. A row with no adapter expands zeros, so it keeps `out`'s bits."""
         t = self.table
-        shrunk = (x @ t.a[proj][layer]).mul_(self.masks[t.widths[proj]])
+        # A fill, not a product with a 0/1 mask: another slot's inf (an fp16 overflow) times 0 is NaN.
+        shrunk = (x @ t.a[proj][layer]).masked_fill_(self.masks[t.widths[proj]], 0)
         return torch.addmm(out, shrunk, t.b[proj][layer])
 
 
@@ -130,5 +132,5 @@ class LoRATable:
     def begin(self, n: int) -> LoRAPass:
         """The pass over a forward of `n` tokens, which read slots [0, n) of `token_slots`."""
         slots = self.token_slots[:n, None]
-        masks = {w: (cols[None, :] == slots).to(self.dtype) for w, cols in self._columns.items()}
+        masks = {w: cols[None, :] != slots for w, cols in self._columns.items()}
         return LoRAPass(self, masks)

@@ -123,6 +123,17 @@ def test_bad_adapters_fail_their_requests_alone(hf_checkpoints, adapter, tmp_pat
     a = adapter("llama", "all")
     wide = build_adapter(base, tmp_path / "wide", 4, 16, ["q_proj"])
     head = build_adapter(base, tmp_path / "head", 5, 4, ["q_proj", "lm_head"])
+    alora = build_adapter(base, tmp_path / "alora", 6, 4, ["q_proj"])
+    config = json.loads((alora / "adapter_config.json").read_text())
+    (alora / "adapter_config.json").write_text(json.dumps({**config, "alora_invocation_tokens": [5, 9]}))
+    deep = build_adapter(base, tmp_path / "deep", 7, 4, ["q_proj"])
+    (deep / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    rank0 = tmp_path / "rank0"
+    rank0.mkdir()
+    (rank0 / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 0}))
+    key = "base_model.model.model.layers.0.self_attn.q_proj"
+    zeros = {f"{key}.lora_A.weight": torch.zeros(0, 64), f"{key}.lora_B.weight": torch.zeros(64, 0)}
+    save_file(zeros, rank0 / "adapter_model.safetensors")
     bad_json = tmp_path / "bad_json"
     bad_json.mkdir()
     (bad_json / "adapter_config.json").write_text("{")
@@ -135,6 +146,9 @@ def test_bad_adapters_fail_their_requests_alone(hf_checkpoints, adapter, tmp_pat
         "lm_head": LoRARequest("head", 13, str(head)),
         "is not JSON": LoRARequest("bad_json", 14, str(bad_json)),
         "already names": LoRARequest("same id", a.lora_int_id, str(wide)),
+        "activated LoRA (aLoRA) adapters": LoRARequest("alora", 15, str(alora)),
+        "adapter_config.json is not JSON": LoRARequest("deep", 16, str(deep)),
+        "has rank 0": LoRARequest("rank0", 17, str(rank0)),
     }
     with LLM(str(base), max_lora_rank=8, **CPU32) as llm:
         assert tokens(llm.generate(PROMPTS[:1], GREEDY, lora_request=a)) == want(base, PROMPTS[:1], [a])
@@ -259,6 +273,8 @@ def test_an_adapter_that_cannot_be_read_in_the_engine_fails_its_requests_alone(h
             )
             with pytest.raises(RequestError, match="lora_request 'nan'"):
                 llm.generate(PROMPTS[:1], GREEDY, lora_request=nan)
+            with pytest.raises(RequestError, match="lora_request 'nan'"):
+                list(llm.stream(PROMPTS[:1], GREEDY, lora_request=nan))
             assert tokens(llm.generate(PROMPTS[:1], GREEDY)) == want_base
             assert tokens(llm.generate(PROMPTS[:1], GREEDY, lora_request=gone)) == want(
                 base, PROMPTS[:1], [gone]
@@ -283,3 +299,34 @@ def test_a_request_waiting_for_a_slot_lets_the_ones_behind_it_run(hf_checkpoints
 def test_max_cpu_loras_is_at_least_max_loras(hf_checkpoints):
     with pytest.raises(ValueError, match=r"max_cpu_loras \(1\) must be at least max_loras \(2\)"):
         LLM(str(hf_checkpoints["llama"]), max_loras=2, max_cpu_loras=1, **CPU32)
+
+
+def test_an_adapters_overflow_stays_in_its_own_rows(hf_checkpoints, tmp_path):
+    """Finite weights whose shrink overflows (here A of ±1e38 in float32; in float16 a few thousand
+    do): the other rows, with no adapter or another, keep their tokens."""
+    base = hf_checkpoints["llama"]
+    cfg = ModelConfig.from_dir(base)
+    path = write_random_adapter(cfg, tmp_path / "huge", 8, 4, ["q_proj"])
+    weights = load_file(tmp_path / "huge" / "adapter_model.safetensors")
+    save_file(
+        {k: t.sign() * 1e38 if "lora_A" in k else t for k, t in weights.items()},
+        tmp_path / "huge" / "adapter_model.safetensors",
+    )
+    other = LoRARequest("attn", 2, write_random_adapter(cfg, tmp_path / "attn", 9, 4, ["v_proj"]))
+    with LLM(str(base), max_loras=2, **CPU32) as llm:
+        alone = tokens(llm.generate(PROMPTS[:2], GREEDY, lora_request=[None, other]))
+        beside = tokens(
+            llm.generate(PROMPTS[:3], GREEDY, lora_request=[None, other, LoRARequest("huge", 1, path)])
+        )
+    assert beside[:2] == alone
+
+
+def test_an_adapters_id_follows_its_folder_however_it_is_spelled(hf_checkpoints, adapter, monkeypatch):
+    from fastpath.runtime.engine.lora_admission import LoRAAdmission
+
+    folder = adapter("llama", "attn").lora_path
+    monkeypatch.chdir(folder)
+    admission = LoRAAdmission(ModelConfig.from_dir(hf_checkpoints["llama"]), 2, 16)
+    first = admission.id_for(".")
+    admission.check(LoRARequest("here", first, "."))
+    assert admission.id_for(folder) == admission.id_for("./") == first
