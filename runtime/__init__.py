@@ -18,7 +18,12 @@ _EXPORTS = {
     "StructuredOutputsParams": ".engine.sampling_params",  # vLLM's newer name for GuidedDecodingParams
     "TextPrompt": ".engine.prompts",  # vLLM's prompt dicts, typed
     "TokensPrompt": ".engine.prompts",
-    "LoRARequest": ".engine.lora_request",  # vLLM's: which adapter a request runs with (enable_lora)
+    "LoRARequest": ".engine.lora_request",
+    "PoolingParams": ".engine.pooling",  # vLLM's embed() and encode()
+    "EmbeddingRequestOutput": ".engine.outputs",
+    "EmbeddingOutput": ".engine.outputs",
+    "PoolingRequestOutput": ".engine.outputs",
+    "PoolingOutput": ".engine.outputs",  # vLLM's: which adapter a request runs with (enable_lora)
     "BeamSearchParams": ".engine.beam_search",  # vLLM's LLM.beam_search and what it returns
     "BeamSearchOutput": ".engine.beam_search",
     "BeamSearchSequence": ".engine.beam_search",

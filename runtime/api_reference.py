@@ -15,7 +15,7 @@ from pathlib import Path
 DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 REGENERATE = "python -m fastpath.runtime.api_reference"
 LLM_METHODS = (
-    "generate", "chat", "stream", "submit", "beam_search", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "reset_prefix_cache", "prompt_logits", "close", "from_lock", "open_link", "attach", "in_engine_process", "closed_reason", "engine_pid",
+    "generate", "chat", "stream", "submit", "beam_search", "embed", "encode", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "reset_prefix_cache", "prompt_logits", "close", "from_lock", "open_link", "attach", "in_engine_process", "closed_reason", "engine_pid",
 )  # fmt: skip
 HANDLE_METHODS = ("__iter__", "__aiter__", "result", "deltas", "poll", "abort")
 
@@ -58,7 +58,16 @@ def reference_markdown() -> str:
     from .engine.llm import LLM
     from .engine.lora_request import LoRARequest
     from .engine.options import ALIASES, EngineOptions
-    from .engine.outputs import CompletionOutput, Logprob, RequestOutput
+    from .engine.outputs import (
+        CompletionOutput,
+        EmbeddingOutput,
+        EmbeddingRequestOutput,
+        Logprob,
+        PoolingOutput,
+        PoolingRequestOutput,
+        RequestOutput,
+    )
+    from .engine.pooling import PoolingParams
     from .engine.request import RequestHandle
     from .engine.sampling_params import GuidedDecodingParams, SamplingParams
     from .engine.vllm_keywords import NEUTRAL
@@ -86,8 +95,8 @@ def reference_markdown() -> str:
         "|---|---|",
         *(f"| `{k}` | {rule.does} |" for k, rule in NEUTRAL.items()),
         "",
-        "vLLM's pooling methods (`encode`, `embed`, `classify`, `score`, `reward`) raise",
-        "NotImplementedError saying so.",
+        "vLLM's pooling methods that need a head (`classify`, `score`, `reward`) raise",
+        "NotImplementedError saying so; `embed` and `encode` pool the model's hidden states.",
         "",
         *_methods(LLM, LLM_METHODS),
         *_section("SamplingParams", SamplingParams),
@@ -99,6 +108,11 @@ def reference_markdown() -> str:
         *_section("CompletionOutput", CompletionOutput),
         *_section("Logprob", Logprob),
         *_section("LoRARequest", LoRARequest),
+        *_section("PoolingParams", PoolingParams),
+        *_section("EmbeddingRequestOutput", EmbeddingRequestOutput),
+        *_section("EmbeddingOutput", EmbeddingOutput),
+        *_section("PoolingRequestOutput", PoolingRequestOutput),
+        *_section("PoolingOutput", PoolingOutput),
         *_section("BeamSearchParams", BeamSearchParams),
         *_section("BeamSearchSequence", BeamSearchSequence),
         "## `RequestHandle`",

@@ -41,9 +41,23 @@ def is_single_prompt(prompts: Any) -> bool:
     return isinstance(prompts, (list, tuple)) and bool(prompts) and isinstance(prompts[0], numbers.Integral)
 
 
-def encode(prompt: Prompt, tokenizer: Any, limits: Limits, truncate: int | None = None) -> Admitted:
+def encode(
+    prompt: Prompt, tokenizer: Any, limits: Limits, truncate: int | None = None, room: int = 1
+) -> Admitted:
     """The prompt's text (if any) and token ids, the last `truncate` of them when it is set (-1: as many
-    as leave room for one token); ValueError says what is wrong with it."""
+    as leave `room`); ValueError says what is wrong with it. `room` 0: a prompt that generates
+    nothing (pooling) may fill max_seq_len."""
+    if room == 0:
+        admitted = _encode(prompt, tokenizer, None)
+        if truncate is not None:
+            admitted.prompt_ids = admitted.prompt_ids[-(limits.max_seq_len if truncate == -1 else truncate) :]
+        if len(admitted.prompt_ids) > limits.max_seq_len:
+            raise ValueError(
+                f"prompt of {len(admitted.prompt_ids)} tokens is longer than max_seq_len (max_model_len) "
+                f"{limits.max_seq_len} (truncate_prompt_tokens keeps its last tokens)"
+            )
+        admitted.prompt_ids = check_ids(admitted.prompt_ids, limits, room=0)
+        return admitted
     if truncate is not None and truncate >= limits.max_seq_len:
         raise ValueError(
             f"truncate_prompt_tokens {truncate} leaves no room to generate: max_seq_len (max_model_len) is "
@@ -76,7 +90,7 @@ def _encode(prompt: Prompt, tokenizer: Any, limits: Limits | None) -> Admitted:
     return Admitted(None, check_ids(prompt, limits))
 
 
-def check_ids(ids: Any, limits: Limits | None) -> list[int]:
+def check_ids(ids: Any, limits: Limits | None, room: int = 1) -> list[int]:
     """The ids as a list of ints; with `limits`, also within the vocabulary and leaving room to
     generate (without, only their form: the caller truncates them first)."""
     if not isinstance(ids, (list, tuple)):
@@ -94,7 +108,7 @@ def check_ids(ids: Any, limits: Limits | None) -> list[int]:
         raise ValueError("empty prompt")
     if limits is None:
         return out
-    if len(out) >= limits.max_seq_len:
+    if len(out) + room > limits.max_seq_len:
         raise ValueError(
             f"prompt of {len(out)} tokens leaves no room to generate: "
             f"max_seq_len (max_model_len) is {limits.max_seq_len} (truncate_prompt_tokens keeps its last tokens)"

@@ -297,6 +297,7 @@ class LinkServer:
             "forget": lambda link, tokens: link.forget(tokens),
             "stats": lambda link, token: self._reply(link, token, True, self.core.stats()),
             "reset_prefix_cache": self._submit_reset,
+            "pool": self._submit_pool,
             "link": self._open,
         }
         while True:
@@ -347,6 +348,20 @@ class LinkServer:
     def _submit_reset(self, link: ClientLink, token: int) -> None:
         # It waits for the loop thread between steps: off the pipe reader, as a prepare is.
         self._compiler.submit(lambda: self._reply(link, token, True, self.core.reset_prefix_cache()))
+
+    def _submit_pool(
+        self, link: ClientLink, token: int, prompts: list, pooling_type: str, per_token: bool
+    ) -> None:
+        # It waits for the loop thread between steps: off the pipe reader, as a prepare is.
+        def run() -> None:
+            try:
+                out = self.core.call(lambda: self.llm.executor.pool(prompts, pooling_type, per_token))
+            except Exception as exc:
+                self._reply(link, token, False, portable_error(exc))
+                return
+            self._reply(link, token, True, out)
+
+        self._compiler.submit(run)
 
     def _submit_prepare(self, link: ClientLink, token: int, *body: Any) -> None:
         link.compiling(token)  # on the reading thread, so a forget read after it finds it

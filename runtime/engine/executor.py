@@ -445,6 +445,45 @@ class ExecutorCore:
         finally:
             self.allocator.free(seq.block_table)
 
+    @torch.no_grad()
+    def pool(
+        self, prompts: list[list[int]], pooling_type: str, per_token: bool = False
+    ) -> list[torch.Tensor]:
+        """Each prompt's pooled final hidden state ([H], float32, on the host; engine/pooling.py), or
+        with `per_token` every token's ([tokens, H]); outside the scheduler, between its steps. The
+        prompts share prefill steps as the free KV blocks and max_num_batched_tokens allow."""
+        from .pooling import pool
+
+        bs, out = self.runner.block_size, []
+        i = 0
+        while i < len(prompts):
+            group, tokens, blocks = [], 0, 0
+            while i < len(prompts) and len(group) < self.config.max_batch_size:
+                need = -(-len(prompts[i]) // bs)
+                fits = tokens + len(prompts[i]) <= self.config.max_num_batched_tokens
+                if group and (not fits or blocks + need > self.allocator.num_free):
+                    break
+                group.append(prompts[i])
+                tokens, blocks, i = tokens + len(prompts[i]), blocks + need, i + 1
+            seqs = [Sequence(-3, list(p), _PROBE_PARAMS, 0, frozenset(), 1 << 30) for p in group]
+            try:
+                for seq in seqs:
+                    seq.block_table = self.allocator.allocate(-(-len(seq.prompt_ids) // bs))
+                lens = [len(p) for p in group]
+                batch = ScheduledBatch("prefill", seqs, [0] * len(seqs), lens, [True] * len(seqs))
+                step, _ = prefill_step(batch, bs)
+                if self.parallel is not None:
+                    self.parallel.send(Op.PREFILL_HIDDEN, step)
+                hidden = self.runner.run_hidden(step)
+                if per_token:
+                    out += [h.float().cpu() for h in hidden.split(lens)]
+                else:
+                    out += list(pool(hidden, lens, pooling_type).float().cpu())
+            finally:
+                for seq in seqs:
+                    self.allocator.free(seq.block_table)
+        return out
+
     # --- the loop ---------------------------------------------------------------------------------
 
     def start(self) -> None:

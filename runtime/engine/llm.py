@@ -51,12 +51,21 @@ from .generation_defaults import generation_defaults
 from .lora_admission import LoRAAdmission, per_prompt
 from .native_executor import NativeExecutor
 from .options import engine_config, model_dtype, parse_options
-from .outputs import EngineClosedError, RequestError, RequestOutput
+from .outputs import (
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    EngineClosedError,
+    PoolingOutput,
+    PoolingRequestOutput,
+    RequestError,
+    RequestOutput,
+)
+from .pooling import TASKS, PoolingParams, finish, pooler_config
 from .prompt_logprobs import prompt_logprobs_when_room
 from .request import RequestHandle
 from .sampling_params import SamplingParams
 from .token_biases import token_biases
-from .waiting import wait_all
+from .waiting import progress_bar, wait_all
 
 log = logging.getLogger("fastpath.llm")
 
@@ -92,6 +101,7 @@ class LLM:
         )
         self.config = dataclasses.replace(config, guided_backend=backend)
         self._lora = LoRAAdmission(cfg, self.config.max_loras, self.config.max_lora_rank)
+        self._pooler = pooler_config(checkpoint, o.pooler_config)
         self._generation_defaults = generation_defaults(o.generation_config, checkpoint)
         self._defaults = SamplingParams(**self._generation_defaults)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
@@ -617,11 +627,101 @@ class LLM:
         return self.core.reset_prefix_cache()
 
     # vLLM's pooling and beam-search entry points, so code written for them fails saying why.
-    def encode(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError(_NOT_HERE.format("encode"))
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        lora_request: Any = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """vLLM's: one embedding per prompt, pooled from the final norm's output of its prefill as
+        the model's pooler config says (engine/pooling.py: the checkpoint's sentence-transformers
+        config, else the last token, L2-normalized; LLM's pooler_config overrides).
 
-    def embed(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError(_NOT_HERE.format("embed"))
+        - `pooling_params`: one PoolingParams for every prompt, or one per prompt (`dimensions`,
+          `normalize`, `truncate_prompt_tokens`).
+        - `truncate_prompt_tokens`: as PoolingParams', for every prompt.
+        - `use_tqdm`: a bar over the prompts, as generate()'s.
+        - `lora_request`: not supported for pooling (ValueError)."""
+        pooled = self._pool(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request, "embed")
+        return [
+            EmbeddingRequestOutput(rid, EmbeddingOutput(vector.tolist()), ids) for rid, ids, vector in pooled
+        ]
+
+    def encode(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        lora_request: Any = None,
+        pooling_task: str | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """vLLM's: each prompt's pooled data as a tensor. `pooling_task`: "embed" (None: the same),
+        one vector as embed() gives; "token_embed", every token's final hidden state, each
+        normalized when the pooler config (or `normalize`) says. Other tasks (classify, score,
+        reward) need heads fastpath does not have: ValueError."""
+        task = pooling_task or "embed"
+        if task not in TASKS:
+            raise ValueError(
+                f"pooling_task {pooling_task!r} is not supported; fastpath pools {' or '.join(TASKS)}"
+            )
+        pooled = self._pool(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request, task)
+        return [PoolingRequestOutput(rid, PoolingOutput(data), ids) for rid, ids, data in pooled]
+
+    def _pool(self, prompts, pooling_params, truncate, use_tqdm, lora_request, task: str) -> list[tuple]:
+        """(request id, prompt ids, float32 tensor) per prompt; a bad prompt or parameter raises
+        before anything runs."""
+        if lora_request is not None:
+            raise ValueError(
+                "lora_request is not supported by embed() and encode(): they pool the base model"
+            )
+        if self.core is None:
+            return []
+        prompts = _prompt_list(prompts)
+        params = _pooling_per_prompt(pooling_params, len(prompts))
+        ids = []
+        for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+            cut = truncate if truncate is not None else p.truncate_prompt_tokens
+            try:
+                prompt_ids = encode(prompt, self.tokenizer, self._limits, cut, room=0).prompt_ids
+                if len(prompt_ids) > self._limits.cache_tokens:
+                    raise ValueError(
+                        f"{len(prompt_ids)} prompt tokens need more KV cache than the engine holds for one "
+                        f"sequence ({self._limits.cache_tokens})"
+                    )
+            except ValueError as e:
+                raise ValueError(f"{task} prompt {i}: {e}") from None
+            ids.append(prompt_ids)
+        config = self._pooler
+        out: list[tuple] = []
+        bar = progress_bar(use_tqdm, len(ids), "Processed prompts")
+        try:
+            step = max(1, self.config.max_batch_size)
+            for start in range(0, len(ids), step):
+                chunk = ids[start : start + step]
+                for prompt_ids, p, data in zip(
+                    chunk,
+                    params[start : start + step],
+                    self._pooled(chunk, config.pooling_type, task == "token_embed"),
+                    strict=True,
+                ):
+                    normalize = config.normalize if p.normalize is None else p.normalize
+                    out.append((str(next(self._requests)), prompt_ids, finish(data, normalize, p.dimensions)))
+                if bar is not None:
+                    bar.update(len(chunk))
+        finally:
+            if bar is not None:
+                bar.close()
+        return out
+
+    def _pooled(self, ids: list[list[int]], pooling_type: str, per_token: bool) -> list[torch.Tensor]:
+        if self.executor is None:  # the engine runs in its own process
+            return self.core.pool(ids, pooling_type, per_token)
+        return self.core.call(lambda: self.executor.pool(ids, pooling_type, per_token))
 
     def classify(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(_NOT_HERE.format("classify"))
@@ -729,8 +829,8 @@ def _close_engine(core: EngineCore | None, executor, parallel) -> None:
 
 
 _NOT_HERE = (
-    "LLM.{} is vLLM's pooling API, which fastpath does not have: it runs generative Llama-family "
-    "models (generate, chat, stream); prompt_logits gives a prompt's next-token logits"
+    "LLM.{} needs a classification or reward head, which fastpath's Llama-family models do not have; "
+    "embed() and encode() pool their hidden states"
 )
 
 
@@ -765,6 +865,18 @@ def _prompt_list(prompts: Any) -> list[Any]:
         "prompts must be a prompt (a string, a list of token ids, or a dict with 'prompt' or "
         f"'prompt_token_ids') or a list of prompts, got {type(prompts).__name__}"
     )
+
+
+def _pooling_per_prompt(params: Any, n: int) -> list[PoolingParams]:
+    if params is None or isinstance(params, PoolingParams):
+        return [params or PoolingParams()] * n
+    if not isinstance(params, (list, tuple)) or not all(isinstance(p, PoolingParams) for p in params):
+        raise TypeError(
+            f"pooling_params must be a PoolingParams or a list of them, got {type(params).__name__}"
+        )
+    if len(params) != n:
+        raise ValueError(f"pooling_params has {len(params)} entries for {n} prompts")
+    return list(params)
 
 
 def _params_per_prompt(params: Params, n: int, default: SamplingParams) -> list[SamplingParams]:

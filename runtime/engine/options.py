@@ -160,6 +160,13 @@ class EngineOptions:
             "them again without reading their folder; at least max_loras. None: max_loras (vLLM's)."
         ),
     )
+    pooler_config: Any = field(
+        default=None,
+        metadata=doc(
+            "How embed() and encode() pool a prompt: {'pooling_type': LAST | MEAN | CLS, 'normalize': "
+            "bool}; None: the checkpoint's sentence-transformers config, else the last token, normalized."
+        ),
+    )
     engine_process: bool = field(
         default=False,
         metadata=doc(

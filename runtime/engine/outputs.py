@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .sampling_params import doc
 
@@ -70,6 +71,40 @@ class RequestOutput:
             "completion's; 0 without enable_prefix_caching)."
         ),
     )
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    embedding: list[float] = field(metadata=doc("The prompt's embedding (engine/pooling.py)."))
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """What embed() returns, one per prompt: vLLM's."""
+
+    request_id: str = field(metadata=doc("The engine's counter."))
+    outputs: EmbeddingOutput = field(metadata=doc("The embedding."))
+    prompt_token_ids: list[int] = field(metadata=doc("The prompt as token ids (after truncation)."))
+    finished: bool = field(default=True, metadata=doc("Always True."))
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    data: Any = field(metadata=doc("A float32 tensor: [H] for embed, [tokens, H] for token_embed."))
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """What encode() returns, one per prompt: vLLM's."""
+
+    request_id: str = field(metadata=doc("The engine's counter."))
+    outputs: PoolingOutput = field(metadata=doc("The pooled data."))
+    prompt_token_ids: list[int] = field(metadata=doc("The prompt as token ids (after truncation)."))
+    finished: bool = field(default=True, metadata=doc("Always True."))
 
 
 class RequestError(ValueError):

@@ -28,6 +28,10 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
 
 
+_ANY_RUNNER = (
+    "one engine runs generate() and the pooling API (embed(), encode()) alike; classify, score and "
+    "reward need heads fastpath does not have"
+)
 _LOCAL = "checkpoints are local folders, catalog names or random: presets; nothing is downloaded"
 
 NEUTRAL: dict[str, Neutral] = {
@@ -61,8 +65,9 @@ NEUTRAL: dict[str, Neutral] = {
         lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 20,
         "a request may ask for at most 20 logprobs",
     ),
-    "task": Neutral(_one_of("auto", "generate"), "fastpath generates text; it has no pooling models"),
-    "runner": Neutral(_one_of("auto", "generate"), "fastpath generates text; it has no pooling models"),
+    "task": Neutral(_one_of("auto", "generate", "embed"), _ANY_RUNNER),
+    "runner": Neutral(_one_of("auto", "generate", "pooling"), _ANY_RUNNER),
+    "convert": Neutral(_one_of("auto", "none", "embed"), _ANY_RUNNER),
     "compilation_config": Neutral(
         _one_of(None), "CUDA graphs and fused Triton kernels; see cuda_graphs and graph_batch_sizes"
     ),

@@ -180,3 +180,12 @@ class CausalLM(nn.Module):
             hidden, residual, self.norm.weight, self.norm.eps, self.lm_head.weight
         )
         return self.tp.gather_columns(logits, self.cfg.vocab_size)
+
+    def final_hidden(self, hidden, positions, kv, meta: AttentionMetadata, fmha: FmhaManager) -> torch.Tensor:
+        """Embedded inputs [T, H] -> the final norm's output at every token: what HF's base model
+        returns as last_hidden_state, and what pooling reads (engine/pooling.py)."""
+        ops, residual = self.ops, None
+        lora = self.lora.begin(hidden.shape[0]) if self.lora is not None else None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops, lora)
+        return ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)[0]

@@ -33,6 +33,7 @@ class Op(enum.IntEnum):
     WARMUP_DONE = 4
     STOP = 5
     LOAD_ADAPTER = 6  # a LoRA adapter's weights, into a slot before the next step
+    PREFILL_HIDDEN = 7  # a prefill whose final hidden states rank 0 pools (embed, encode)
 
 
 Message = tuple[Op, DecodeStep | PrefillStep | tuple[int, dict] | None]
@@ -193,7 +194,7 @@ class Channel:
                 for (layer, m, *_), (ra, rb) in zip(index.tolist(), shapes, strict=True)
             }
             return op, (a, weights)
-        if op in (Op.PREFILL, Op.PREFILL_LOGITS):
+        if op in (Op.PREFILL, Op.PREFILL_LOGITS, Op.PREFILL_HIDDEN):
             t, s, w, r, has_sampling, top, words = a, b, c, d, e, f, g
             flat = torch.empty(3 * t + s * w + 2 * s + r, dtype=torch.int64)
             self._bcast(flat)

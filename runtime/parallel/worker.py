@@ -38,6 +38,8 @@ def serve(runner: ModelRunner, channel: Channel, until: Op = Op.STOP) -> None:
             last = runner.run_prefill(step).tokens
         elif op is Op.PREFILL_LOGITS:
             runner.run_prompt(step)
+        elif op is Op.PREFILL_HIDDEN:
+            runner.run_hidden(step)
         elif op is Op.LOAD_ADAPTER:
             runner.load_adapter(*step)
         elif op is Op.STOP:

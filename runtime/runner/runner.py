@@ -425,8 +425,18 @@ class ModelRunner:
         where = pending.to(self.device, non_blocking=True)
         ids.index_copy_(0, where[:, 0], prev.index_select(0, where[:, 1]))
 
-    def prefill_forward(self, step: PrefillStep, prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """The model over a prefill step's tokens; logits of its `logits_rows`."""
+    def run_hidden(self, step: PrefillStep) -> torch.Tensor:
+        """A prefill whose final hidden states the caller wants (pooling): [T, H], every token's."""
+        if self.model.lora is not None:
+            self.model.lora.place(step.lora, step.ids.shape[0])
+        with self.forward_order():
+            return self.prefill_forward(step, hidden_only=True)
+
+    def prefill_forward(
+        self, step: PrefillStep, prev_tokens: torch.Tensor | None = None, hidden_only: bool = False
+    ) -> torch.Tensor:
+        """The model over a prefill step's tokens; logits of its `logits_rows` (with `hidden_only`,
+        the final norm's output at every token instead)."""
         dev, nb = self.device, True
         meta = AttentionMetadata(
             "prefill",
@@ -443,6 +453,10 @@ class ModelRunner:
             ids = ids.clone() if ids is step.ids else ids  # never write the caller's host tensor
             self.take_pending(ids, step.pending, prev_tokens)
         hidden = self.model.embed(ids)
+        if hidden_only:
+            return self.model.final_hidden(
+                hidden, step.positions.to(dev, non_blocking=nb), self.kv, meta, self.fmha
+            )
         return self.model(
             hidden,
             step.positions.to(dev, non_blocking=nb),

@@ -22,6 +22,7 @@ from ..engine.outputs import EngineClosedError
 from .chat import create_chat_completion
 from .completions import create_completion
 from .config import AdmissionGate, ServeConfig
+from .embeddings import create_embedding
 from .errors import ServeError, error_response
 from .metrics import ServerMetrics
 from .middleware import RequestMiddleware
@@ -38,6 +39,7 @@ ROUTES = frozenset(
         "/v1/models",
         "/v1/completions",
         "/v1/chat/completions",
+        "/v1/embeddings",
         "/docs",
         "/openapi.json",
         "/tokenize",
@@ -189,6 +191,7 @@ def _v1_routes() -> APIRouter:
 
     router.add_api_route("/completions", create_completion, methods=["POST"])
     router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])
+    router.add_api_route("/embeddings", create_embedding, methods=["POST"])
     return router
 
 

@@ -375,3 +375,22 @@ class TokenizeRequest(Body):
 class DetokenizeRequest(Body):
     model: str | None = None
     tokens: TokenIds
+
+
+class EmbeddingRequest(Body):
+    """OpenAI's /v1/embeddings (vLLM's extras: truncate_prompt_tokens, normalize)."""
+
+    model: str | None = None
+    input: str | list[str] | TokenIds | list[TokenIds] = Field(...)
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    normalize: bool | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must hold at least one text or token list")
+        return value

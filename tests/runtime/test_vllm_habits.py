@@ -32,7 +32,7 @@ def llm(tiny_text_checkpoint):
         ({"pipeline_parallel_size": 2}, "tensor parallelism only"),
         ({"trust_remote_code": "yes"}, "none from the checkpoint"),
         ({"max_logprobs": 50}, "at most 20 logprobs"),
-        ({"task": "embed"}, "no pooling models"),
+        ({"task": "classify"}, "need heads fastpath does not have"),
         ({"download_dir": "/tmp/x"}, "nothing is downloaded"),
     ],
 )
@@ -105,9 +105,9 @@ def test_generate_and_chat_take_vllms_call_keywords_at_neutral_values(llm):
         llm.chat(chat, GREEDY, use_tqdm=False, chat_template_content_format="openai")
 
 
-@pytest.mark.parametrize("method", ["encode", "embed", "classify", "score", "reward"])
-def test_vllms_other_entry_points_say_they_are_not_here(llm, method):
-    with pytest.raises(NotImplementedError, match=rf"LLM\.{method} is"):
+@pytest.mark.parametrize("method", ["classify", "score", "reward"])
+def test_vllms_head_entry_points_say_they_are_not_here(llm, method):
+    with pytest.raises(NotImplementedError, match=rf"LLM\.{method} needs a classification or reward head"):
         getattr(llm, method)(["hi"])
 
 

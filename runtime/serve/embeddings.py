@@ -1,0 +1,73 @@
+"""OpenAI's /v1/embeddings over `LLM.embed` (engine/pooling.py): the server's base model pooled as
+its pooler config says, each input one vector, as floats or as base64 of little-endian float32."""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from ..engine.outputs import EngineClosedError
+from ..engine.pooling import PoolingParams
+from .errors import RequestInvalid, Unavailable
+from .protocol import EmbeddingRequest
+from .state import ServerState
+
+
+async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.fastpath
+    if state.check_model(body.model) is not None:
+        raise RequestInvalid(
+            f"model: embeddings pool the base model; {body.model!r} is a LoRA adapter", "model"
+        )
+    inputs = _inputs(body.input)
+    try:
+        params = PoolingParams(body.truncate_prompt_tokens, body.dimensions, body.normalize)
+    except ValueError as exc:
+        raise RequestInvalid(str(exc), "truncate_prompt_tokens") from None
+    state.gate.enter(1)  # one place: its prompts run between the engine's steps, a batch at a time
+    try:
+        outs = await run_in_threadpool(state.llm.embed, inputs, params, use_tqdm=False)
+    except EngineClosedError as exc:
+        raise Unavailable(str(exc)) from None
+    except ValueError as exc:
+        message = str(exc)
+        raise RequestInvalid(message, "dimensions" if "dimensions" in message else "input") from None
+    finally:
+        state.gate.leave(1)
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encoded(o.outputs.embedding, body.encoding_format)}
+        for i, o in enumerate(outs)
+    ]
+    tokens = sum(len(o.prompt_token_ids) for o in outs)
+    request.state.prompt_tokens = tokens
+    return JSONResponse(
+        {
+            "id": f"embd-{int(time.time() * 1e3)}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": state.model_name,
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+def _inputs(given: Any) -> list[Any]:
+    """OpenAI's input: a text, a list of texts, a list of token ids, or a list of them."""
+    if isinstance(given, str):
+        return [given]
+    if given and isinstance(given[0], int):
+        return [{"prompt_token_ids": given}]
+    return [{"prompt_token_ids": g} if isinstance(g, list) else g for g in given]
+
+
+def _encoded(vector: list[float], encoding_format: str) -> Any:
+    if encoding_format == "float":
+        return vector
+    return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
