@@ -18,12 +18,14 @@ _EXPORTS = {
     "StructuredOutputsParams": ".engine.sampling_params",  # vLLM's newer name for GuidedDecodingParams
     "TextPrompt": ".engine.prompts",  # vLLM's prompt dicts, typed
     "TokensPrompt": ".engine.prompts",
-    "LoRARequest": ".engine.lora_request",
+    "LoRARequest": ".engine.lora_request",  # vLLM's: which adapter a request runs with (enable_lora)
     "PoolingParams": ".engine.pooling",  # vLLM's embed() and encode()
     "EmbeddingRequestOutput": ".engine.outputs",
     "EmbeddingOutput": ".engine.outputs",
     "PoolingRequestOutput": ".engine.outputs",
-    "PoolingOutput": ".engine.outputs",  # vLLM's: which adapter a request runs with (enable_lora)
+    "PoolingOutput": ".engine.outputs",
+    "ScoringRequestOutput": ".engine.outputs",
+    "ScoringOutput": ".engine.outputs",
     "BeamSearchParams": ".engine.beam_search",  # vLLM's LLM.beam_search and what it returns
     "BeamSearchOutput": ".engine.beam_search",
     "BeamSearchSequence": ".engine.beam_search",

@@ -15,7 +15,7 @@ from pathlib import Path
 DOCS_FILE = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 REGENERATE = "python -m fastpath.runtime.api_reference"
 LLM_METHODS = (
-    "generate", "chat", "stream", "submit", "beam_search", "embed", "encode", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "reset_prefix_cache", "prompt_logits", "close", "from_lock", "open_link", "attach", "in_engine_process", "closed_reason", "engine_pid",
+    "generate", "chat", "stream", "submit", "beam_search", "embed", "encode", "score", "get_tokenizer", "get_default_sampling_params", "generation_defaults", "render_chat", "stats", "reset_prefix_cache", "prompt_logits", "close", "from_lock", "open_link", "attach", "in_engine_process", "closed_reason", "engine_pid",
 )  # fmt: skip
 HANDLE_METHODS = ("__iter__", "__aiter__", "result", "deltas", "poll", "abort")
 
@@ -66,6 +66,8 @@ def reference_markdown() -> str:
         PoolingOutput,
         PoolingRequestOutput,
         RequestOutput,
+        ScoringOutput,
+        ScoringRequestOutput,
     )
     from .engine.pooling import PoolingParams
     from .engine.request import RequestHandle
@@ -95,8 +97,8 @@ def reference_markdown() -> str:
         "|---|---|",
         *(f"| `{k}` | {rule.does} |" for k, rule in NEUTRAL.items()),
         "",
-        "vLLM's pooling methods that need a head (`classify`, `score`, `reward`) raise",
-        "NotImplementedError saying so; `embed` and `encode` pool the model's hidden states.",
+        "vLLM's pooling methods that need a head (`classify`, `reward`) raise NotImplementedError",
+        "saying so; `embed`, `encode` and `score` pool the model's hidden states.",
         "",
         *_methods(LLM, LLM_METHODS),
         *_section("SamplingParams", SamplingParams),
@@ -113,6 +115,8 @@ def reference_markdown() -> str:
         *_section("EmbeddingOutput", EmbeddingOutput),
         *_section("PoolingRequestOutput", PoolingRequestOutput),
         *_section("PoolingOutput", PoolingOutput),
+        *_section("ScoringRequestOutput", ScoringRequestOutput),
+        *_section("ScoringOutput", ScoringOutput),
         *_section("BeamSearchParams", BeamSearchParams),
         *_section("BeamSearchSequence", BeamSearchSequence),
         "## `RequestHandle`",

@@ -131,7 +131,7 @@ class EngineCore:
             len(sched.waiting) + len(self._incoming),
             alloc.num_blocks - 1,
             alloc.num_free,
-            self.prompt_tokens,
+            self.prompt_tokens + ex.pooled_tokens,
             self.generation_tokens,
             sched.num_preemptions,
             *_columns(list(self._steps.items())),

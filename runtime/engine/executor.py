@@ -28,7 +28,7 @@ from ..parallel.messages import Op
 from ..parallel.state import ParallelState, RankFailed, check_group
 from ..runner.config import EngineConfig
 from ..runner.decode_inputs import FIXED_COLUMNS, DecodeInputs
-from ..runner.kv_cache import BlockAllocator
+from ..runner.kv_cache import BlockAllocator, CacheFullError
 from ..runner.prefix_cache import PrefixCachingAllocator
 from ..runner.runner import ModelRunner
 from ..runner.sampler import Sampled
@@ -125,6 +125,7 @@ class ExecutorCore:
         )  # read-back, per (shape, dtype)
         self._closed = False
         self._loop_started = False
+        self.pooled_tokens = 0  # prompt tokens embed() and encode() computed (pool)
 
     def _mixed_batches_by_default(self) -> bool:
         """On when a prefill's attention is one launch and a step has room for every decode beside it."""
@@ -449,40 +450,47 @@ class ExecutorCore:
     def pool(
         self, prompts: list[list[int]], pooling_type: str, per_token: bool = False
     ) -> list[torch.Tensor]:
-        """Each prompt's pooled final hidden state ([H], float32, on the host; engine/pooling.py), or
-        with `per_token` every token's ([tokens, H]); outside the scheduler, between its steps. The
-        prompts share prefill steps as the free KV blocks and max_num_batched_tokens allow."""
+        """The pooled final hidden states ([H], float32, on the host; engine/pooling.py), or with
+        `per_token` every token's ([tokens, H]), of the first prompts: as many as one prefill step
+        takes within max_num_batched_tokens, max_batch_size and the free KV blocks. Outside the
+        scheduler, between its steps, one step a call, so generation goes on between calls. Empty
+        when the first prompt's blocks are not free now (running sequences hold them: call again
+        after a step); CacheFullError when they never will be."""
         from .pooling import pool
 
-        bs, out = self.runner.block_size, []
-        i = 0
-        while i < len(prompts):
-            group, tokens, blocks = [], 0, 0
-            while i < len(prompts) and len(group) < self.config.max_batch_size:
-                need = -(-len(prompts[i]) // bs)
-                fits = tokens + len(prompts[i]) <= self.config.max_num_batched_tokens
-                if group and (not fits or blocks + need > self.allocator.num_free):
-                    break
-                group.append(prompts[i])
-                tokens, blocks, i = tokens + len(prompts[i]), blocks + need, i + 1
-            seqs = [Sequence(-3, list(p), _PROBE_PARAMS, 0, frozenset(), 1 << 30) for p in group]
-            try:
-                for seq in seqs:
-                    seq.block_table = self.allocator.allocate(-(-len(seq.prompt_ids) // bs))
-                lens = [len(p) for p in group]
-                batch = ScheduledBatch("prefill", seqs, [0] * len(seqs), lens, [True] * len(seqs))
-                step, _ = prefill_step(batch, bs)
-                if self.parallel is not None:
-                    self.parallel.send(Op.PREFILL_HIDDEN, step)
-                hidden = self.runner.run_hidden(step)
-                if per_token:
-                    out += [h.float().cpu() for h in hidden.split(lens)]
-                else:
-                    out += list(pool(hidden, lens, pooling_type).float().cpu())
-            finally:
-                for seq in seqs:
-                    self.allocator.free(seq.block_table)
-        return out
+        bs = self.runner.block_size
+        group, tokens, blocks = [], 0, 0
+        for prompt in prompts[: self.config.max_batch_size]:
+            need = -(-len(prompt) // bs)
+            fits = not group or tokens + len(prompt) <= self.config.max_num_batched_tokens
+            if not fits or blocks + need > self.allocator.num_free:
+                break
+            group.append(prompt)
+            tokens, blocks = tokens + len(prompt), blocks + need
+        if not group:
+            if not self.scheduler.running:
+                raise CacheFullError(
+                    f"a prompt of {len(prompts[0])} tokens needs {-(-len(prompts[0]) // bs)} KV blocks; "
+                    f"{self.allocator.num_free} are free with nothing running"
+                )
+            return []
+        seqs = [Sequence(-3, list(p), _PROBE_PARAMS, 0, frozenset(), 1 << 30) for p in group]
+        try:
+            for seq in seqs:
+                seq.block_table = self.allocator.allocate(-(-len(seq.prompt_ids) // bs))
+            lens = [len(p) for p in group]
+            batch = ScheduledBatch("prefill", seqs, [0] * len(seqs), lens, [True] * len(seqs))
+            step, _ = prefill_step(batch, bs)
+            if self.parallel is not None:
+                self.parallel.send(Op.PREFILL_HIDDEN, step)
+            hidden = self.runner.run_hidden(step)
+            self.pooled_tokens += tokens
+            if per_token:
+                return [h.float().cpu() for h in hidden.split(lens)]
+            return list(pool(hidden, lens, pooling_type).float().cpu())
+        finally:
+            for seq in seqs:
+                self.allocator.free(seq.block_table)
 
     # --- the loop ---------------------------------------------------------------------------------
 

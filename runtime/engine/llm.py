@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+import torch.nn.functional as F
 
 from fastpath.vocab import CATALOG_MODELS, RANDOM_PREFIX
 
@@ -59,8 +60,10 @@ from .outputs import (
     PoolingRequestOutput,
     RequestError,
     RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
 )
-from .pooling import TASKS, PoolingParams, finish, pooler_config
+from .pooling import TASKS, PoolerConfig, PoolingParams, check_pooler_config, finish, pooler_config
 from .prompt_logprobs import prompt_logprobs_when_room
 from .request import RequestHandle
 from .sampling_params import SamplingParams
@@ -101,7 +104,8 @@ class LLM:
         )
         self.config = dataclasses.replace(config, guided_backend=backend)
         self._lora = LoRAAdmission(cfg, self.config.max_loras, self.config.max_lora_rank)
-        self._pooler = pooler_config(checkpoint, o.pooler_config)
+        check_pooler_config(o.pooler_config)
+        self._checkpoint, self._pooler_given, self._pooler = checkpoint, o.pooler_config, None
         self._generation_defaults = generation_defaults(o.generation_config, checkpoint)
         self._defaults = SamplingParams(**self._generation_defaults)
         self.eos_ids = frozenset(cfg.eos_token_ids) | generation_eos_ids(checkpoint)
@@ -674,19 +678,26 @@ class LLM:
 
     def _pool(self, prompts, pooling_params, truncate, use_tqdm, lora_request, task: str) -> list[tuple]:
         """(request id, prompt ids, float32 tensor) per prompt; a bad prompt or parameter raises
-        before anything runs."""
+        before anything runs. One prefill step a call into the engine, so generation goes on
+        between them; prompts whose KV blocks running sequences hold wait for them."""
         if lora_request is not None:
             raise ValueError(
                 "lora_request is not supported by embed() and encode(): they pool the base model"
             )
         if self.core is None:
             return []
+        if truncate is not None:
+            PoolingParams(truncate_prompt_tokens=truncate)  # checked as the field is
         prompts = _prompt_list(prompts)
         params = _pooling_per_prompt(pooling_params, len(prompts))
+        config = self.pooler_config()
+        hidden = self.config.model.hidden_size
         ids = []
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
             cut = truncate if truncate is not None else p.truncate_prompt_tokens
             try:
+                if p.dimensions is not None and p.dimensions > hidden:
+                    raise ValueError(f"dimensions {p.dimensions} is more than the model's {hidden}")
                 prompt_ids = encode(prompt, self.tokenizer, self._limits, cut, room=0).prompt_ids
                 if len(prompt_ids) > self._limits.cache_tokens:
                     raise ValueError(
@@ -696,29 +707,32 @@ class LLM:
             except ValueError as e:
                 raise ValueError(f"{task} prompt {i}: {e}") from None
             ids.append(prompt_ids)
-        config = self._pooler
         out: list[tuple] = []
         bar = progress_bar(use_tqdm, len(ids), "Processed prompts")
         try:
-            step = max(1, self.config.max_batch_size)
-            for start in range(0, len(ids), step):
-                chunk = ids[start : start + step]
-                for prompt_ids, p, data in zip(
-                    chunk,
-                    params[start : start + step],
-                    self._pooled(chunk, config.pooling_type, task == "token_embed"),
-                    strict=True,
-                ):
+            while len(out) < len(ids):
+                done = len(out)
+                pooled = self._pooled(ids[done:], config.pooling_type, task == "token_embed")
+                for prompt_ids, p, data in zip(ids[done:], params[done:], pooled, strict=False):
                     normalize = config.normalize if p.normalize is None else p.normalize
                     out.append((str(next(self._requests)), prompt_ids, finish(data, normalize, p.dimensions)))
-                if bar is not None:
-                    bar.update(len(chunk))
+                if bar is not None and pooled:
+                    bar.update(len(pooled))
         finally:
             if bar is not None:
                 bar.close()
         return out
 
+    def pooler_config(self) -> PoolerConfig:
+        """How embed() and encode() pool (engine/pooling.py): LLM's pooler_config over the
+        checkpoint's sentence-transformers config over vLLM's default; read at the first call, so a
+        checkpoint whose config cannot be used still generates."""
+        if self._pooler is None:
+            self._pooler = pooler_config(self._checkpoint, self._pooler_given)
+        return self._pooler
+
     def _pooled(self, ids: list[list[int]], pooling_type: str, per_token: bool) -> list[torch.Tensor]:
+        """What one prefill step pools of the first prompts (engine/executor.py `pool`)."""
         if self.executor is None:  # the engine runs in its own process
             return self.core.pool(ids, pooling_type, per_token)
         return self.core.call(lambda: self.executor.pool(ids, pooling_type, per_token))
@@ -726,8 +740,39 @@ class LLM:
     def classify(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(_NOT_HERE.format("classify"))
 
-    def score(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise NotImplementedError(_NOT_HERE.format("score"))
+    def score(
+        self,
+        data_1: Prompt | Sequence[Prompt],
+        data_2: Prompt | Sequence[Prompt],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool | Callable[..., Any] = True,
+        pooling_params: PoolingParams | None = None,
+        lora_request: Any = None,
+    ) -> list[ScoringRequestOutput]:
+        """vLLM's, as it scores with an embedding model: the cosine similarity of each pair's
+        embeddings (embed()'s). One `data_1` is scored against each of `data_2`; two lists of one
+        length are scored pair by pair."""
+        ones, twos = _prompt_list(data_1), _prompt_list(data_2)
+        if len(ones) == 1:
+            ones = ones * len(twos)
+        if len(ones) != len(twos):
+            raise ValueError(f"score takes one data_1 or as many as data_2: got {len(ones)} and {len(twos)}")
+        outs = self.embed(ones + twos, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
+                          use_tqdm=use_tqdm, lora_request=lora_request)  # fmt: skip
+        n = len(ones)
+        scored = []
+        for a, b in zip(outs[:n], outs[n:], strict=True):
+            cosine = F.cosine_similarity(
+                torch.tensor(a.outputs.embedding), torch.tensor(b.outputs.embedding), dim=0
+            )
+            scored.append(
+                ScoringRequestOutput(
+                    a.request_id, ScoringOutput(float(cosine)), a.prompt_token_ids + b.prompt_token_ids
+                )
+            )
+        return scored
 
     def reward(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(_NOT_HERE.format("reward"))
@@ -830,7 +875,7 @@ def _close_engine(core: EngineCore | None, executor, parallel) -> None:
 
 _NOT_HERE = (
     "LLM.{} needs a classification or reward head, which fastpath's Llama-family models do not have; "
-    "embed() and encode() pool their hidden states"
+    "embed(), encode() and score() pool their hidden states"
 )
 
 

@@ -107,6 +107,21 @@ class PoolingRequestOutput:
     finished: bool = field(default=True, metadata=doc("Always True."))
 
 
+@dataclass(slots=True)
+class ScoringOutput:
+    score: float = field(metadata=doc("The cosine similarity of the pair's embeddings."))
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput:
+    """What score() returns, one per pair: vLLM's."""
+
+    request_id: str = field(metadata=doc("The engine's counter (the first embedding's)."))
+    outputs: ScoringOutput = field(metadata=doc("The score."))
+    prompt_token_ids: list[int] = field(metadata=doc("The pair's token ids: the first's, then the second's."))
+    finished: bool = field(default=True, metadata=doc("Always True."))
+
+
 class RequestError(ValueError):
     """Some requests were invalid. The valid ones still ran: their outputs are in `.outputs`."""
 

@@ -60,23 +60,32 @@ class PoolingParams:
             raise ValueError(f"PoolingParams.normalize must be None, True or False, got {self.normalize!r}")
 
 
-def pooler_config(checkpoint: Path | None, given: Mapping[str, Any] | None) -> PoolerConfig:
-    """`given` (LLM's pooler_config) over the checkpoint's sentence-transformers files over vLLM's default."""
-    base = _sentence_transformers(checkpoint) if checkpoint is not None else None
-    base = base or PoolerConfig()
+def check_pooler_config(given: Mapping[str, Any] | None) -> None:
+    """LLM's pooler_config, checked where it enters."""
     if given is None:
-        return base
+        return
     if not isinstance(given, Mapping) or set(given) - {"pooling_type", "normalize"}:
         raise ValueError(f"pooler_config takes pooling_type and normalize, got {given!r}")
-    kind = given.get("pooling_type", base.pooling_type)
+    kind = given.get("pooling_type", "LAST")
     if not isinstance(kind, str) or kind.upper() not in POOLING_TYPES:
         raise ValueError(
             f"pooler_config pooling_type must be one of {', '.join(POOLING_TYPES)}, got {kind!r}"
         )
-    normalize = given.get("normalize", base.normalize)
-    if not isinstance(normalize, bool):
-        raise ValueError(f"pooler_config normalize must be True or False, got {normalize!r}")
-    return PoolerConfig(kind.upper(), normalize, "pooler_config")
+    if not isinstance(given.get("normalize", True), bool):
+        raise ValueError(f"pooler_config normalize must be True or False, got {given['normalize']!r}")
+
+
+def pooler_config(checkpoint: Path | None, given: Mapping[str, Any] | None) -> PoolerConfig:
+    """`given` (LLM's pooler_config, checked) over the checkpoint's sentence-transformers files over
+    vLLM's default; the files are not read when `given` sets both fields."""
+    given = given or {}
+    whole = {"pooling_type", "normalize"} <= set(given)
+    base = _sentence_transformers(checkpoint) if checkpoint is not None and not whole else None
+    base = base or PoolerConfig()
+    if not given:
+        return base
+    kind = given.get("pooling_type", base.pooling_type).upper()
+    return PoolerConfig(kind, given.get("normalize", base.normalize), "pooler_config")
 
 
 def _sentence_transformers(checkpoint: Path) -> PoolerConfig | None:
@@ -91,6 +100,13 @@ def _sentence_transformers(checkpoint: Path) -> PoolerConfig | None:
         raise ValueError(
             f"{checkpoint}: its sentence-transformers pooling config cannot be read: {exc}"
         ) from None
+    extra = [t for t in kinds if t not in ("Transformer", "Pooling", "Normalize")]
+    if extra:
+        # A Dense projection (stella-style) would change the vector and its size: not run, refused.
+        raise ValueError(
+            f"{checkpoint}: its sentence-transformers modules include {', '.join(extra)}, which fastpath does "
+            "not run; pass pooler_config with pooling_type and normalize to pool the hidden states anyway"
+        )
     modes = [mode for key, mode in _SENTENCE_MODES.items() if pooling.get(key)]
     others = [
         k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k not in _SENTENCE_MODES

@@ -29,7 +29,7 @@ def _number(v: Any) -> bool:
 
 
 _ANY_RUNNER = (
-    "one engine runs generate() and the pooling API (embed(), encode()) alike; classify, score and "
+    "one engine runs generate() and the pooling API (embed(), encode(), score()) alike; classify and "
     "reward need heads fastpath does not have"
 )
 _LOCAL = "checkpoints are local folders, catalog names or random: presets; nothing is downloaded"

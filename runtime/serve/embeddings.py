@@ -14,7 +14,9 @@ from starlette.concurrency import run_in_threadpool
 
 from ..engine.outputs import EngineClosedError
 from ..engine.pooling import PoolingParams
+from ..runner.kv_cache import CacheFullError
 from .errors import RequestInvalid, Unavailable
+from .generation import client_request_id, request_id
 from .protocol import EmbeddingRequest
 from .state import ServerState
 
@@ -30,10 +32,14 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
         params = PoolingParams(body.truncate_prompt_tokens, body.dimensions, body.normalize)
     except ValueError as exc:
         raise RequestInvalid(str(exc), "truncate_prompt_tokens") from None
-    state.gate.enter(1)  # one place: its prompts run between the engine's steps, a batch at a time
+    client = client_request_id(request.headers.get("x-request-id"))
+    rid = request_id("embd", client)
+    request.state.request_id = rid
+    request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
+    state.gate.enter(1)  # one place: its prompts run between the engine's steps, a step at a time
     try:
         outs = await run_in_threadpool(state.llm.embed, inputs, params, use_tqdm=False)
-    except EngineClosedError as exc:
+    except (EngineClosedError, CacheFullError) as exc:
         raise Unavailable(str(exc)) from None
     except ValueError as exc:
         message = str(exc)
@@ -48,7 +54,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
     request.state.prompt_tokens = tokens
     return JSONResponse(
         {
-            "id": f"embd-{int(time.time() * 1e3)}",
+            "id": rid,
             "object": "list",
             "created": int(time.time()),
             "model": state.model_name,

@@ -98,9 +98,28 @@ def test_a_checkpoints_sentence_transformers_config_sets_the_pooling(hf_checkpoi
         (out,) = llm.embed(PROMPTS[1], use_tqdm=False)
     want = F.normalize(hf_hidden(hf_checkpoints["llama"], PROMPTS[1]).mean(0), dim=-1)
     torch.testing.assert_close(torch.tensor(out.outputs.embedding), want, atol=2e-6, rtol=1e-5)
+    # A config fastpath cannot run fails pooling, not the engine; a whole pooler_config overrides it.
     (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
-    with pytest.raises(ValueError, match="sentence-transformers pooling .* is not one of last, mean or cls"):
-        LLM(str(path), **CPU32)
+    with LLM(str(path), **CPU32) as llm:
+        with pytest.raises(
+            ValueError, match="sentence-transformers pooling .* is not one of last, mean or cls"
+        ):
+            llm.embed(PROMPTS[1], use_tqdm=False)
+        assert (
+            llm.generate([PROMPTS[0]], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+        )
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
+    (path / "modules.json").write_text(json.dumps([*modules[:2], {"idx": 2, "name": "2", "path": "2_Dense",
+                                                   "type": "sentence_transformers.models.Dense"}]))  # fmt: skip
+    with (
+        LLM(str(path), **CPU32) as llm,
+        pytest.raises(ValueError, match="modules include Dense, which fastpath"),
+    ):
+        llm.embed(PROMPTS[1], use_tqdm=False)
+    with LLM(str(path), pooler_config={"pooling_type": "LAST", "normalize": False}, **CPU32) as llm:
+        (out,) = llm.embed(PROMPTS[1], use_tqdm=False)
+    last = hf_hidden(hf_checkpoints["llama"], PROMPTS[1])[-1]
+    torch.testing.assert_close(torch.tensor(out.outputs.embedding), last, atol=2e-6, rtol=1e-5)
 
 
 def test_embeddings_under_tensor_parallelism_and_in_the_engine_process(hf_checkpoints):
@@ -136,6 +155,44 @@ def test_embedding_beside_generation_changes_neither(hf_checkpoints):
     torch.testing.assert_close(torch.tensor(during), torch.tensor(vectors))
 
 
+def test_pooling_waits_for_the_blocks_generation_holds(hf_checkpoints):
+    """A prompt whose KV blocks running sequences hold waits for them, a step at a time, rather than
+    failing; generation meanwhile gives its own tokens."""
+    path = str(hf_checkpoints["llama"])
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    long = [(7 * i) % 300 + 3 for i in range(200)]
+    with LLM(path, **dict(CPU32, kv_cache_blocks=24)) as llm:
+        alone = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        want = llm.embed([long], use_tqdm=False)[0].outputs.embedding
+        result = {}
+        worker = threading.Thread(
+            target=lambda: result.update(out=llm.generate(PROMPTS, params, use_tqdm=False))
+        )
+        worker.start()
+        while llm.stats().running < 4 and worker.is_alive():
+            pass
+        got = llm.embed([long], use_tqdm=False)[0].outputs.embedding
+        worker.join()
+    assert [o.outputs[0].token_ids for o in result["out"]] == alone
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want))
+
+
+def test_score_is_the_cosine_of_the_embeddings(hf_checkpoints):
+    path = str(hf_checkpoints["llama"])
+    with LLM(path, **CPU32) as llm:
+        vectors = [torch.tensor(o.outputs.embedding) for o in llm.embed(PROMPTS, use_tqdm=False)]
+        against_one = llm.score(PROMPTS[0], PROMPTS[1:], use_tqdm=False)
+        pairwise = llm.score(PROMPTS[:2], PROMPTS[2:], use_tqdm=False)
+        with pytest.raises(ValueError, match="score takes one data_1 or as many as data_2: got 2 and 3"):
+            llm.score(PROMPTS[:2], PROMPTS[1:], use_tqdm=False)
+    for out, other in zip(against_one, vectors[1:], strict=True):
+        assert out.outputs.score == pytest.approx(
+            float(F.cosine_similarity(vectors[0], other, dim=0)), abs=1e-6
+        )
+    assert pairwise[1].outputs.score == pytest.approx(float(vectors[1] @ vectors[3]), abs=1e-6)
+    assert pairwise[1].prompt_token_ids == PROMPTS[1] + PROMPTS[3]
+
+
 def test_bad_pooling_requests_are_refused_by_name(hf_checkpoints):
     path = str(hf_checkpoints["llama"])
     with pytest.raises(ValueError, match="pooler_config pooling_type must be one of LAST, MEAN, CLS"):
@@ -160,6 +217,9 @@ def test_bad_pooling_requests_are_refused_by_name(hf_checkpoints):
             llm.encode(PROMPTS[0], pooling_task="classify", use_tqdm=False)
         with pytest.raises(ValueError, match="lora_request is not supported by embed"):
             llm.embed(PROMPTS[0], lora_request=LoRARequest("a", 1, "/nowhere"), use_tqdm=False)
+        for bad in (0, -5, True, 1.5):
+            with pytest.raises(ValueError, match="truncate_prompt_tokens must be None or an int"):
+                llm.embed(PROMPTS[1], truncate_prompt_tokens=bad, use_tqdm=False)
         with pytest.raises(ValueError, match="pooling_params has 2 entries for 1 prompts"):
             llm.embed(PROMPTS[0], [PoolingParams()] * 2, use_tqdm=False)
         assert len(llm.embed(PROMPTS[0], use_tqdm=False)[0].outputs.embedding) == 64, "the engine goes on"

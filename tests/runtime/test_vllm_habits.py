@@ -105,7 +105,7 @@ def test_generate_and_chat_take_vllms_call_keywords_at_neutral_values(llm):
         llm.chat(chat, GREEDY, use_tqdm=False, chat_template_content_format="openai")
 
 
-@pytest.mark.parametrize("method", ["classify", "score", "reward"])
+@pytest.mark.parametrize("method", ["classify", "reward"])
 def test_vllms_head_entry_points_say_they_are_not_here(llm, method):
     with pytest.raises(NotImplementedError, match=rf"LLM\.{method} needs a classification or reward head"):
         getattr(llm, method)(["hi"])

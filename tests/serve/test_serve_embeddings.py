@@ -4,10 +4,11 @@ naming the field."""
 
 import base64
 
+import httpx
 import numpy as np
 import openai
 import pytest
-from serve_helpers import client, running
+from serve_helpers import client, metric, running
 
 from fastpath.runtime import PoolingParams
 
@@ -72,3 +73,14 @@ def test_bad_embedding_requests_are_400s_naming_the_field(url, kwargs, param, wo
 def test_an_unknown_model_is_404(url):
     with pytest.raises(openai.NotFoundError, match="'other' does not exist"):
         client(url).embeddings.create(model="other", input="hi")
+
+
+def test_request_ids_and_prompt_token_counts_as_completions_have_them(url, llm):
+    before = metric(url, "fastpath_prompt_tokens_total")
+    r = httpx.post(
+        f"{url}/v1/embeddings", json={"input": [[1, 2, 3], [4, 5]]}, headers={"X-Request-Id": "gw-7"}
+    )
+    assert r.json()["id"] == "embd-gw-7" and r.headers["x-request-id"] == "gw-7"
+    a, b = (httpx.post(f"{url}/v1/embeddings", json={"input": "hi"}).json()["id"] for _ in range(2))
+    assert a != b
+    assert metric(url, "fastpath_prompt_tokens_total") >= before + 5
