@@ -1,11 +1,14 @@
-"""PEFT adapters built at test time with peft itself, and PEFT's own generate as the oracle."""
+"""PEFT adapters built at test time with peft itself; PEFT's own generate as the oracle, and HF's
+model with an adapter merged into its weights, which needs no peft (the GPU machine has none)."""
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import torch
+from oracle import greedy_tokens
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -36,15 +39,30 @@ def peft_model(base: str, adapter: str | None):
     return (peft.PeftModel.from_pretrained(model, adapter) if adapter else model).eval()
 
 
-@torch.no_grad()
 def peft_greedy(base, adapter, prompt: list[int], n: int) -> list[int]:
-    model = peft_model(str(base), str(adapter) if adapter else None)
-    out = model.generate(
-        input_ids=torch.tensor([prompt]),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
+    return greedy_tokens(peft_model(str(base), str(adapter) if adapter else None), prompt, n)
+
+
+@torch.no_grad()
+def merged_greedy(
+    base: Path, adapter: str | None, prompt: list[int], n: int, device: str = "cpu"
+) -> list[int]:
+    """Greedy tokens of HF transformers' model with the adapter merged into its weights
+    (W + alpha / r * B @ A, as PEFT's merge does): an oracle that needs no peft."""
+    import transformers
+    from safetensors.torch import load_file
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    if adapter is not None:
+        conf = json.loads((Path(adapter) / "adapter_config.json").read_text())
+        weights = load_file(str(Path(adapter) / "adapter_model.safetensors"))
+        modules = dict(model.named_modules())
+        for name, a in weights.items():
+            if ".lora_A." not in name:
+                continue
+            b = weights[name.replace(".lora_A.", ".lora_B.")]
+            r = a.shape[0]
+            scale = conf["lora_alpha"] / (r**0.5 if conf.get("use_rslora") else r)
+            target = name.removeprefix("base_model.model.").split(".lora_A.")[0]
+            modules[target].weight += scale * b @ a
+    return greedy_tokens(model.to(device).eval(), prompt, n)

@@ -15,7 +15,13 @@ def hf_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu")
 
 
 def hf_greedy(path, prompt: list[int], n: int, dtype=torch.float32, device="cpu") -> list[int]:
-    model = hf_model(str(path), dtype, device)
+    return greedy_tokens(hf_model(str(path), dtype, device), prompt, n)
+
+
+@torch.no_grad()
+def greedy_tokens(model, prompt: list[int], n: int) -> list[int]:
+    """`n` greedy tokens of an HF model after `prompt`, no EOS stopping them."""
+    device = next(model.parameters()).device
     out = model.generate(
         torch.tensor([prompt], device=device),
         max_new_tokens=n,

@@ -3,7 +3,8 @@ tokens of HF transformers with each adapter merged into its weights, and a bf16 
 the eager engine's."""
 
 import pytest
-from lora_files import merged_greedy, write_adapter
+from lora_adapters import merged_greedy
+from lora_files import write_adapter
 
 from fastpath.runtime import LLM, LoRARequest, SamplingParams
 
