@@ -7,6 +7,7 @@ from oracle import hf_model
 from test_sampling_controls import token_ids
 
 from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime.engine.token_biases import bad_word_ids
 from fastpath.runtime.kernels import sampling_rank, sampling_triton
 from fastpath.runtime.kernels.sampling import BIAS_BIT, PROMPT_BIT, rank_counts_reference, sample_reference
 from fastpath.runtime.runner.penalties import PenaltyTable
@@ -177,21 +178,25 @@ def test_bad_words_of_several_tokens_in_a_graphed_engine_equal_eager_and_leave_o
     tokens equal a run without the word, and the word's row equals the eager engine's."""
     graphed = _engine(cuda_graphs=True, graph_batch_sizes=EXACT_GRAPHS)
     prompts = [[4, 5, 6], list(range(3, 20)), [7, 7, 8, 200, 13]]
-    plain = _run(graphed, prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    plain = _run(graphed, prompts, greedy)
     tok = graphed.tokenizer
-    # Two tokens its greedy run generates after its first, as a word that encodes back to them.
-    pair = next(
-        plain[0][i : i + 2]
-        for i in range(1, len(plain[0]) - 1)
-        if tok.encode(tok.decode(plain[0][i : i + 2]), add_special_tokens=False) == plain[0][i : i + 2]
-    )
-    word = tok.decode(pair)
-    banned = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, bad_words=[word])
-    sampled = SamplingParams(temperature=0.8, seed=3, max_tokens=16, ignore_eos=True, bad_words=[word])
-    params = [banned, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), sampled]
+    # Two tokens some row generates after its first, as a word whose token sequences (vLLM's: the
+    # word, and after a space) hold them; the first such row takes the word.
+    found = next(
+        ((r, row[i : i + 2]) for r, row in enumerate(plain) for i in range(1, len(row) - 1)
+         if row[i : i + 2] in bad_word_ids(tok.decode(row[i : i + 2]), tok)),
+        None,
+    )  # fmt: skip
+    assert found is not None, f"no two generated tokens make a word: {plain}"
+    r, pair = found
+    word, other, third = tok.decode(pair), (r + 1) % 3, (r + 2) % 3
+    params = [greedy] * 3
+    params[r] = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, bad_words=[word])
+    params[third] = SamplingParams(temperature=0.8, seed=3, max_tokens=24, ignore_eos=True, bad_words=[word])
     got = _run(graphed, prompts, params)
     assert got == _run(_engine(cuda_graphs=False), prompts, params)
-    assert got[1] == plain[1]
-    assert got[0] != plain[0], "the word changed the greedy row"
-    for row in (got[0], got[2]):
+    assert got[other] == plain[other]
+    assert got[r] != plain[r], "the word changed the greedy row"
+    for row in (got[r], got[third]):
         assert all(row[i : i + 2] != pair for i in range(len(row) - 1))
