@@ -85,6 +85,9 @@ class LoRATable:
         self.token_slots = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
         self._columns = {w: torch.arange(slots * w, device=device) // w for w in set(self.widths.values())}
         self._dirty = False  # some token_slots entry is not -1
+        # Whether the forward runs the deltas: off for a step where no token has an adapter, which
+        # then runs the base model's fused path (and, in graphs, the base graphs).
+        self.active = False
 
     def clear(self, slot: int) -> None:
         for p in PROJECTIONS:
@@ -117,6 +120,7 @@ class LoRATable:
 
     def place(self, slots: torch.Tensor | None, n: int) -> None:
         """A step's token slots (host int64 [n], -1: no adapter); None: no token has one."""
+        self.active = slots is not None
         if slots is None:
             if self._dirty:
                 self.token_slots.fill_(-1)

@@ -22,6 +22,7 @@ log = logging.getLogger("fastpath.graphs")
 
 KINDS = ("greedy", "general")  # greedy graphs skip the sort and noise of random sampling
 GUIDED_KINDS = ("guided_greedy", "guided_general")  # the same two, with the grammar's bitmask applied
+LORA = "lora_"  # prefixes a kind whose steps run LoRA deltas (some row has an adapter)
 
 
 @dataclass(slots=True)
@@ -86,6 +87,8 @@ class DecodeGraphs:
     def capture_all(self) -> None:
         # Largest first, so smaller graphs fit in the memory pool the largest one set aside.
         kinds = KINDS + (GUIDED_KINDS if self.core.guided is not None else ())
+        if self.core.model.lora is not None:  # steps with an adapter row, and the base steps apart
+            kinds += tuple(LORA + k for k in kinds)
         work = [(b, kind) for b in reversed(self.sizes) for kind in kinds]
         for b, kind in progress(work, "capturing CUDA graphs"):
             self.capture(b, kind)
@@ -94,11 +97,21 @@ class DecodeGraphs:
     def capture(self, rows: int, kind: str) -> None:
         core, bufs = self.core, self.buffers[rows]
         sampling = None if kind.endswith("greedy") else self.sampling[rows]
-        guided = kind in GUIDED_KINDS
+        lora = kind.startswith(LORA)
+        guided = kind.removeprefix(LORA) in GUIDED_KINDS
         warm = (lambda: core.guided.enqueue([], rows)) if guided else (lambda: None)  # fills free rows only
-        captured = capture_graph(
-            core, self._pool, lambda: core.decode_forward(bufs, sampling, capturing=True, guided=guided), warm
-        )
+        if core.model.lora is not None:  # the graph records the path the flag picks at capture
+            core.model.lora.active = lora
+        try:
+            captured = capture_graph(
+                core,
+                self._pool,
+                lambda: core.decode_forward(bufs, sampling, capturing=True, guided=guided),
+                warm,
+            )
+        finally:
+            if core.model.lora is not None:
+                core.model.lora.active = False
         self._pool = captured.graph.pool()
         self.graphs[(rows, kind)] = captured
 

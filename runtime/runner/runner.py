@@ -28,7 +28,7 @@ from ..model.sharding import local_config
 from ..model.weights import build_model
 from .config import EngineConfig
 from .decode_inputs import CONTEXT_LEN, FIXED_COLUMNS, DecodeBuffers, DecodeInputs, native_prologue
-from .graphs import DecodeGraphs
+from .graphs import LORA, DecodeGraphs
 from .kv_cache import CacheSizing, KVCache, size_cache
 from .penalties import PenaltySlots, PenaltyTable
 from .prefill_graphs import PrefillGraphs, token_buckets
@@ -248,6 +248,8 @@ class ModelRunner:
         # A step that bans bad words of several tokens runs eagerly: no graph is captured for it.
         words = "words_" if step.words else ""
         kind = ("guided_" if step.guided else "") + words + ("greedy" if step.sampling is None else "general")
+        if step.lora is not None and self.model.lora is not None:
+            kind = LORA + kind
         sampling = self._pinned(step.sampling)
         replay = graphed and (rows, kind) in self.graphs.graphs
         if replay and sampling is not None:

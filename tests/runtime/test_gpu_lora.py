@@ -26,7 +26,10 @@ def loras(hf_checkpoints, tmp_path_factory):
 def _tokens(base, loras, **kw):
     settings = dict(max_seq_len=256, max_batch_size=8, enable_lora=True, max_loras=2)
     with LLM(str(base), **settings, **kw) as llm:
-        graphs = llm.executor.runner.graphs is not None
+        graphs = llm.executor.runner.graphs
+        # The base steps and the steps with an adapter row have graphs of their own.
+        assert graphs is None or {k for _, k in graphs.graphs} >= {"greedy", "lora_greedy"}
+        graphs = graphs is not None
         return graphs, [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, lora_request=loras)]
 
 
@@ -36,6 +39,10 @@ def test_graphed_adapter_steps_give_the_merged_models_tokens(hf_checkpoints, lor
     assert graphs
     for prompt, r, tokens in zip(PROMPTS, loras, got, strict=True):
         assert tokens == merged_greedy(base, r.lora_path if r else None, prompt, 24, "cuda")
+    # A batch with no adapter replays the base graphs: the LoRA-off engine's tokens.
+    with LLM(str(base), device="cuda", dtype="float32", max_seq_len=256, max_batch_size=8) as off:
+        want = [o.outputs[0].token_ids for o in off.generate(PROMPTS, GREEDY)]
+    assert _tokens(base, [None] * len(PROMPTS), device="cuda", dtype="float32")[1] == want
 
 
 def test_bf16_graphs_give_the_eager_tokens_with_adapters(hf_checkpoints, loras):

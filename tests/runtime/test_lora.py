@@ -330,3 +330,23 @@ def test_an_adapters_id_follows_its_folder_however_it_is_spelled(hf_checkpoints,
     first = admission.id_for(".")
     admission.check(LoRARequest("here", first, "."))
     assert admission.id_for(folder) == admission.id_for("./") == first
+
+
+def test_a_step_with_no_adapter_row_runs_the_base_model_path(hf_checkpoints, adapter, monkeypatch):
+    """Only steps where some row has an adapter run the deltas (on CUDA, their own graphs): a request
+    of the base model beside none gets the LoRA-off engine's tokens and logprobs, bit for bit."""
+    base = str(hf_checkpoints["llama"])
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+    with LLM(base, **dict(CPU32, enable_lora=False)) as llm:
+        off = llm.generate(PROMPTS, params, use_tqdm=False)
+    passes = []
+    begin = LoRATable.begin
+    monkeypatch.setattr(LoRATable, "begin", lambda self, n: passes.append(n) or begin(self, n))
+    with LLM(base, **CPU32) as llm:
+        on = llm.generate(PROMPTS, params, use_tqdm=False)
+        assert passes == [], "no step had an adapter row"
+        llm.generate(PROMPTS[:1], params, lora_request=adapter("llama", "attn"), use_tqdm=False)
+        assert passes, "a step with an adapter row runs the deltas"
+    for a, b in zip(on, off, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].cumulative_logprob == b.outputs[0].cumulative_logprob
