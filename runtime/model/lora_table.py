@@ -84,7 +84,6 @@ class LoRATable:
         self.a_columns = {"o_proj": q, "down_proj": mlp}
         self.token_slots = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
         self._columns = {w: torch.arange(slots * w, device=device) // w for w in set(self.widths.values())}
-        self._dirty = False  # some token_slots entry is not -1
         # Whether the forward runs the deltas: off for a step where no token has an adapter, which
         # then runs the base model's fused path (and, in graphs, the base graphs).
         self.active = False
@@ -120,18 +119,14 @@ class LoRATable:
 
     def place(self, slots: torch.Tensor | None, n: int) -> None:
         """A step's token slots (host int64 [n], -1: no adapter); None: no token has one."""
-        self.active = slots is not None
+        self.active = slots is not None  # inactive, the forward never reads token_slots
         if slots is None:
-            if self._dirty:
-                self.token_slots.fill_(-1)
-                self._dirty = False
             return
         if slots.shape[0] != n:
             raise ValueError(f"a step of {n} tokens came with {slots.shape[0]} LoRA slots")
         if self.token_slots.is_cuda and not slots.is_pinned():
             slots = slots.pin_memory()
         self.token_slots[:n].copy_(slots, non_blocking=True)
-        self._dirty = True
 
     def begin(self, n: int) -> LoRAPass:
         """The pass over a forward of `n` tokens, which read slots [0, n) of `token_slots`."""

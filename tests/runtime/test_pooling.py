@@ -2,6 +2,7 @@
 pooled as the pooler config says (last token, mean or first; normalized or not; a checkpoint's
 sentence-transformers files), on one rank, two, and in the engine process."""
 
+import functools
 import json
 import shutil
 import threading
@@ -18,20 +19,14 @@ CPU32 = dict(device="cpu", dtype="float32", max_seq_len=256, max_batch_size=4)
 
 @torch.no_grad()
 def hf_hidden(path, prompt: list[int]) -> torch.Tensor:
-
-    model = _base_model(str(path))
-    return model(torch.tensor([prompt])).last_hidden_state[0].float()
+    return _base_model(str(path))(torch.tensor([prompt])).last_hidden_state[0].float()
 
 
-_MODELS: dict = {}
-
-
+@functools.cache
 def _base_model(path: str):
     import transformers
 
-    if path not in _MODELS:
-        _MODELS[path] = transformers.AutoModel.from_pretrained(path, dtype=torch.float32).eval()
-    return _MODELS[path]
+    return transformers.AutoModel.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def pooled(hidden: torch.Tensor, kind: str) -> torch.Tensor:
