@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """What LoRA costs a decode step: the same batches on an engine with LoRA off, and on one with
 `enable_lora` serving requests with no adapter, with one adapter, and with two (every projection,
-rank 16), side by side in one process, alternating, as ratios of the LoRA-off step.
+rank 16), side by side in one process, alternating, as ratios of the LoRA-off step. On CUDA a third
+engine runs the two adapters with the deltas as three torch ops a projection (round 27's path) in
+place of the shrink and expand kernels.
 
 The step time is the engine's own count of decode seconds over decode steps (bench/common.py
 `counted_run`), so prefill is left out. The adapters are seeded random ones in PEFT's layout
@@ -48,10 +50,15 @@ def main() -> None:
     settings = dict(
         device="cuda" if cuda else "cpu", max_seq_len=args.tokens + 64, max_batch_size=max(args.batch)
     )
-    engines = {
-        "off": LLM(model, **settings),
-        "on": LLM(model, enable_lora=True, max_loras=2, max_lora_rank=args.rank, **settings),
-    }
+    lora = dict(enable_lora=True, max_loras=2, max_lora_rank=args.rank)
+    engines = {"off": LLM(model, **settings)}
+    if cuda:  # round 27's three torch ops a projection, captured into this engine's graphs
+        from fastpath.runtime.kernels import triton_ops
+
+        triton_ops.LORA_KERNELS = False
+        engines["torch ops"] = LLM(model, **lora, **settings)
+        triton_ops.LORA_KERNELS = True
+    engines["on"] = LLM(model, **lora, **settings)
     cfg, vocab = engines["off"].config.model, engines["off"].config.model.vocab_size
     folder = Path(tempfile.mkdtemp(prefix="lora-bench-"))
     adapters = [
@@ -65,6 +72,8 @@ def main() -> None:
         "LoRA on, one adapter": ("on", adapters[:1]),
         "LoRA on, two adapters": ("on", adapters),
     }
+    if cuda:
+        cases["LoRA on, two adapters, torch ops"] = ("torch ops", adapters)
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0.0)
     step_us: dict[str, dict[int, list[float]]] = {name: {b: [] for b in args.batch} for name in cases}
     for b in args.batch:

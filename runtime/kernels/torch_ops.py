@@ -52,6 +52,14 @@ class TorchOps:
     def gated_linear(self, x, weight):
         return self.silu_mul(self.linear(x, weight))
 
+    def lora_add(self, x, out, a, b, slots, width):
+        """`out` plus the LoRA deltas of rows `x` through the slots' A [K, C] and B [C, N] side by side,
+        row i on slot `slots[i]` (-1: none), each slot `width` columns (model/lora_table.py); `out` is
+        written in place and returned."""
+        # A fill, not a product with a 0/1 mask: another slot's inf (an fp16 overflow) times 0 is NaN.
+        other = torch.arange(a.shape[1], device=a.device)[None, :] // width != slots[:, None]
+        return out.addmm_((x @ a).masked_fill_(other, 0), b)
+
     def greedy(self, logits):
         """(argmax tokens, their log-probabilities) of fp32-upcast logits."""
         logits = logits.float()

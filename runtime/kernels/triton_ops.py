@@ -9,7 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import mma_gemv
+from . import lora_kernels, mma_gemv
 from . import triton_kernels as K
 from .guided_mask_triton import guided_mask
 from .torch_ops import TorchOps
@@ -35,6 +35,9 @@ MMA_SMALL_M = True
 # not yet run); the GPU tests and bench/ab_step.py's "PDL, q|k|v RoPE in the tensor-core GEMV" variant
 # turn it on to check and time it.
 MMA_ROPE = os.environ.get("FASTPATH_MMA_ROPE") == "1"
+# LoRA's deltas as the shrink and expand kernels (lora_kernels.py); False keeps round 27's three torch
+# ops, for bench/lora.py to compare.
+LORA_KERNELS = True
 
 
 def _pow2(n: int) -> int:
@@ -146,6 +149,18 @@ class TritonOps(TorchOps):
                 triton_cdiv(n, 16), device=weight.device, dtype=torch.int32
             )
         return counts
+
+    def lora_add(self, x, out, a, b, slots, width):
+        # Two launches in the PDL chain where the three torch ops took three outside it (lora_kernels.py).
+        on = LORA_KERNELS and (x.device.type == "cuda" or K.INTERPRET)
+        if not on or not lora_kernels.fits(x, a) or out.stride(1) != 1:
+            return super().lora_add(x, out, a, b, slots, width)
+        key = ("lora", a.data_ptr(), a.device)
+        counts = self._counts.get(key)
+        if counts is None:
+            rows = triton_cdiv(lora_kernels.MAX_ROWS, lora_kernels.BLOCK_M)
+            counts = self._counts[key] = torch.zeros(rows, device=a.device, dtype=torch.int32)
+        return lora_kernels.lora_add(x, out, a, b, slots, width, counts, self._pdl(x))
 
     guided_mask = staticmethod(guided_mask)
 

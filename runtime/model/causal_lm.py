@@ -171,7 +171,7 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """Embedded inputs [T, H] -> logits of the rows in `logits_indices` (all rows when None)."""
         ops, residual = self.ops, None
-        lora = self.lora.begin(hidden.shape[0]) if self.lora is not None and self.lora.active else None
+        lora = self.lora.begin(hidden.shape[0], ops) if self.lora is not None and self.lora.active else None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops, lora)
         if logits_indices is not None:
@@ -185,7 +185,7 @@ class CausalLM(nn.Module):
         """Embedded inputs [T, H] -> the final norm's output at every token: what HF's base model
         returns as last_hidden_state, and what pooling reads (engine/pooling.py)."""
         ops, residual = self.ops, None
-        lora = self.lora.begin(hidden.shape[0]) if self.lora is not None and self.lora.active else None
+        lora = self.lora.begin(hidden.shape[0], ops) if self.lora is not None and self.lora.active else None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops, lora)
         return ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)[0]

@@ -7,9 +7,11 @@ delta is
 
     (x @ A_all, the other slots' columns zeroed) @ B_all
 
-zeroing by a fill, so that another slot's overflow never reaches a row (inf times a mask's 0 is
-NaN), and the add onto the projection's output rides in the expand's epilogue. A token with no adapter (slot -1) keeps none,
-so its delta is exactly zero and its output the base model's bits. Every row's delta depends on its
+zeroing by a select, so that another slot's overflow never reaches a row (inf times a mask's 0 is
+NaN), and the add onto the projection's output rides in the expand's epilogue: on CUDA two Triton
+launches a projection (kernels/lora_kernels.py), elsewhere three torch ops (TorchOps.lora_add). A
+token with no adapter (slot -1) keeps none, so its delta is exactly zero and its output the base
+model's bits. Every row's delta depends on its
 own slot only, and the step's shapes never depend on which adapters run: one CUDA graph serves any
 mix of them. The price is the other slots' columns in the shrink (slots * W of them, a few hundred
 at most), small beside the projection's own matmul.
@@ -22,6 +24,7 @@ column-parallel projections (q|k|v, gate|up), the A columns of its inputs for th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,19 +35,17 @@ from .sharding import Partition, Span, local_config
 
 @dataclass(slots=True)
 class LoRAPass:
-    """One forward's view of the table: for each width, where a token's row drops another slot's
-    columns, built once a forward."""
+    """One forward's view of the table: its tokens' slots, and the ops that add the deltas."""
 
     table: LoRATable
-    masks: dict[int, torch.Tensor]
+    slots: torch.Tensor
+    ops: Any
 
     def add(self, layer: int, proj: str, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """`out` plus the delta of inputs `x`, the add in the expand's epilogue: three launches a
-        projection. A row with no adapter expands zeros, so it keeps `out`'s bits."""
+        """`out` plus the delta of inputs `x` (ops.lora_add: two Triton launches on CUDA, the add in the
+        expand). A row with no adapter expands zeros, so it keeps `out`'s bits."""
         t = self.table
-        # A fill, not a product with a 0/1 mask: another slot's inf (an fp16 overflow) times 0 is NaN.
-        shrunk = (x @ t.a[proj][layer]).masked_fill_(self.masks[t.widths[proj]], 0)
-        return torch.addmm(out, shrunk, t.b[proj][layer])
+        return self.ops.lora_add(x, out, t.a[proj][layer], t.b[proj][layer], self.slots, t.widths[proj])
 
 
 class LoRATable:
@@ -83,7 +84,6 @@ class LoRATable:
         self.b_rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": mlp, "up_proj": mlp}
         self.a_columns = {"o_proj": q, "down_proj": mlp}
         self.token_slots = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
-        self._columns = {w: torch.arange(slots * w, device=device) // w for w in set(self.widths.values())}
         # Whether the forward runs the deltas: off for a step where no token has an adapter, which
         # then runs the base model's fused path (and, in graphs, the base graphs).
         self.active = False
@@ -128,8 +128,6 @@ class LoRATable:
             slots = slots.pin_memory()
         self.token_slots[:n].copy_(slots, non_blocking=True)
 
-    def begin(self, n: int) -> LoRAPass:
+    def begin(self, n: int, ops) -> LoRAPass:
         """The pass over a forward of `n` tokens, which read slots [0, n) of `token_slots`."""
-        slots = self.token_slots[:n, None]
-        masks = {w: cols[None, :] != slots for w, cols in self._columns.items()}
-        return LoRAPass(self, masks)
+        return LoRAPass(self, self.token_slots[:n], ops)

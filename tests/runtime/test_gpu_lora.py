@@ -51,3 +51,43 @@ def test_bf16_graphs_give_the_eager_tokens_with_adapters(hf_checkpoints, loras):
               fmha_enabled=["triton_decode", "sdpa_math"])  # fmt: skip
     base = hf_checkpoints["llama"]
     assert _tokens(base, loras, enforce_eager=True, **kw)[1] == _tokens(base, loras, **kw)[1]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_shrink_and_expand_kernels_match_the_torch_ops_and_replay_in_a_graph(dtype):
+    """On CUDA the deltas are two Triton launches (lora_kernels.py): close to TorchOps' three ops, a
+    row with no adapter keeps `out`'s bits, a row's bits do not depend on the batch, and a graph of a
+    projection's linear, shrink and expand, replayed, equals the eager launch (the arrival counts
+    reset themselves)."""
+    import torch
+
+    from fastpath.runtime.kernels.torch_ops import TorchOps
+    from fastpath.runtime.kernels.triton_ops import TritonOps
+
+    dt, dev = getattr(torch, dtype), torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    t, f = TorchOps(), TritonOps()
+    k, n, width, slots_n = 2048, 3072, 48, 2
+    x = torch.randn(40, k, device=dev, generator=g).to(dt)
+    w = (torch.randn(n, k, device=dev, generator=g) * 0.02).to(dt)
+    a = (torch.randn(k, slots_n * width, device=dev, generator=g) * 0.02).to(dt)
+    b = (torch.randn(slots_n * width, n, device=dev, generator=g) * 0.02).to(dt)
+    slots = torch.tensor([(i % 3) - 1 for i in range(40)], device=dev)
+    base = f.linear(x, w)
+    got = f.lora_add(x, base.clone(), a, b, slots, width)
+    ref = t.lora_add(x, base.clone(), a, b, slots, width)
+    none = slots < 0
+    assert torch.equal(got[none], base[none])
+    err = (got[~none].float() - ref[~none].float()).norm() / (ref[~none].float() - base[~none].float()).norm()
+    assert err < (2e-2 if dt == torch.bfloat16 else 1e-5)
+    for m in (1, 8, 17):
+        assert torch.equal(f.lora_add(x[:m], base[:m].clone(), a, b, slots[:m], width), got[:m])
+    step = lambda: f.lora_add(x[:8], f.linear(x[:8], w), a, b, slots[:8], width)  # noqa: E731
+    eager = step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager)
