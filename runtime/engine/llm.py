@@ -755,21 +755,23 @@ class LLM:
         embeddings (embed()'s). One `data_1` is scored against each of `data_2`; two lists of one
         length are scored pair by pair."""
         ones, twos = _prompt_list(data_1), _prompt_list(data_2)
-        if len(ones) == 1:
-            ones = ones * len(twos)
-        if len(ones) != len(twos):
+        if len(ones) != 1 and len(ones) != len(twos):
             raise ValueError(f"score takes one data_1 or as many as data_2: got {len(ones)} and {len(twos)}")
+        if not twos:
+            return []
+        # One data_1 is embedded once, not once a pair.
         outs = self.embed(ones + twos, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens,
                           use_tqdm=use_tqdm, lora_request=lora_request)  # fmt: skip
         n = len(ones)
+        firsts = outs[:n] * len(twos) if n == 1 else outs[:n]
         scored = []
-        for a, b in zip(outs[:n], outs[n:], strict=True):
+        for a, b in zip(firsts, outs[n:], strict=True):
             cosine = F.cosine_similarity(
                 torch.tensor(a.outputs.embedding), torch.tensor(b.outputs.embedding), dim=0
             )
             scored.append(
                 ScoringRequestOutput(
-                    a.request_id, ScoringOutput(float(cosine)), a.prompt_token_ids + b.prompt_token_ids
+                    b.request_id, ScoringOutput(float(cosine)), a.prompt_token_ids + b.prompt_token_ids
                 )
             )
         return scored

@@ -26,6 +26,7 @@ from .embeddings import create_embedding
 from .errors import ServeError, error_response
 from .metrics import ServerMetrics
 from .middleware import RequestMiddleware
+from .scores import create_rerank, create_score
 from .state import ServerState
 from .tokenizer_routes import detokenize, tokenize, version
 from .validation import explain
@@ -40,6 +41,11 @@ ROUTES = frozenset(
         "/v1/completions",
         "/v1/chat/completions",
         "/v1/embeddings",
+        "/score",
+        "/v1/score",
+        "/rerank",
+        "/v1/rerank",
+        "/v2/rerank",
         "/docs",
         "/openapi.json",
         "/tokenize",
@@ -192,6 +198,8 @@ def _v1_routes() -> APIRouter:
     router.add_api_route("/completions", create_completion, methods=["POST"])
     router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])
     router.add_api_route("/embeddings", create_embedding, methods=["POST"])
+    router.add_api_route("/score", create_score, methods=["POST"])
+    router.add_api_route("/rerank", create_rerank, methods=["POST"])
     return router
 
 
@@ -201,4 +209,7 @@ def _utility_routes() -> APIRouter:
     router.add_api_route("/tokenize", tokenize, methods=["POST"])
     router.add_api_route("/detokenize", detokenize, methods=["POST"])
     router.add_api_route("/version", version, methods=["GET"])
+    router.add_api_route("/score", create_score, methods=["POST"])
+    router.add_api_route("/rerank", create_rerank, methods=["POST"])
+    router.add_api_route("/v2/rerank", create_rerank, methods=["POST"])
     return router

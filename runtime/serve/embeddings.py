@@ -10,42 +10,28 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
-from ..engine.outputs import EngineClosedError
 from ..engine.pooling import PoolingParams
-from ..runner.kv_cache import CacheFullError
-from .errors import RequestInvalid, Unavailable
-from .generation import client_request_id, request_id
+from .errors import RequestInvalid
+from .pooling_call import run_pooling, usage
 from .protocol import EmbeddingRequest
 from .state import ServerState
 
 
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
-    if state.check_model(body.model) is not None:
-        raise RequestInvalid(
-            f"model: embeddings pool the base model; {body.model!r} is a LoRA adapter", "model"
-        )
     inputs = _inputs(body.input)
     try:
         params = PoolingParams(body.truncate_prompt_tokens, body.dimensions, body.normalize)
     except ValueError as exc:
         raise RequestInvalid(str(exc), "truncate_prompt_tokens") from None
-    client = client_request_id(request.headers.get("x-request-id"))
-    rid = request_id("embd", client)
-    request.state.request_id = rid
-    request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
-    state.gate.enter(1)  # one place: its prompts run between the engine's steps, a step at a time
-    try:
-        outs = await run_in_threadpool(state.llm.embed, inputs, params, use_tqdm=False)
-    except (EngineClosedError, CacheFullError) as exc:
-        raise Unavailable(str(exc)) from None
-    except ValueError as exc:
-        message = str(exc)
-        raise RequestInvalid(message, "dimensions" if "dimensions" in message else "input") from None
-    finally:
-        state.gate.leave(1)
+    rid, outs = await run_pooling(
+        request,
+        "embd",
+        body.model,
+        lambda: state.llm.embed(inputs, params, use_tqdm=False),
+        lambda message: "dimensions" if "dimensions" in message else "input",
+    )
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(o.outputs.embedding, body.encoding_format)}
         for i, o in enumerate(outs)
@@ -59,7 +45,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
             "created": int(time.time()),
             "model": state.model_name,
             "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "usage": usage(tokens),
         }
     )
 

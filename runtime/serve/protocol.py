@@ -377,6 +377,43 @@ class DetokenizeRequest(Body):
     tokens: TokenIds
 
 
+class ScoreRequest(Body):
+    """vLLM's /score: text_1 scored against each of text_2 (one text_1), or pair by pair (two lists of
+    one length)."""
+
+    model: str | None = None
+    text_1: str | list[str] = Field(...)
+    text_2: str | list[str] = Field(...)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    user: str | None = None
+
+    @field_validator("text_1", "text_2")
+    @classmethod
+    def _not_empty(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError(f"{info.field_name} must hold at least one text")
+        return value
+
+
+class RerankRequest(Body):
+    """vLLM's /rerank (Jina's and Cohere's shape): the documents, most relevant to the query first."""
+
+    model: str | None = None
+    query: str = Field(...)
+    documents: list[str] = Field(...)
+    top_n: int = Field(default=0, ge=0)  # 0: every document
+    return_documents: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    user: str | None = None
+
+    @field_validator("documents")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if not value:
+            raise ValueError("documents must hold at least one text")
+        return value
+
+
 class EmbeddingRequest(Body):
     """OpenAI's /v1/embeddings (vLLM's extras: truncate_prompt_tokens, normalize)."""
 
