@@ -24,6 +24,7 @@ from .completions import create_completion
 from .config import AdmissionGate, ServeConfig
 from .embeddings import create_embedding
 from .errors import ServeError, error_response
+from .lora_routes import load_lora_adapter, unload_lora_adapter
 from .metrics import ServerMetrics
 from .middleware import RequestMiddleware
 from .scores import create_rerank, create_score
@@ -51,6 +52,8 @@ ROUTES = frozenset(
         "/tokenize",
         "/detokenize",
         "/version",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
     }
 )
 
@@ -87,6 +90,8 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     _errors(app)
     app.include_router(_public_routes())
     app.include_router(_v1_routes(), prefix="/v1", dependencies=[Depends(_require_api_key)])
+    if config.runtime_lora_updating:
+        app.include_router(_lora_routes(), prefix="/v1", dependencies=[Depends(_require_api_key)])
     app.include_router(_utility_routes(), dependencies=[Depends(_require_api_key)])
     return app
 
@@ -200,6 +205,13 @@ def _v1_routes() -> APIRouter:
     router.add_api_route("/embeddings", create_embedding, methods=["POST"])
     router.add_api_route("/score", create_score, methods=["POST"])
     router.add_api_route("/rerank", create_rerank, methods=["POST"])
+    return router
+
+
+def _lora_routes() -> APIRouter:
+    router = APIRouter()
+    router.add_api_route("/load_lora_adapter", load_lora_adapter, methods=["POST"])
+    router.add_api_route("/unload_lora_adapter", unload_lora_adapter, methods=["POST"])
     return router
 
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from .errors import RequestInvalid, Unavailable
 
 DEFAULT_PORT = 8000
+
+
+def runtime_lora_updating_from_env() -> bool:
+    """vLLM's switch for its adapter routes: VLLM_ALLOW_RUNTIME_LORA_UPDATING true or 1."""
+    return os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").strip().lower() in ("1", "true")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +36,10 @@ class ServeConfig:
       on their machine.
     - `lora_modules`: (name, PEFT folder) pairs, vLLM's --lora-modules: a request whose `model` is
       the name runs with that adapter (the engine needs enable_lora).
+    - `runtime_lora_updating`: vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter add and
+      remove adapter names while the server runs. Off unless VLLM_ALLOW_RUNTIME_LORA_UPDATING is
+      true or 1, as in vLLM: any client with the API key could then make the server read a folder
+      of its choosing. One API server process only (each holds its own names).
     """
 
     host: str = "127.0.0.1"
@@ -46,6 +56,7 @@ class ServeConfig:
     trust_request_chat_template: bool = False
     allowed_origins: tuple[str, ...] = ()
     lora_modules: tuple[tuple[str, str], ...] = ()
+    runtime_lora_updating: bool = field(default_factory=runtime_lora_updating_from_env)
 
     def __post_init__(self) -> None:
         mods = self.lora_modules
@@ -62,6 +73,17 @@ class ServeConfig:
             "a tuple of (name, adapter folder) pairs with distinct names",
             mods,
         )
+        _check(
+            isinstance(self.runtime_lora_updating, bool),
+            "runtime_lora_updating",
+            "True or False",
+            self.runtime_lora_updating,
+        )
+        if self.runtime_lora_updating and self.api_server_count > 1:
+            raise ValueError(
+                "runtime_lora_updating (VLLM_ALLOW_RUNTIME_LORA_UPDATING) needs one API server process: "
+                f"each of the {self.api_server_count} would hold its own adapter names"
+            )
         origins = self.allowed_origins
         _check(
             isinstance(origins, tuple)

@@ -377,6 +377,21 @@ class DetokenizeRequest(Body):
     tokens: TokenIds
 
 
+class LoadLoRAAdapterRequest(Body):
+    """vLLM's /v1/load_lora_adapter."""
+
+    lora_name: str = Field(..., min_length=1)
+    lora_path: str = Field(..., min_length=1)
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(Body):
+    """vLLM's /v1/unload_lora_adapter."""
+
+    lora_name: str = Field(..., min_length=1)
+    lora_int_id: int | None = None
+
+
 class ScoreRequest(Body):
     """vLLM's /score: text_1 scored against each of text_2 (one text_1), or pair by pair (two lists of
     one length)."""

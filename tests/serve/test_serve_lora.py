@@ -3,6 +3,7 @@ as its model and gets the offline engine's tokens under that adapter (itself che
 in tests/runtime/test_lora.py); /v1/models lists the adapters; unknown names and bad adapters are
 refused by name."""
 
+import httpx
 import openai
 import pytest
 from lora_files import write_adapter
@@ -120,3 +121,53 @@ def test_the_command_line_takes_vllms_lora_flags(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["serve", "random:tiny-llama", "--lora-modules", "sql"])
     assert "'sql' is not name=path" in capsys.readouterr().err
+
+
+def test_adapters_load_and_unload_at_run_time_when_vllms_switch_allows(lora_llm, adapters, tmp_path):
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter: a loaded name serves its adapter's
+    tokens and is listed; an unloaded one is a 404 again; bad loads are 400s naming the field."""
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with running(lora_llm, runtime_lora_updating=True) as url:
+        post = lambda path, **body: httpx.post(f"{url}/v1/{path}", json=body)  # noqa: E731
+        r = post("load_lora_adapter", lora_name="late", lora_path=adapters["chatty"])
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'late' added successfully."
+        assert [m.id for m in client(url).models.list().data] == ["tiny", "late"]
+        text = client(url).completions.create(model="late", prompt=PROMPT, max_tokens=8, temperature=0,
+                                              extra_body={"ignore_eos": True}).choices[0].text  # fmt: skip
+        late = LoRARequest("late", lora_llm.lora_id_for(adapters["chatty"]), adapters["chatty"])
+        (want,) = lora_llm.generate(PROMPT, params, lora_request=late)
+        assert text == want.outputs[0].text
+        again = post("load_lora_adapter", lora_name="late", lora_path=adapters["sql"])
+        assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]
+        for body, param, words in [
+            (
+                {"lora_name": "x", "lora_path": str(tmp_path / "nothing")},
+                "lora_path",
+                "no adapter_config.json",
+            ),
+            ({"lora_name": "tiny", "lora_path": adapters["sql"]}, "lora_name", "served model's name"),
+            ({"lora_name": "x"}, "lora_path", "required"),
+            ({"lora_name": "", "lora_path": adapters["sql"]}, "lora_name", "at least 1 character"),
+        ]:
+            bad = post("load_lora_adapter", **body)
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+            assert words in bad.json()["error"]["message"], bad.text
+        r = post("unload_lora_adapter", lora_name="late")
+        assert r.status_code == 200 and r.text == "Success: LoRA adapter 'late' removed successfully."
+        with pytest.raises(openai.NotFoundError):
+            client(url).completions.create(model="late", prompt=PROMPT, max_tokens=2)
+        gone = post("unload_lora_adapter", lora_name="late")
+        assert gone.status_code == 404 and "cannot be found" in gone.json()["error"]["message"]
+    # Off by default, as in vLLM: the routes are not there.
+    with running(lora_llm, runtime_lora_updating=False) as url:
+        r = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": adapters["sql"]})
+        assert r.status_code == 404
+
+
+def test_vllms_environment_switch_turns_run_time_adapters_on(monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    assert ServeConfig().runtime_lora_updating
+    with pytest.raises(ValueError, match="needs one API server process"):
+        ServeConfig(api_server_count=2)
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0")
+    assert not ServeConfig().runtime_lora_updating
