@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ..engine.pooling import PoolingParams
 from .errors import RequestInvalid
-from .pooling_call import run_pooling, usage
+from .pooling_call import check_truncation, in_parts, run_pooling, usage
 from .protocol import EmbeddingRequest
 from .state import ServerState
 
@@ -21,17 +21,26 @@ from .state import ServerState
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     inputs = _inputs(body.input)
+    check_truncation(state, body.truncate_prompt_tokens)
     try:
         params = PoolingParams(body.truncate_prompt_tokens, body.dimensions, body.normalize)
     except ValueError as exc:
         raise RequestInvalid(str(exc), "truncate_prompt_tokens") from None
-    rid, outs = await run_pooling(
-        request,
-        "embd",
-        body.model,
-        lambda: state.llm.embed(inputs, params, use_tqdm=False),
-        lambda message: "dimensions" if "dimensions" in message else "input",
-    )
+    hidden = state.llm.config.model.hidden_size
+    if body.dimensions is not None and body.dimensions > hidden:
+        raise RequestInvalid(f"dimensions {body.dimensions} is more than the model's {hidden}", "dimensions")
+    one = isinstance(body.input, str) or (bool(body.input) and isinstance(body.input[0], int))
+    parts = []
+    for span in in_parts(len(inputs)):
+
+        def call(chunk=inputs[span.start : span.stop]):
+            return state.llm.embed(chunk, params, use_tqdm=False)
+
+        def locate(k, start=span.start):
+            return "input", "input" if one else f"input[{start + k}]"
+
+        parts.append((call, locate))
+    rid, outs = await run_pooling(request, "embd", body.model, parts)
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(o.outputs.embedding, body.encoding_format)}
         for i, o in enumerate(outs)

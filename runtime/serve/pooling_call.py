@@ -1,27 +1,53 @@
 """What /v1/embeddings, /score and /rerank share: the base model only, a request id, one place at the
-admission gate, and the engine's errors as HTTP errors."""
+admission gate, the work in parts so a client that leaves stops it, and the engine's errors as HTTP
+errors that name the field (and the item in it) at fault."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from ..engine.outputs import EngineClosedError
+from ..engine.pooling import PoolingParams
 from ..runner.kv_cache import CacheFullError
-from .errors import RequestInvalid, Unavailable
+from .errors import RequestInvalid, ServeError, Unavailable
 from .generation import client_request_id, request_id
 from .state import ServerState
 
-T = TypeVar("T")
+PART = 64  # prompts an engine call: a client that leaves stops the work within one part
+_PROMPT = re.compile(r"^(?:embed|token_embed) prompt (\d+): ")
+
+# A part's prompt index -> (the request's field, what the message calls it: "documents[3]").
+Locate = Callable[[int], tuple[str, str]]
 
 
-async def run_pooling(request: Request, prefix: str, model: str | None, call: Callable[[], T],
-                      bad_value: Callable[[str], str]) -> tuple[str, T]:  # fmt: skip
-    """(request id, `call()`'s result), `call` run off the event loop. A ValueError from it is a 400
-    whose param `bad_value(message)` names."""
+class ClientGone(ServeError):
+    status = 499
+
+
+def check_truncation(state: ServerState, value: int | None) -> None:
+    """truncate_prompt_tokens as PoolingParams takes it, and no longer than the context (vLLM's 400)."""
+    if value is None:
+        return
+    try:
+        PoolingParams(truncate_prompt_tokens=value)
+    except ValueError as exc:
+        raise RequestInvalid(str(exc), "truncate_prompt_tokens") from None
+    limit = state.llm.config.max_seq_len
+    if value > limit:
+        raise RequestInvalid(
+            f"truncate_prompt_tokens ({value}) is greater than max_model_len ({limit})",
+            "truncate_prompt_tokens",
+        )
+
+
+async def run_pooling(request: Request, prefix: str, model: str | None,
+                      parts: Sequence[tuple[Callable[[], list[Any]], Locate]]) -> tuple[str, list[Any]]:  # fmt: skip
+    """(request id, the parts' results in order), each part's call run off the event loop."""
     state: ServerState = request.app.state.fastpath
     if state.check_model(model) is not None:
         raise RequestInvalid(f"model: pooling runs the base model; {model!r} is a LoRA adapter", "model")
@@ -30,15 +56,30 @@ async def run_pooling(request: Request, prefix: str, model: str | None, call: Ca
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
     state.gate.enter(1)  # one place: its prompts run between the engine's steps, a step at a time
+    out: list[Any] = []
     try:
-        return rid, await run_in_threadpool(call)
-    except (EngineClosedError, CacheFullError) as exc:
+        for i, (call, locate) in enumerate(parts):
+            if i and await request.is_disconnected():
+                raise ClientGone("the client left before its results were ready")
+            try:
+                out += await run_in_threadpool(call)
+            except (ValueError, TypeError) as exc:  # TypeError: text the tokenizer cannot take
+                message = str(exc)
+                found = _PROMPT.match(message)
+                param, label = locate(int(found.group(1)) if found else 0)
+                if found:
+                    message = f"{label}: {message[found.end() :]}"
+                raise RequestInvalid(message, param) from None
+    except (EngineClosedError, CacheFullError, TimeoutError) as exc:  # TimeoutError: the engine process
         raise Unavailable(str(exc)) from None
-    except ValueError as exc:
-        raise RequestInvalid(str(exc), bad_value(str(exc))) from None
     finally:
         state.gate.leave(1)
+    return rid, out
+
+
+def in_parts(n: int) -> list[range]:
+    return [range(i, min(n, i + PART)) for i in range(0, n, PART)]
 
 
 def usage(tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}

@@ -15,7 +15,15 @@ import functools
 import logging
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ..engine.chat_kwargs import check_template_kwargs
 
@@ -84,6 +92,9 @@ class Body(BaseModel):
         keys = _KNOWN.get(cls)
         if keys is None:  # once per model class, not per request
             aliases = {f.alias for f in cls.model_fields.values() if f.alias}
+            for f in cls.model_fields.values():
+                if isinstance(f.validation_alias, AliasChoices):
+                    aliases |= {c for c in f.validation_alias.choices if isinstance(c, str)}
             keys = _KNOWN[cls] = frozenset(cls.model_fields) | aliases
         return keys
 
@@ -394,11 +405,14 @@ class UnloadLoRAAdapterRequest(Body):
 
 class ScoreRequest(Body):
     """vLLM's /score: text_1 scored against each of text_2 (one text_1), or pair by pair (two lists of
-    one length)."""
+    one length). Newer vLLM's names for the two are taken too: data_1 and data_2, queries and
+    documents (or items)."""
 
     model: str | None = None
-    text_1: str | list[str] = Field(...)
-    text_2: str | list[str] = Field(...)
+    text_1: str | list[str] = Field(..., validation_alias=AliasChoices("text_1", "data_1", "queries"))
+    text_2: str | list[str] = Field(
+        ..., validation_alias=AliasChoices("text_2", "data_2", "documents", "items")
+    )
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     user: str | None = None
 
@@ -416,7 +430,7 @@ class RerankRequest(Body):
     model: str | None = None
     query: str = Field(...)
     documents: list[str] = Field(...)
-    top_n: int = Field(default=0, ge=0)  # 0: every document
+    top_n: int = 0  # vLLM's: every document unless positive
     return_documents: bool = True
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     user: str | None = None

@@ -3,13 +3,14 @@ embedding model scores (engine/pooling.py pools them as the server's pooler conf
 
 from __future__ import annotations
 
+import functools
 import time
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from .errors import RequestInvalid
-from .pooling_call import run_pooling, usage
+from .pooling_call import check_truncation, in_parts, run_pooling, usage
 from .protocol import RerankRequest, ScoreRequest
 from .state import ServerState
 
@@ -22,15 +23,19 @@ async def create_score(body: ScoreRequest, request: Request) -> Response:
         raise RequestInvalid(
             f"text_1: one text, or as many as text_2 ({len(twos)}); got {len(ones)}", "text_1"
         )
-    rid, outs = await run_pooling(
-        request,
-        "score",
-        body.model,
-        lambda: state.llm.score(
-            ones, twos, truncate_prompt_tokens=body.truncate_prompt_tokens, use_tqdm=False
-        ),
-        lambda message: "text_1",
-    )
+    check_truncation(state, body.truncate_prompt_tokens)
+    single = len(ones) == 1
+    parts = []
+    for span in in_parts(len(twos)):
+        firsts = ones if single else ones[span.start : span.stop]
+        seconds = twos[span.start : span.stop]
+
+        def call(firsts=firsts, seconds=seconds):
+            cut = body.truncate_prompt_tokens
+            return state.llm.score(firsts, seconds, truncate_prompt_tokens=cut, use_tqdm=False)
+
+        parts.append((call, functools.partial(_locate, body, span.start, len(firsts))))
+    rid, outs = await run_pooling(request, "score", body.model, parts)
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     request.state.prompt_tokens = tokens
     data = [{"index": i, "object": "score", "score": o.outputs.score} for i, o in enumerate(outs)]
@@ -46,23 +51,38 @@ async def create_score(body: ScoreRequest, request: Request) -> Response:
     )
 
 
+def _locate(body: ScoreRequest, start: int, firsts: int, k: int) -> tuple[str, str]:
+    """A part's prompt k -> its field: LLM.score embeds the part's data_1 (one, or the part's) ahead of
+    its data_2."""
+    if k < firsts:
+        return "text_1", "text_1" if isinstance(
+            body.text_1, str
+        ) else f"text_1[{0 if firsts == 1 and len(body.text_1) == 1 else start + k}]"
+    return "text_2", "text_2" if isinstance(body.text_2, str) else f"text_2[{start + k - firsts}]"
+
+
 async def create_rerank(body: RerankRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     docs = body.documents
-    rid, outs = await run_pooling(
-        request,
-        "rerank",
-        body.model,
-        lambda: state.llm.score(
-            body.query, docs, truncate_prompt_tokens=body.truncate_prompt_tokens, use_tqdm=False
-        ),
-        lambda message: "documents",
-    )
+    check_truncation(state, body.truncate_prompt_tokens)
+    parts = []
+    for span in in_parts(len(docs)):
+
+        def call(chunk=docs[span.start : span.stop]):
+            cut = body.truncate_prompt_tokens
+            return state.llm.score(body.query, chunk, truncate_prompt_tokens=cut, use_tqdm=False)
+
+        def locate(k, start=span.start):
+            return ("query", "query") if k == 0 else ("documents", f"documents[{start + k - 1}]")
+
+        parts.append((call, locate))
+    rid, outs = await run_pooling(request, "rerank", body.model, parts)
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     request.state.prompt_tokens = tokens
-    # Most relevant first; a tie keeps the documents' order (sorted is stable).
+    # Most relevant first; a tie keeps the documents' order (sorted is stable). vLLM's top_n: all
+    # documents unless it is positive.
     order = sorted(range(len(docs)), key=lambda i: -outs[i].outputs.score)
-    if body.top_n:
+    if body.top_n > 0:
         order = order[: body.top_n]
     results = []
     for i in order:
