@@ -117,9 +117,9 @@ class EngineCoreClient:
     def stats(self) -> EngineStats:
         return self._rpc("stats", next(self._tokens))
 
-    def pool(self, prompts: list[list[int]], pooling_type: str, per_token: bool) -> list:
+    def pool(self, prompts: list[list[int]], pooling_type: str, per_token: bool, loras: list) -> list:
         """The executor's pool() in the engine process, between its steps."""
-        return self._rpc("pool", next(self._tokens), prompts, pooling_type, per_token)
+        return self._rpc("pool", next(self._tokens), prompts, pooling_type, per_token, loras)
 
     def reset_prefix_cache(self) -> bool:
         return self._rpc("reset_prefix_cache", next(self._tokens))

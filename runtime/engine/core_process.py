@@ -350,12 +350,12 @@ class LinkServer:
         self._compiler.submit(lambda: self._reply(link, token, True, self.core.reset_prefix_cache()))
 
     def _submit_pool(
-        self, link: ClientLink, token: int, prompts: list, pooling_type: str, per_token: bool
+        self, link: ClientLink, token: int, prompts: list, pooling_type: str, per_token: bool, loras: list
     ) -> None:
         # It waits for the loop thread between steps: off the pipe reader, as a prepare is.
         def run() -> None:
             try:
-                out = self.core.call(lambda: self.llm.executor.pool(prompts, pooling_type, per_token))
+                out = self.core.call(lambda: self.llm.executor.pool(prompts, pooling_type, per_token, loras))
             except Exception as exc:
                 self._reply(link, token, False, portable_error(exc))
                 return

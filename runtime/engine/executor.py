@@ -448,37 +448,56 @@ class ExecutorCore:
 
     @torch.no_grad()
     def pool(
-        self, prompts: list[list[int]], pooling_type: str, per_token: bool = False
+        self, prompts: list[list[int]], pooling_type: str, per_token: bool = False, loras: list | None = None
     ) -> list[torch.Tensor]:
         """The pooled final hidden states ([H], float32, on the host; engine/pooling.py), or with
         `per_token` every token's ([tokens, H]), of the first prompts: as many as one prefill step
-        takes within max_num_batched_tokens, max_batch_size and the free KV blocks. Outside the
+        takes within max_num_batched_tokens, max_batch_size, the free KV blocks and, for prompts with
+        an adapter (`loras`, one LoRARequest or None a prompt), the free LoRA slots. Outside the
         scheduler, between its steps, one step a call, so generation goes on between calls. Empty
-        when the first prompt's blocks are not free now (running sequences hold them: call again
-        after a step); CacheFullError when they never will be."""
+        when the first prompt's blocks or adapter slot are not free now (running sequences hold them:
+        call again after a step); CacheFullError when its blocks never will be."""
         from .pooling import pool
 
-        bs = self.runner.block_size
-        group, tokens, blocks = [], 0, 0
-        for prompt in prompts[: self.config.max_batch_size]:
-            need = -(-len(prompt) // bs)
-            fits = not group or tokens + len(prompt) <= self.config.max_num_batched_tokens
-            if not fits or blocks + need > self.allocator.num_free:
-                break
-            group.append(prompt)
-            tokens, blocks = tokens + len(prompt), blocks + need
-        if not group:
-            if not self.scheduler.running:
-                raise CacheFullError(
-                    f"a prompt of {len(prompts[0])} tokens needs {-(-len(prompts[0]) // bs)} KV blocks; "
-                    f"{self.allocator.num_free} are free with nothing running"
-                )
-            return []
-        seqs = [Sequence(-3, list(p), _PROBE_PARAMS, 0, frozenset(), 1 << 30) for p in group]
+        bs, slots = self.runner.block_size, self.scheduler.lora
+        loras = loras if loras is not None else [None] * len(prompts)
+        seqs: list[Sequence] = []
+        tokens, blocks = 0, 0
         try:
+            for i, (prompt, lora) in enumerate(
+                zip(prompts[: self.config.max_batch_size], loras, strict=False)
+            ):
+                need = -(-len(prompt) // bs)
+                fits = not seqs or tokens + len(prompt) <= self.config.max_num_batched_tokens
+                if not fits or blocks + need > self.allocator.num_free:
+                    break
+                # Ids of their own: the adapter slots count their sequences by id.
+                seq = Sequence(-1000 - i, list(prompt), _PROBE_PARAMS, 0, frozenset(), 1 << 30)
+                if lora is not None:
+                    if slots is None:
+                        raise ValueError("lora_request given, but LoRA adapters are off (enable_lora)")
+                    seq.lora = lora
+                    problem = slots.enter(seq)  # the weights read and checked now
+                    if problem is not None:
+                        raise ValueError(problem)
+                    if not slots.can_take(seq):
+                        slots.leave(seq)
+                        break
+                    slots.acquire(seq)
+                seqs.append(seq)
+                tokens, blocks = tokens + len(prompt), blocks + need
+            if not seqs:
+                if not self.scheduler.running:
+                    raise CacheFullError(
+                        f"a prompt of {len(prompts[0])} tokens needs {-(-len(prompts[0]) // bs)} KV blocks; "
+                        f"{self.allocator.num_free} are free with nothing running"
+                    )
+                return []
+            if slots is not None and slots.loads:
+                self._load_adapters()
             for seq in seqs:
                 seq.block_table = self.allocator.allocate(-(-len(seq.prompt_ids) // bs))
-            lens = [len(p) for p in group]
+            lens = [len(seq.prompt_ids) for seq in seqs]
             batch = ScheduledBatch("prefill", seqs, [0] * len(seqs), lens, [True] * len(seqs))
             step, _ = prefill_step(batch, bs)
             if self.parallel is not None:
@@ -490,7 +509,10 @@ class ExecutorCore:
             return list(pool(hidden, lens, pooling_type).float().cpu())
         finally:
             for seq in seqs:
-                self.allocator.free(seq.block_table)
+                if seq.block_table:
+                    self.allocator.free(seq.block_table)
+                if slots is not None and seq.lora is not None:
+                    slots.leave(seq)
 
     # --- the loop ---------------------------------------------------------------------------------
 

@@ -648,7 +648,8 @@ class LLM:
           `normalize`, `truncate_prompt_tokens`).
         - `truncate_prompt_tokens`: as PoolingParams', for every prompt.
         - `use_tqdm`: a bar over the prompts, as generate()'s.
-        - `lora_request`: not supported for pooling (ValueError)."""
+        - `lora_request`: one LoRARequest for every prompt, or one (or None) per prompt: the prompt
+          is pooled from the model with that adapter."""
         pooled = self._pool(prompts, pooling_params, truncate_prompt_tokens, use_tqdm, lora_request, "embed")
         return [
             EmbeddingRequestOutput(rid, EmbeddingOutput(vector.tolist()), ids) for rid, ids, vector in pooled
@@ -680,16 +681,13 @@ class LLM:
         """(request id, prompt ids, float32 tensor) per prompt; a bad prompt or parameter raises
         before anything runs. One prefill step a call into the engine, so generation goes on
         between them; prompts whose KV blocks running sequences hold wait for them."""
-        if lora_request is not None:
-            raise ValueError(
-                "lora_request is not supported by embed() and encode(): they pool the base model"
-            )
         if self.core is None:
             return []
         if truncate is not None:
             PoolingParams(truncate_prompt_tokens=truncate)  # checked as the field is
         prompts = _prompt_list(prompts)
         params = _pooling_per_prompt(pooling_params, len(prompts))
+        loras = [self._lora.check(lora) for lora in per_prompt(lora_request, len(prompts))]
         config = self.pooler_config()
         hidden = self.config.model.hidden_size
         ids = []
@@ -712,7 +710,7 @@ class LLM:
         try:
             while len(out) < len(ids):
                 done = len(out)
-                pooled = self._pooled(ids[done:], config.pooling_type, task == "token_embed")
+                pooled = self._pooled(ids[done:], config.pooling_type, task == "token_embed", loras[done:])
                 for prompt_ids, p, data in zip(ids[done:], params[done:], pooled, strict=False):
                     normalize = config.normalize if p.normalize is None else p.normalize
                     out.append((str(next(self._requests)), prompt_ids, finish(data, normalize, p.dimensions)))
@@ -731,11 +729,13 @@ class LLM:
             self._pooler = pooler_config(self._checkpoint, self._pooler_given)
         return self._pooler
 
-    def _pooled(self, ids: list[list[int]], pooling_type: str, per_token: bool) -> list[torch.Tensor]:
+    def _pooled(
+        self, ids: list[list[int]], pooling_type: str, per_token: bool, loras: list
+    ) -> list[torch.Tensor]:
         """What one prefill step pools of the first prompts (engine/executor.py `pool`)."""
         if self.executor is None:  # the engine runs in its own process
-            return self.core.pool(ids, pooling_type, per_token)
-        return self.core.call(lambda: self.executor.pool(ids, pooling_type, per_token))
+            return self.core.pool(ids, pooling_type, per_token, loras)
+        return self.core.call(lambda: self.executor.pool(ids, pooling_type, per_token, loras))
 
     def classify(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise NotImplementedError(_NOT_HERE.format("classify"))
@@ -755,6 +755,8 @@ class LLM:
         embeddings (embed()'s). One `data_1` is scored against each of `data_2`; two lists of one
         length are scored pair by pair."""
         ones, twos = _prompt_list(data_1), _prompt_list(data_2)
+        if isinstance(lora_request, list | tuple):
+            raise ValueError("score takes one lora_request (or None) for every text, not a list")
         if len(ones) != 1 and len(ones) != len(twos):
             raise ValueError(f"score takes one data_1 or as many as data_2: got {len(ones)} and {len(twos)}")
         if not twos:

@@ -33,8 +33,8 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
     parts = []
     for span in in_parts(len(inputs)):
 
-        def call(chunk=inputs[span.start : span.stop]):
-            return state.llm.embed(chunk, params, use_tqdm=False)
+        def call(lora, chunk=inputs[span.start : span.stop]):
+            return state.llm.embed(chunk, params, use_tqdm=False, lora_request=lora)
 
         def locate(k, start=span.start):
             return "input", "input" if one else f"input[{start + k}]"
@@ -52,7 +52,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
             "id": rid,
             "object": "list",
             "created": int(time.time()),
-            "model": state.model_name,
+            "model": state.reply_name(body.model),
             "data": data,
             "usage": usage(tokens),
         }

@@ -1,5 +1,5 @@
-"""What /v1/embeddings, /score and /rerank share: the base model only, a request id, one place at the
-admission gate, the work in parts so a client that leaves stops it, and the engine's errors as HTTP
+"""What /v1/embeddings, /score and /rerank share: the model or LoRA adapter the request names, a
+request id, one place at the admission gate, the work in parts so a client that leaves stops it, and the engine's errors as HTTP
 errors that name the field (and the item in it) at fault."""
 
 from __future__ import annotations
@@ -46,11 +46,11 @@ def check_truncation(state: ServerState, value: int | None) -> None:
 
 
 async def run_pooling(request: Request, prefix: str, model: str | None,
-                      parts: Sequence[tuple[Callable[[], list[Any]], Locate]]) -> tuple[str, list[Any]]:  # fmt: skip
-    """(request id, the parts' results in order), each part's call run off the event loop."""
+                      parts: Sequence[tuple[Callable[[Any], list[Any]], Locate]]) -> tuple[str, list[Any]]:  # fmt: skip
+    """(request id, the parts' results in order), each part's call run off the event loop with the
+    request's LoRARequest (None: the base model)."""
     state: ServerState = request.app.state.fastpath
-    if state.check_model(model) is not None:
-        raise RequestInvalid(f"model: pooling runs the base model; {model!r} is a LoRA adapter", "model")
+    lora = state.check_model(model)  # a LoRARequest when `model` names an adapter
     client = client_request_id(request.headers.get("x-request-id"))
     rid = request_id(prefix, client)
     request.state.request_id = rid
@@ -62,7 +62,7 @@ async def run_pooling(request: Request, prefix: str, model: str | None,
             if i and await request.is_disconnected():
                 raise ClientGone("the client left before its results were ready")
             try:
-                out += await run_in_threadpool(call)
+                out += await run_in_threadpool(call, lora)
             except (ValueError, TypeError) as exc:  # TypeError: text the tokenizer cannot take
                 message = str(exc)
                 found = _PROMPT.match(message)

@@ -30,9 +30,11 @@ async def create_score(body: ScoreRequest, request: Request) -> Response:
         firsts = ones if single else ones[span.start : span.stop]
         seconds = twos[span.start : span.stop]
 
-        def call(firsts=firsts, seconds=seconds):
+        def call(lora, firsts=firsts, seconds=seconds):
             cut = body.truncate_prompt_tokens
-            return state.llm.score(firsts, seconds, truncate_prompt_tokens=cut, use_tqdm=False)
+            return state.llm.score(
+                firsts, seconds, truncate_prompt_tokens=cut, use_tqdm=False, lora_request=lora
+            )
 
         parts.append((call, functools.partial(_locate, body, span.start, len(firsts))))
     rid, outs = await run_pooling(request, "score", body.model, parts)
@@ -44,7 +46,7 @@ async def create_score(body: ScoreRequest, request: Request) -> Response:
             "id": rid,
             "object": "list",
             "created": int(time.time()),
-            "model": state.model_name,
+            "model": state.reply_name(body.model),
             "data": data,
             "usage": usage(tokens),
         }
@@ -68,9 +70,11 @@ async def create_rerank(body: RerankRequest, request: Request) -> Response:
     parts = []
     for span in in_parts(len(docs)):
 
-        def call(chunk=docs[span.start : span.stop]):
+        def call(lora, chunk=docs[span.start : span.stop]):
             cut = body.truncate_prompt_tokens
-            return state.llm.score(body.query, chunk, truncate_prompt_tokens=cut, use_tqdm=False)
+            return state.llm.score(
+                body.query, chunk, truncate_prompt_tokens=cut, use_tqdm=False, lora_request=lora
+            )
 
         def locate(k, start=span.start):
             return ("query", "query") if k == 0 else ("documents", f"documents[{start + k - 1}]")
@@ -90,4 +94,6 @@ async def create_rerank(body: RerankRequest, request: Request) -> Response:
         if body.return_documents:
             result["document"] = {"text": docs[i]}
         results.append(result)
-    return JSONResponse({"id": rid, "model": state.model_name, "usage": usage(tokens), "results": results})
+    return JSONResponse(
+        {"id": rid, "model": state.reply_name(body.model), "usage": usage(tokens), "results": results}
+    )

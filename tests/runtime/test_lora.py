@@ -355,3 +355,38 @@ def test_a_step_with_no_adapter_row_runs_the_base_model_path(hf_checkpoints, ada
     for a, b in zip(on, off, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert a.outputs[0].cumulative_logprob == b.outputs[0].cumulative_logprob
+
+
+@torch.no_grad()
+def peft_embedding(base, adapter, prompt: list[int]) -> torch.Tensor:
+    """The last token's final hidden state, L2-normalized (embed()'s default), of PEFT's model with the
+    adapter (the LoRA layers sit inside the base model's module tree)."""
+    from lora_adapters import peft_model
+
+    model = peft_model(str(base), adapter)
+    inner = model.base_model.model.model if adapter else model.model
+    return torch.nn.functional.normalize(inner(torch.tensor([prompt])).last_hidden_state[0, -1], dim=-1)
+
+
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_embeddings_take_the_adapter_each_prompt_names(hf_checkpoints, adapter, engine_process):
+    """Four adapters and the base model through two slots: a pooling step takes the prompts whose
+    adapters hold or find a slot, the next step the rest; each vector is PEFT's model's."""
+    base = hf_checkpoints["llama"]
+    loras = [adapter("llama", k) for k in KINDS] + [None]
+    prompts = [PROMPTS[i % 4] for i in range(5)]
+    with LLM(str(base), max_loras=2, engine_process=engine_process, **CPU32) as llm:
+        outs = llm.embed(prompts, lora_request=loras, use_tqdm=False)
+        scored = llm.score(PROMPTS[0], PROMPTS[1:3], lora_request=loras[0], use_tqdm=False)
+        after = tokens(llm.generate(PROMPTS[:2], GREEDY, lora_request=[loras[1], None]))
+        if not engine_process:
+            assert llm.executor.scheduler.lora.refs == [0, 0], "pooling gave its slots back"
+            assert llm.executor.allocator.num_free == llm.executor.allocator.num_blocks - 1
+    for prompt, r, out in zip(prompts, loras, outs, strict=True):
+        want_vector = peft_embedding(base, r.lora_path if r else None, prompt)
+        torch.testing.assert_close(torch.tensor(out.outputs.embedding), want_vector, atol=2e-6, rtol=1e-5)
+    a = [peft_embedding(base, loras[0].lora_path, p) for p in PROMPTS[:3]]
+    assert [s.outputs.score for s in scored] == pytest.approx(
+        [float(a[0] @ a[1]), float(a[0] @ a[2])], abs=1e-5
+    )
+    assert after == want(base, PROMPTS[:2], [loras[1], None]), "generation after pooling keeps its adapters"

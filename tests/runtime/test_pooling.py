@@ -210,8 +210,10 @@ def test_bad_pooling_requests_are_refused_by_name(hf_checkpoints):
         assert llm.embed([[5] * 256], use_tqdm=False)[0].prompt_token_ids == [5] * 256, "a full context pools"
         with pytest.raises(ValueError, match="pooling_task 'classify' is not supported"):
             llm.encode(PROMPTS[0], pooling_task="classify", use_tqdm=False)
-        with pytest.raises(ValueError, match="lora_request is not supported by embed"):
+        with pytest.raises(ValueError, match="lora_request 'a': LoRA adapters are off"):
             llm.embed(PROMPTS[0], lora_request=LoRARequest("a", 1, "/nowhere"), use_tqdm=False)
+        with pytest.raises(ValueError, match="score takes one lora_request"):
+            llm.score(PROMPTS[0], PROMPTS[1], lora_request=[None, None], use_tqdm=False)
         for bad in (0, -5, True, 1.5):
             with pytest.raises(ValueError, match="truncate_prompt_tokens must be None or an int"):
                 llm.embed(PROMPTS[1], truncate_prompt_tokens=bad, use_tqdm=False)

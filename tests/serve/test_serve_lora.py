@@ -171,3 +171,19 @@ def test_vllms_environment_switch_turns_run_time_adapters_on(monkeypatch):
         ServeConfig(api_server_count=2)
     monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0")
     assert not ServeConfig().runtime_lora_updating
+
+
+def test_embeddings_and_scores_run_the_adapter_their_model_names(url, lora_llm, adapters):
+    texts = ["The quick brown fox", "jumps over"]
+    sql = request(adapters, "sql")
+    want = [o.outputs.embedding for o in lora_llm.embed(texts, lora_request=sql, use_tqdm=False)]
+    base = [o.outputs.embedding for o in lora_llm.embed(texts, use_tqdm=False)]
+    r = client(url).embeddings.create(model="sql", input=texts)
+    assert r.model == "sql"
+    assert [d.embedding for d in r.data] == [pytest.approx(w, abs=1e-6) for w in want]
+    assert want != base, "the adapter changes the vectors"
+    body = httpx.post(f"{url}/score", json={"model": "sql", "text_1": texts[0], "text_2": texts[1]}).json()
+    (scored,) = lora_llm.score(texts[0], texts[1], lora_request=sql, use_tqdm=False)
+    assert body["model"] == "sql" and body["data"][0]["score"] == pytest.approx(
+        scored.outputs.score, abs=1e-6
+    )
