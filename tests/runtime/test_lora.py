@@ -368,18 +368,18 @@ def peft_embedding(base, adapter, prompt: list[int]) -> torch.Tensor:
     return torch.nn.functional.normalize(inner(torch.tensor([prompt])).last_hidden_state[0, -1], dim=-1)
 
 
-@pytest.mark.parametrize("engine_process", [False, True])
-def test_embeddings_take_the_adapter_each_prompt_names(hf_checkpoints, adapter, engine_process):
+@pytest.mark.parametrize(("engine_process", "tp"), [(False, 1), (True, 1), (False, 2)])
+def test_embeddings_take_the_adapter_each_prompt_names(hf_checkpoints, adapter, engine_process, tp):
     """Four adapters and the base model through two slots: a pooling step takes the prompts whose
     adapters hold or find a slot, the next step the rest; each vector is PEFT's model's."""
     base = hf_checkpoints["llama"]
     loras = [adapter("llama", k) for k in KINDS] + [None]
     prompts = [PROMPTS[i % 4] for i in range(5)]
-    with LLM(str(base), max_loras=2, engine_process=engine_process, **CPU32) as llm:
+    with LLM(str(base), max_loras=2, engine_process=engine_process, tensor_parallel_size=tp, **CPU32) as llm:
         outs = llm.embed(prompts, lora_request=loras, use_tqdm=False)
         scored = llm.score(PROMPTS[0], PROMPTS[1:3], lora_request=loras[0], use_tqdm=False)
         after = tokens(llm.generate(PROMPTS[:2], GREEDY, lora_request=[loras[1], None]))
-        if not engine_process:
+        if llm.executor is not None:
             assert llm.executor.scheduler.lora.refs == [0, 0], "pooling gave its slots back"
             assert llm.executor.allocator.num_free == llm.executor.allocator.num_blocks - 1
     for prompt, r, out in zip(prompts, loras, outs, strict=True):
