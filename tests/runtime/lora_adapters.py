@@ -44,11 +44,9 @@ def peft_greedy(base, adapter, prompt: list[int], n: int) -> list[int]:
 
 
 @torch.no_grad()
-def merged_greedy(
-    base: Path, adapter: str | None, prompt: list[int], n: int, device: str = "cpu"
-) -> list[int]:
-    """Greedy tokens of HF transformers' model with the adapter merged into its weights
-    (W + alpha / r * B @ A, as PEFT's merge does): an oracle that needs no peft."""
+def merged_model(base: Path, adapter: str | None):
+    """HF transformers' model with the adapter merged into its weights (W + alpha / r * B @ A, as
+    PEFT's merge does): an oracle that needs no peft."""
     import transformers
     from safetensors.torch import load_file
 
@@ -65,4 +63,11 @@ def merged_greedy(
             scale = conf["lora_alpha"] / (r**0.5 if conf.get("use_rslora") else r)
             target = name.removeprefix("base_model.model.").split(".lora_A.")[0]
             modules[target].weight += scale * b @ a
-    return greedy_tokens(model.to(device).eval(), prompt, n)
+    return model.eval()
+
+
+def merged_greedy(
+    base: Path, adapter: str | None, prompt: list[int], n: int, device: str = "cpu"
+) -> list[int]:
+    """Greedy tokens of the merged model (merged_model)."""
+    return greedy_tokens(merged_model(base, adapter).to(device), prompt, n)

@@ -42,3 +42,26 @@ def test_cuda_embedding_beside_graphed_generation_changes_neither(hf_checkpoints
     assert [o.outputs[0].token_ids for o in result["out"]] == alone
     # One embedding a prompt whatever ran beside it: eager prefill rows, each its own sequence.
     torch.testing.assert_close(torch.tensor(during), torch.tensor(vectors * 3), atol=1e-2, rtol=0)
+
+
+def test_cuda_embeddings_with_adapters_are_the_merged_models(hf_checkpoints, tmp_path):
+    """float32 on CUDA: the prefill's deltas through the LoRA kernels, each prompt's adapter its own."""
+    from lora_adapters import merged_model
+    from lora_files import write_adapter
+
+    from fastpath.runtime import LoRARequest
+
+    base = hf_checkpoints["llama"]
+    all_ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    a = LoRARequest("a", 1, write_adapter(base, tmp_path / "a", 1, 8, all_))
+    b = LoRARequest("b", 2, write_adapter(base, tmp_path / "b", 2, 16, ["q_proj", "down_proj"]))
+    loras = [a, None, b, a]
+    with LLM(str(base), dtype="float32", enable_lora=True, max_loras=2, **GPU) as llm:
+        outs = llm.embed(PROMPTS, lora_request=loras, use_tqdm=False)
+    for prompt, r, out in zip(PROMPTS, loras, outs, strict=True):
+        model = merged_model(base, r.lora_path if r else None)
+        with torch.no_grad():
+            hidden = model.model(torch.tensor([prompt])).last_hidden_state[0, -1]
+        torch.testing.assert_close(
+            torch.tensor(out.outputs.embedding), F.normalize(hidden, dim=-1), atol=1e-4, rtol=0
+        )
