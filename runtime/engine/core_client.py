@@ -68,11 +68,12 @@ class EngineCoreClient:
 
     # --- requests ---------------------------------------------------------------------------------
 
-    def prepare(self, prompt_ids: list[int], params: Any) -> tuple[int, Any]:
-        """Compile the request's constraint and take its prompt logprobs in the engine: (token to pass
-        with its sequences, prompt logprobs). Raises what the engine raised (ValueError: invalid)."""
+    def prepare(self, prompt_ids: list[int], params: Any, lora: Any = None) -> tuple[int, Any]:
+        """Compile the request's constraint and take its prompt logprobs (under `lora`) in the engine:
+        (token to pass with its sequences, prompt logprobs). Raises what the engine raised
+        (ValueError: invalid)."""
         token = next(self._tokens)
-        return token, self._rpc("prepare", token, prompt_ids, params)
+        return token, self._rpc("prepare", token, prompt_ids, params, lora)
 
     def forget(self, tokens: list[int]) -> None:
         """Prepared requests that will not be submitted."""

@@ -367,7 +367,9 @@ class LinkServer:
         link.compiling(token)  # on the reading thread, so a forget read after it finds it
         self._compiler.submit(self._prepare, link, token, *body)
 
-    def _prepare(self, link: ClientLink, token: int, prompt_ids: list[int], params: Any) -> None:
+    def _prepare(
+        self, link: ClientLink, token: int, prompt_ids: list[int], params: Any, lora: Any = None
+    ) -> None:
         """Compile a request's constraint and take its prompt logprobs; a bad one fails alone."""
         llm = self.llm
         try:
@@ -382,6 +384,7 @@ class LinkServer:
                     prompt_ids,
                     params.prompt_logprobs,
                     llm.tokenizer if params.detokenize else None,  # no text asked for: none spelled
+                    lora,
                 )
         except Exception as exc:
             link.keep(token, None)

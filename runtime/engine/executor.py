@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -426,15 +427,32 @@ class ExecutorCore:
         return self._staging.next((rows, cols))
 
     @torch.no_grad()
-    def prompt_logits(self, prompt_ids: list[int], every_position: bool = False) -> torch.Tensor:
+    def prompt_logits(
+        self, prompt_ids: list[int], every_position: bool = False, lora: Any = None
+    ) -> torch.Tensor:
         """Next-token logits after `prompt_ids` (fp32, on the host), outside the scheduler: for oracles and tests.
 
         `every_position`: the logits after each prefix of the prompt instead, [P, V] on the device in
         the model's dtype (a float32 copy of a long prompt's would be GBs; callers convert in chunks).
+        `lora`: the LoRARequest to run the prompt with; CacheFullError while no slot is free for it.
         """
         seq = Sequence(-2, list(prompt_ids), _PROBE_PARAMS, 0, frozenset(), 1 << 30)
-        seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.runner.block_size))
+        slots = self.scheduler.lora
+        if lora is not None:
+            if slots is None:
+                raise ValueError("lora_request given, but LoRA adapters are off (enable_lora)")
+            seq.lora = lora
+            problem = slots.enter(seq)  # the weights read and checked now
+            if problem is not None:
+                raise ValueError(problem)
         try:
+            if lora is not None:
+                if not slots.can_take(seq):
+                    raise CacheFullError(f"no LoRA slot is free for adapter {lora.lora_name!r}")
+                slots.acquire(seq)
+                if slots.loads:
+                    self._load_adapters()
+            seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.runner.block_size))
             batch = ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True])
             step, _ = prefill_step(batch, self.runner.block_size)
             if every_position:
@@ -444,7 +462,10 @@ class ExecutorCore:
             logits = self.runner.run_prompt(step)
             return logits if every_position else logits[0].float().cpu()
         finally:
-            self.allocator.free(seq.block_table)
+            if seq.block_table:
+                self.allocator.free(seq.block_table)
+            if lora is not None:
+                slots.leave(seq)
 
     @torch.no_grad()
     def pool(

@@ -295,11 +295,6 @@ class LLM:
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         lora = self._lora.check(lora)
-        if lora is not None and params.prompt_logprobs is not None:
-            raise ValueError(
-                f"prompt_logprobs with lora_request {lora.lora_name!r} is not supported: the prompt's "
-                "logprobs are computed by the base model"
-            )
         admitted = encode(prompt, self.tokenizer, self._limits, params.truncate_prompt_tokens)
         check_request(admitted.prompt_ids, params, self._limits)
         biases = token_biases(params, self.tokenizer, self._limits.vocab_size, self.eos_ids)
@@ -314,7 +309,7 @@ class LLM:
             loop=loop,
             wake=wake,
         )
-        guided = self._prepare(handle, admitted.prompt_ids, params)
+        guided = self._prepare(handle, admitted.prompt_ids, params, lora)
         seq_ids = [next(self._ids) for _ in range(params.n)]
         derived = _derived_seed(self.config.seed, seq_ids[0])
         seqs = make_sequences(
@@ -334,14 +329,17 @@ class LLM:
             seq.lora = lora
         return handle
 
-    def _prepare(self, handle: RequestHandle, prompt_ids: list[int], params: SamplingParams) -> list[Any]:
+    def _prepare(
+        self, handle: RequestHandle, prompt_ids: list[int], params: SamplingParams, lora: Any = None
+    ) -> list[Any]:
         """What a request needs from the engine before it joins: its constraint's matcher states (one
-        per completion) and its prompt logprobs. An engine process keeps the states itself."""
+        per completion) and its prompt logprobs (under its adapter, `lora`). An engine process keeps
+        the states itself."""
         guided: list[Any] = [None] * params.n
         if params.guided is None and params.prompt_logprobs is None:
             return guided
         if self.executor is None:  # the engine runs in its own process
-            handle.engine_token, handle.prompt_logprobs = self.core.prepare(prompt_ids, params)
+            handle.engine_token, handle.prompt_logprobs = self.core.prepare(prompt_ids, params, lora)
             return guided
         if params.guided is not None:
             guided = [self._guided_state(params.guided) for _ in range(params.n)]
@@ -352,6 +350,7 @@ class LLM:
                 prompt_ids,
                 params.prompt_logprobs,
                 _detokenizer(self.tokenizer, params),
+                lora,
             )
         return guided
 

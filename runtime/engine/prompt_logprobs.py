@@ -22,25 +22,30 @@ _RETRY_S = 0.01
 
 
 def prompt_logprobs_when_room(
-    core: Any, executor: Any, ids: list[int], k: int, tokenizer: Any, wait_s: float = WAIT_FOR_BLOCKS_S
-) -> list[PositionLogprobs | None]:
+    core: Any, executor: Any, ids: list[int], k: int, tokenizer: Any, lora: Any = None,
+    wait_s: float = WAIT_FOR_BLOCKS_S,
+) -> list[PositionLogprobs | None]:  # fmt: skip
     """`prompt_logprobs` on the engine's loop thread, waiting (off that thread) while the KV cache has
-    no room for the prompt's blocks; a TimeoutError naming the wait after `wait_s`."""
+    no room for the prompt's blocks, or no LoRA slot for its adapter; a TimeoutError naming the wait
+    after `wait_s`."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return core.call(lambda: prompt_logprobs(executor, ids, k, tokenizer))
+            return core.call(lambda: prompt_logprobs(executor, ids, k, tokenizer, lora))
         except CacheFullError as exc:
             if time.monotonic() >= deadline:
                 raise TimeoutError(
-                    f"prompt_logprobs: the KV cache stayed full for {wait_s:g} s ({exc}); try again later"
+                    f"prompt_logprobs: no room for the prompt for {wait_s:g} s ({exc}); try again later"
                 ) from None
             time.sleep(_RETRY_S)
 
 
 @torch.no_grad()
-def prompt_logprobs(executor: Any, ids: list[int], k: int, tokenizer: Any) -> list[PositionLogprobs | None]:
-    logits = executor.prompt_logits(ids, every_position=True)  # [P, V]: row i predicts token i + 1
+def prompt_logprobs(
+    executor: Any, ids: list[int], k: int, tokenizer: Any, lora: Any = None
+) -> list[PositionLogprobs | None]:
+    # [P, V]: row i predicts token i + 1
+    logits = executor.prompt_logits(ids, every_position=True, lora=lora)
     targets = torch.tensor(ids[1:], device=logits.device)
     chosen, ranks, top_ids, top_lps = [], [], [], []
     for start in range(0, len(ids) - 1, _CHUNK):

@@ -161,8 +161,6 @@ def test_bad_adapters_fail_their_requests_alone(hf_checkpoints, adapter, tmp_pat
             llm.generate(PROMPTS[:1], GREEDY, lora_request=[{"lora_path": a.lora_path}])
         with pytest.raises(ValueError, match="lora_request has 2 entries for 1 prompts"):
             llm.generate(PROMPTS[:1], GREEDY, lora_request=[a, a])
-        with pytest.raises(RequestError, match="prompt_logprobs with lora_request"):
-            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=2, prompt_logprobs=1), lora_request=a)
 
 
 def test_lora_switches_are_checked(hf_checkpoints, adapter):
@@ -390,3 +388,27 @@ def test_embeddings_take_the_adapter_each_prompt_names(hf_checkpoints, adapter, 
         [float(a[0] @ a[1]), float(a[0] @ a[2])], abs=1e-5
     )
     assert after == want(base, PROMPTS[:2], [loras[1], None]), "generation after pooling keeps its adapters"
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_prompt_logprobs_are_the_adapters(hf_checkpoints, adapter, engine_process):
+    """prompt_logprobs under an adapter: PEFT's model's log-softmax at each prompt position, for two
+    adapters and the base model beside each other, through two slots."""
+    from lora_adapters import peft_model
+
+    base = hf_checkpoints["llama"]
+    loras = [adapter("llama", "all"), None, adapter("llama", "mlp"), adapter("llama", "attn")]
+    prompt = PROMPTS[1]
+    params = SamplingParams(max_tokens=2, prompt_logprobs=2, temperature=0)
+    with LLM(str(base), max_loras=2, engine_process=engine_process, **CPU32) as llm:
+        outs = llm.generate([prompt] * 4, params, lora_request=loras, use_tqdm=False)
+    for r, out in zip(loras, outs, strict=True):
+        logits = peft_model(str(base), r.lora_path if r else None)(torch.tensor([prompt])).logits[0]
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        assert out.prompt_logprobs[0] is None
+        for j, entry in enumerate(out.prompt_logprobs[1:]):
+            token = prompt[j + 1]
+            assert entry[token].logprob == pytest.approx(float(lp[j, token]), abs=1e-4)
+            assert {t for t, e in entry.items() if e.rank <= 2} == set(lp[j].topk(2).indices.tolist())
+    assert outs[0].prompt_logprobs != outs[1].prompt_logprobs, "the adapter changes them"

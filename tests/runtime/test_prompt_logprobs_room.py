@@ -31,7 +31,7 @@ def test_it_retries_until_the_cache_has_room():
 
 def test_a_cache_that_stays_full_is_a_timeout_naming_the_wait():
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"prompt_logprobs: the KV cache stayed full for 0.2 s \(need 4"):
+    with pytest.raises(TimeoutError, match=r"prompt_logprobs: no room for the prompt for 0.2 s \(need 4"):
         prompt_logprobs_when_room(FullFor(10**9), None, [1, 2], 1, None, wait_s=0.2)
     assert time.monotonic() - started < 5
 
