@@ -283,9 +283,10 @@ class LLM:
         run); returned as is. ValueError or TypeError naming what is wrong."""
         return self._lora.check(lora_request)
 
-    def lora_id_for(self, path: str) -> int:
-        """A lora_int_id for the adapter at `path`: the one it was admitted under, else a fresh one."""
-        return self._lora.id_for(path)
+    def lora_id_for(self, path: str, fresh: bool = False) -> int:
+        """A lora_int_id for the adapter at `path`: the one it was admitted under, else (or with
+        `fresh`, for a folder whose files may have changed) one no adapter has yet."""
+        return self._lora.fresh_id() if fresh else self._lora.id_for(path)
 
     def _admit(self, prompt, sampling_params, request_id, loop, stream, wake, lora=None) -> RequestHandle:
         """A request checked and made into its sequences, not yet submitted."""

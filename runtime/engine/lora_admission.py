@@ -47,6 +47,12 @@ class LoRAAdmission:
             self._paths.setdefault(request.lora_int_id, request.lora_path)
         return request
 
+    def fresh_id(self) -> int:
+        """An id no adapter has yet: a folder loaded again (its files perhaps changed) is a new adapter,
+        whose weights are read afresh rather than taken from the store under its old id."""
+        with self._lock:
+            return max(self._paths, default=0) + 1
+
     def id_for(self, path: str) -> int:
         """The lora_int_id `path` was admitted under, else one no adapter has yet (the server's
         --lora-modules take theirs here, so they never collide with a caller's)."""

@@ -153,7 +153,7 @@ class TritonOps(TorchOps):
     def lora_add(self, x, out, a, b, slots, width):
         # Two launches in the PDL chain where the three torch ops took three outside it (lora_kernels.py).
         on = LORA_KERNELS and (x.device.type == "cuda" or K.INTERPRET)
-        if not on or not lora_kernels.fits(x, a) or out.stride(1) != 1:
+        if not on or not lora_kernels.fits(x, a) or any(t.stride(1) != 1 for t in (out, a, b)):
             return super().lora_add(x, out, a, b, slots, width)
         key = ("lora", a.data_ptr(), a.device)
         counts = self._counts.get(key)

@@ -70,9 +70,9 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
     if body.stream:
-        env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.reply_name(body.model))
+        env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.reply_name(body.model, lora))
         return SSEResponse(_events(gen, env, body, request), gen)
-    env = Envelope(rid, "chat.completion", int(time.time()), state.reply_name(body.model))
+    env = Envelope(rid, "chat.completion", int(time.time()), state.reply_name(body.model, lora))
     return await unless_disconnected(request.receive, gen, _respond(gen, env, body, request))
 
 

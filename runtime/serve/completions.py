@@ -142,7 +142,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         )
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
-    env = Envelope(rid, "text_completion", int(time.time()), state.reply_name(body.model))
+    env = Envelope(rid, "text_completion", int(time.time()), state.reply_name(body.model, lora))
     if body.stream:
         return SSEResponse(_events(gen, env, body, params.n, request, echo), gen)
     return await unless_disconnected(request.receive, gen, _respond(gen, env, body, params.n, request, echo))

@@ -40,7 +40,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
             return "input", "input" if one else f"input[{start + k}]"
 
         parts.append((call, locate))
-    rid, outs = await run_pooling(request, "embd", body.model, parts)
+    rid, outs, name = await run_pooling(request, "embd", body.model, parts)
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(o.outputs.embedding, body.encoding_format)}
         for i, o in enumerate(outs)
@@ -52,7 +52,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
             "id": rid,
             "object": "list",
             "created": int(time.time()),
-            "model": state.reply_name(body.model),
+            "model": name,
             "data": data,
             "usage": usage(tokens),
         }

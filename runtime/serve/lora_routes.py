@@ -5,6 +5,7 @@ requests already running with a removed name finish with it."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 from fastapi import Request
@@ -32,6 +33,8 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> R
         )
     if name in state.adapters:
         raise RequestInvalid(f"The lora adapter {name!r} has already been loaded.", "lora_name")
+    if not os.path.isfile(os.path.join(os.path.expanduser(body.lora_path), "adapter_config.json")):
+        raise ServeError(f"No adapter found for {name!r} at {body.lora_path!r}", "lora_path", 404)
     try:
         # The header is read from disk, off the event loop; one load at a time, so two new folders
         # never draw the same fresh id.
@@ -45,8 +48,9 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> R
 
 
 def _checked(llm, name: str, path: str) -> LoRARequest:
+    # A fresh id each load, as vLLM gives: a folder unloaded, rewritten and loaded again is read again.
     with _LOADING:
-        return llm.check_lora(LoRARequest(name, llm.lora_id_for(path), path))
+        return llm.check_lora(LoRARequest(name, llm.lora_id_for(path, fresh=True), path))
 
 
 async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> Response:
@@ -55,9 +59,5 @@ async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) 
     adapter = state.adapters.get(name)
     if adapter is None:
         raise ServeError(f"The lora adapter {name!r} cannot be found.", "lora_name", 404)
-    if body.lora_int_id is not None and body.lora_int_id != adapter.lora_int_id:
-        raise RequestInvalid(
-            f"lora_int_id {body.lora_int_id} is not {name!r}'s ({adapter.lora_int_id})", "lora_int_id"
-        )
     del state.adapters[name]
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")

@@ -46,9 +46,9 @@ def check_truncation(state: ServerState, value: int | None) -> None:
 
 
 async def run_pooling(request: Request, prefix: str, model: str | None,
-                      parts: Sequence[tuple[Callable[[Any], list[Any]], Locate]]) -> tuple[str, list[Any]]:  # fmt: skip
-    """(request id, the parts' results in order), each part's call run off the event loop with the
-    request's LoRARequest (None: the base model)."""
+                      parts: Sequence[tuple[Callable[[Any], list[Any]], Locate]]) -> tuple[str, list[Any], str]:  # fmt: skip
+    """(request id, the parts' results in order, the model name to reply with), each part's call run
+    off the event loop with the request's LoRARequest (None: the base model)."""
     state: ServerState = request.app.state.fastpath
     lora = state.check_model(model)  # a LoRARequest when `model` names an adapter
     client = client_request_id(request.headers.get("x-request-id"))
@@ -74,7 +74,7 @@ async def run_pooling(request: Request, prefix: str, model: str | None,
         raise Unavailable(str(exc)) from None
     finally:
         state.gate.leave(1)
-    return rid, out
+    return rid, out, state.reply_name(model, lora)
 
 
 def in_parts(n: int) -> list[range]:

@@ -400,7 +400,7 @@ class UnloadLoRAAdapterRequest(Body):
     """vLLM's /v1/unload_lora_adapter."""
 
     lora_name: str = Field(..., min_length=1)
-    lora_int_id: int | None = None
+    lora_int_id: int | None = None  # vLLM's, which it ignores once a name is given; so does this
 
 
 class ScoreRequest(Body):

@@ -37,7 +37,7 @@ async def create_score(body: ScoreRequest, request: Request) -> Response:
             )
 
         parts.append((call, functools.partial(_locate, body, span.start, len(firsts))))
-    rid, outs = await run_pooling(request, "score", body.model, parts)
+    rid, outs, name = await run_pooling(request, "score", body.model, parts)
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     request.state.prompt_tokens = tokens
     data = [{"index": i, "object": "score", "score": o.outputs.score} for i, o in enumerate(outs)]
@@ -46,7 +46,7 @@ async def create_score(body: ScoreRequest, request: Request) -> Response:
             "id": rid,
             "object": "list",
             "created": int(time.time()),
-            "model": state.reply_name(body.model),
+            "model": name,
             "data": data,
             "usage": usage(tokens),
         }
@@ -80,7 +80,7 @@ async def create_rerank(body: RerankRequest, request: Request) -> Response:
             return ("query", "query") if k == 0 else ("documents", f"documents[{start + k - 1}]")
 
         parts.append((call, locate))
-    rid, outs = await run_pooling(request, "rerank", body.model, parts)
+    rid, outs, name = await run_pooling(request, "rerank", body.model, parts)
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     request.state.prompt_tokens = tokens
     # Most relevant first; a tie keeps the documents' order (sorted is stable). vLLM's top_n: all
@@ -94,6 +94,4 @@ async def create_rerank(body: RerankRequest, request: Request) -> Response:
         if body.return_documents:
             result["document"] = {"text": docs[i]}
         results.append(result)
-    return JSONResponse(
-        {"id": rid, "model": state.reply_name(body.model), "usage": usage(tokens), "results": results}
-    )
+    return JSONResponse({"id": rid, "model": name, "usage": usage(tokens), "results": results})

@@ -37,9 +37,10 @@ class ServerState:
             raise ServeError(f"the model {model!r} does not exist; this server serves {served}", "model", 404)
         return adapter
 
-    def reply_name(self, model: str | None) -> str:
-        """The model a response names: the adapter's, when the request ran one, as vLLM does."""
-        return model if model is not None and model in self.adapters else self.model_name
+    def reply_name(self, model: str | None, lora: Any) -> str:
+        """The model a response names: the adapter's, when the request ran one (`lora`, what
+        check_model gave when the request came: the name may be unloaded since), as vLLM does."""
+        return model if lora is not None and model is not None else self.model_name
 
     def check_chat_template(self, chat_template: str | None) -> None:
         if chat_template is not None and not self.config.trust_request_chat_template:

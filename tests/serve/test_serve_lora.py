@@ -140,11 +140,6 @@ def test_adapters_load_and_unload_at_run_time_when_vllms_switch_allows(lora_llm,
         again = post("load_lora_adapter", lora_name="late", lora_path=adapters["sql"])
         assert again.status_code == 400 and "has already been loaded" in again.json()["error"]["message"]
         for body, param, words in [
-            (
-                {"lora_name": "x", "lora_path": str(tmp_path / "nothing")},
-                "lora_path",
-                "no adapter_config.json",
-            ),
             ({"lora_name": "tiny", "lora_path": adapters["sql"]}, "lora_name", "served model's name"),
             ({"lora_name": "x"}, "lora_path", "required"),
             ({"lora_name": "", "lora_path": adapters["sql"]}, "lora_name", "at least 1 character"),
@@ -152,6 +147,8 @@ def test_adapters_load_and_unload_at_run_time_when_vllms_switch_allows(lora_llm,
             bad = post("load_lora_adapter", **body)
             assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
             assert words in bad.json()["error"]["message"], bad.text
+        missing = post("load_lora_adapter", lora_name="x", lora_path=str(tmp_path / "nothing"))
+        assert missing.status_code == 404 and "No adapter found" in missing.json()["error"]["message"]
         r = post("unload_lora_adapter", lora_name="late")
         assert r.status_code == 200 and r.text == "Success: LoRA adapter 'late' removed successfully."
         with pytest.raises(openai.NotFoundError):
@@ -187,3 +184,31 @@ def test_embeddings_and_scores_run_the_adapter_their_model_names(url, lora_llm, 
     assert body["model"] == "sql" and body["data"][0]["score"] == pytest.approx(
         scored.outputs.score, abs=1e-6
     )
+
+
+def test_a_folder_loaded_again_after_its_files_changed_serves_the_new_weights(
+    lora_llm, tiny_text_checkpoint, tmp_path
+):
+    folder = tmp_path / "swap"
+    write_adapter(tiny_text_checkpoint, folder, 5, 8, ["q_proj", "v_proj"])
+    with running(lora_llm, runtime_lora_updating=True) as url:
+        post = lambda path, **body: httpx.post(f"{url}/v1/{path}", json=body)  # noqa: E731
+
+        def ask() -> str:
+            extra = {"ignore_eos": True}
+            r = client(url).completions.create(
+                model="swap", prompt=PROMPT, max_tokens=8, temperature=0, extra_body=extra
+            )
+            return r.choices[0].text
+
+        assert post("load_lora_adapter", lora_name="swap", lora_path=str(folder)).status_code == 200
+        first = ask()
+        assert post("unload_lora_adapter", lora_name="swap").status_code == 200
+        write_adapter(tiny_text_checkpoint, folder, 6, 8, ["q_proj", "v_proj"])  # new weights, same folder
+        assert post("load_lora_adapter", lora_name="swap", lora_path=str(folder)).status_code == 200
+        second = ask()
+    fresh = LoRARequest("fresh", 999, str(folder))
+    (want,) = lora_llm.generate(
+        PROMPT, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), lora_request=fresh
+    )
+    assert second == want.outputs[0].text and second != first
