@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -31,11 +31,9 @@ from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 
 
-async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
-    state: ServerState = request.app.state.fastpath
-    lora = state.check_model(body.model)
-    state.check_chat_template(body.chat_template)
-    params = sampling_params(body, state.config.max_tokens, defaults=state.llm.generation_defaults)
+def chat_prompts(state: ServerState, body: ChatRequest) -> Callable[[], list[Any]]:
+    """The request's one prompt, its messages rendered by the chat template: rendered when called (in
+    the worker thread that submits it), the template's own errors a 400 naming `messages`."""
     messages = body.template_messages()
 
     def prompts() -> list[Any]:
@@ -55,6 +53,16 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
             prompt = {**prompt, "prompt_token_ids": list(ids)}
         check_room(len(prompt["prompt_token_ids"]), body, state.llm.config.max_seq_len)
         return [prompt]
+
+    return prompts
+
+
+async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
+    state: ServerState = request.app.state.fastpath
+    lora = state.check_model(body.model)
+    state.check_chat_template(body.chat_template)
+    params = sampling_params(body, state.config.max_tokens, defaults=state.llm.generation_defaults)
+    prompts = chat_prompts(state, body)
 
     client = client_request_id(request.headers.get("x-request-id"))
     rid = request_id("chatcmpl", client)

@@ -388,6 +388,47 @@ class DetokenizeRequest(Body):
     tokens: TokenIds
 
 
+class ResponseInputText(Body):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+    annotations: list[Any] | None = None  # an earlier reply's, sent back; not used
+
+
+class ResponseInputMessage(Body):
+    """A message item of OpenAI's Responses input (function calls and images are not taken)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ResponseInputText]
+    id: str | None = None  # an earlier reply's, sent back; not used
+    status: str | None = None
+
+
+class ResponsesRequest(Body):
+    """OpenAI's /v1/responses, as vLLM serves it without storage: text in, one message out."""
+
+    model: str | None = None
+    input: str | list[ResponseInputMessage] = Field(...)
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stream: bool = False
+    text: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    store: bool = True
+    tools: list[dict[str, Any]] | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("input must hold at least one message")
+        return value
+
+
 class LoadLoRAAdapterRequest(Body):
     """vLLM's /v1/load_lora_adapter."""
 

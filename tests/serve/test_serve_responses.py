@@ -1,0 +1,115 @@
+"""OpenAI's /v1/responses through the official client: the reply is the offline engine's chat reply
+to the same messages (instructions as the system message), whole or as the typed stream events;
+a reply cut by max_output_tokens is incomplete; what the server cannot do is a 400 naming the field."""
+
+import json
+
+import openai
+import pytest
+from serve_helpers import client, running
+
+from fastpath.runtime import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def url(llm):
+    with running(llm) as url:
+        yield url
+
+
+def _offline(llm, messages, n):
+    (out,) = llm.chat(messages, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+    return out
+
+
+def test_a_response_is_the_chat_reply_to_the_same_messages(url, llm):
+    r = client(url).responses.create(
+        model="tiny", input="Say something.", instructions="Be brief.", max_output_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    want = _offline(
+        llm, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}], 8
+    )
+    assert r.object == "response" and r.model == "tiny" and r.id.startswith("resp")
+    assert r.output_text == want.outputs[0].text
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    (item,) = r.output
+    assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
+    assert r.usage.input_tokens == len(want.prompt_token_ids) and r.usage.output_tokens == 8
+    assert r.usage.total_tokens == r.usage.input_tokens + 8
+
+
+def test_message_input_and_a_finished_reply(url, llm):
+    messages = [
+        {"role": "developer", "content": "Answer."},
+        {
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Hello "}, {"type": "input_text", "text": "there"}],
+        },
+    ]
+    r = client(url).responses.create(model="tiny", input=messages, max_output_tokens=40, temperature=0)
+    (want,) = llm.chat(
+        [{"role": "system", "content": "Answer."}, {"role": "user", "content": "Hello there"}],
+        SamplingParams(temperature=0, max_tokens=40),
+        use_tqdm=False,
+    )
+    assert r.output_text == want.outputs[0].text
+    finished = want.outputs[0].finish_reason == "stop"
+    assert r.status == ("completed" if finished else "incomplete")
+
+
+def test_the_stream_is_the_responses_event_sequence(url, llm):
+    stream = client(url).responses.create(
+        model="tiny", input="Say something.", max_output_tokens=12, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"
+    ]  # fmt: skip
+    assert kinds[-4:] == [
+        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"
+    ]  # fmt: skip
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    want = _offline(llm, [{"role": "user", "content": "Say something."}], 12).outputs[0].text
+    assert deltas == want == events[-4].text == events[-1].response.output_text
+    assert events[-1].response.usage.output_tokens == 12
+
+
+def test_json_schema_output_follows_the_schema(url):
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    r = client(url).responses.create(
+        model="tiny", input="Give me JSON.", max_output_tokens=40, temperature=0,
+        text={"format": {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}},
+    )  # fmt: skip
+    assert isinstance(json.loads(r.output_text)["a"], int)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "words"),
+    [
+        (dict(input="hi", previous_response_id="resp_1"), "previous_response_id", "stores no responses"),
+        (
+            dict(input="hi", tools=[{"type": "function", "name": "f", "parameters": {}}]),
+            "tools",
+            "calls no tools",
+        ),
+        (dict(input=[]), "input", "at least one"),
+        (dict(input="hi", max_output_tokens=0), "max_output_tokens", "greater than or equal to 1"),
+        (dict(input="hi", text={"format": {"type": "xml"}}), "text", "text, json_object or json_schema"),
+        (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input", ""),
+    ],
+)
+def test_what_the_server_cannot_do_is_a_400_naming_the_field(url, kwargs, param, words):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(url).responses.create(model="tiny", **kwargs)
+    assert caught.value.body["param"].startswith(param) and words in caught.value.body["message"], (
+        caught.value.body
+    )
