@@ -23,6 +23,9 @@ from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 from .validation import explain
 
+# Chat's fields that errors name, as this request spells them.
+_FIELDS = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+
 
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
@@ -37,9 +40,15 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     rid = request_id("resp", client)
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
-    gen = await Generation.start(
-        state, chat_prompts(state, chat), 1, params, rid, body.stream, request_keys(chat), lora
-    )
+    try:
+        gen = await Generation.start(
+            state, chat_prompts(state, chat), 1, params, rid, body.stream, request_keys(chat), lora
+        )
+    except ServeError as exc:  # named in chat's fields: respelled in this request's
+        if exc.param in _FIELDS:
+            exc.message = exc.message.replace(exc.param, _FIELDS[exc.param])
+            exc.param = _FIELDS[exc.param]
+        raise
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
     reply = _Reply(rid, f"msg_{uuid.uuid4().hex}", int(time.time()), state.reply_name(body.model, lora), body)
@@ -73,7 +82,7 @@ def _as_chat(body: ResponsesRequest) -> ChatRequest:
         return ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         param, message = explain(exc.errors())
-        param = {"max_tokens": "max_output_tokens", "response_format": "text"}.get(param, param)
+        param = _FIELDS.get(param, param)
         raise RequestInvalid(message, param) from None
 
 

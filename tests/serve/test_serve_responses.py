@@ -104,6 +104,7 @@ def test_json_schema_output_follows_the_schema(url):
         (dict(input=[]), "input", "at least one"),
         (dict(input="hi", max_output_tokens=0), "max_output_tokens", "greater than or equal to 1"),
         (dict(input="hi", text={"format": {"type": "xml"}}), "text", "text, json_object or json_schema"),
+        (dict(input="hi", max_output_tokens=10**6), "max_output_tokens", "max_output_tokens"),
         (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input", ""),
     ],
 )
