@@ -31,9 +31,13 @@ from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 
 
-def chat_prompts(state: ServerState, body: ChatRequest) -> Callable[[], list[Any]]:
+def chat_prompts(
+    state: ServerState, body: ChatRequest, refuse_no_room: bool = True
+) -> Callable[[], list[Any]]:
     """The request's one prompt, its messages rendered by the chat template: rendered when called (in
-    the worker thread that submits it), the template's own errors a 400 naming `messages`."""
+    the worker thread that submits it), the template's own errors a 400 naming `messages`. An explicit
+    max_tokens the context cannot hold after the prompt is a 400 unless not `refuse_no_room` (the
+    engine then caps it, as vLLM's /v1/responses does)."""
     messages = body.template_messages()
 
     def prompts() -> list[Any]:
@@ -51,7 +55,8 @@ def chat_prompts(state: ServerState, body: ChatRequest) -> Callable[[], list[Any
         if body.add_special_tokens:  # vLLM's: the tokenizer's own BOS as well as the template's
             ids = state.llm.get_tokenizer()(prompt["prompt"], add_special_tokens=True)["input_ids"]
             prompt = {**prompt, "prompt_token_ids": list(ids)}
-        check_room(len(prompt["prompt_token_ids"]), body, state.llm.config.max_seq_len)
+        if refuse_no_room:
+            check_room(len(prompt["prompt_token_ids"]), body, state.llm.config.max_seq_len)
         return [prompt]
 
     return prompts

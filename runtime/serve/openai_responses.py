@@ -13,51 +13,71 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from ..engine.token_bytes import token_bytes
 from .chat import chat_prompts
-from .errors import RequestInvalid, ServeError, error_body
+from .errors import RequestInvalid, ServeError
 from .generation import Generation, client_request_id, request_id
 from .params import request_keys, sampling_params
 from .protocol import ChatRequest, ResponsesRequest
-from .responses import prefix_caching, sse, worth_sending
+from .responses import chat_logprobs, prefix_caching, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
 from .validation import explain
 
-# Chat's fields that errors name, as this request spells them.
-_FIELDS = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for logprobs
+# vLLM's sampling extras this request takes, passed to the chat it becomes as they are.
+_EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
+           "logit_bias", "stop", "ignore_eos", "min_tokens", "skip_special_tokens", "user")  # fmt: skip
+# Chat's fields, as this request spells them in its errors.
+_PREFIXES = (("response_format.json_schema", "text.format"), ("response_format", "text.format"),
+             ("max_tokens", "max_output_tokens"), ("messages", "input"))  # fmt: skip
 
 
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     lora = state.check_model(body.model)
-    if body.previous_response_id is not None:
-        raise RequestInvalid("previous_response_id: this server stores no responses", "previous_response_id")
-    if body.tools:
-        raise RequestInvalid("tools: this server calls no tools on /v1/responses", "tools")
-    chat = _as_chat(body)
+    _refuse_stored_state(body)
+    logprobs = LOGPROBS in (body.include or ())
+    chat = _as_chat(body, logprobs)
     params = sampling_params(chat, state.config.max_tokens, defaults=state.llm.generation_defaults)
     client = client_request_id(request.headers.get("x-request-id"))
-    rid = request_id("resp", client)
+    rid = "resp_" + request_id("resp", client).removeprefix("resp-")  # OpenAI's spelling
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
+    # vLLM caps max_output_tokens at the room the prompt leaves (the engine's cap), where chat refuses.
+    prompts = chat_prompts(state, chat, refuse_no_room=False)
     try:
-        gen = await Generation.start(
-            state, chat_prompts(state, chat), 1, params, rid, body.stream, request_keys(chat), lora
-        )
+        gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(chat), lora)
     except ServeError as exc:  # named in chat's fields: respelled in this request's
-        if exc.param in _FIELDS:
-            exc.message = exc.message.replace(exc.param, _FIELDS[exc.param])
-            exc.param = _FIELDS[exc.param]
+        mine = _respelled(exc.param)
+        if mine != exc.param:
+            exc.message, exc.param = exc.message.replace(exc.param, mine), mine
         raise
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
-    reply = _Reply(rid, f"msg_{uuid.uuid4().hex}", int(time.time()), state.reply_name(body.model, lora), body)
+    reply = _Reply(rid, int(time.time()), state.reply_name(body.model, lora), body)
+    if logprobs:
+        reply.top, reply.raw = body.top_logprobs or 0, token_bytes(state.llm.get_tokenizer())
     if body.stream:
         return SSEResponse(_events(gen, reply, request), gen)
     return await unless_disconnected(request.receive, gen, _respond(gen, reply, request))
 
 
-def _as_chat(body: ResponsesRequest) -> ChatRequest:
+def _refuse_stored_state(body: ResponsesRequest) -> None:
+    """What needs responses, conversations or prompt templates kept on the server: refused by name."""
+    if body.previous_response_id is not None:
+        raise RequestInvalid("previous_response_id: this server stores no responses", "previous_response_id")
+    if body.background:
+        raise RequestInvalid("background: this server stores no responses to fetch later", "background")
+    if body.conversation is not None:
+        raise RequestInvalid("conversation: this server stores no conversations", "conversation")
+    if body.prompt is not None:
+        raise RequestInvalid("prompt: prompt templates are not supported; send input", "prompt")
+    if body.tools:
+        raise RequestInvalid("tools: this server calls no tools on /v1/responses", "tools")
+
+
+def _as_chat(body: ResponsesRequest, logprobs: bool) -> ChatRequest:
     """The chat the request amounts to: instructions as the system message, then the input."""
     messages: list[dict[str, Any]] = []
     if body.instructions:
@@ -66,10 +86,14 @@ def _as_chat(body: ResponsesRequest) -> ChatRequest:
         messages.append({"role": "user", "content": body.input})
     else:
         for m in body.input:
-            content = m.content if isinstance(m.content, str) else "".join(p.text for p in m.content)
+            # Parts joined by newlines, as chat's messages join theirs.
+            content = m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content)
             messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
                               "temperature": body.temperature, "top_p": body.top_p}  # fmt: skip
+    fields.update({k: getattr(body, k) for k in _EXTRAS})
+    if logprobs:
+        fields.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     fmt = (body.text or {}).get("format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
@@ -77,25 +101,48 @@ def _as_chat(body: ResponsesRequest) -> ChatRequest:
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         fields["response_format"] = {"type": "json_object"}
     elif fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise RequestInvalid("text.format: its type must be text, json_object or json_schema", "text")
+        raise RequestInvalid("text.format: its type must be text, json_object or json_schema", "text.format")
     try:
         return ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        param, message = explain(exc.errors())
-        param = _FIELDS.get(param, param)
-        raise RequestInvalid(message, param) from None
+        # Located as the app's own errors are (under "body"), then named as this request names them.
+        param, message = explain([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
+        raise RequestInvalid(message, _respelled(param)) from None
+
+
+def _respelled(param: str | None) -> str | None:
+    """A chat field's name as this request spells it."""
+    if param is None:
+        return None
+    for chat_name, mine in _PREFIXES:
+        if param == chat_name or param.startswith((chat_name + ".", chat_name + "[")):
+            return mine + param[len(chat_name) :]
+    return param
 
 
 class _Reply:
     """The response object's fixed parts, and how a finished or running one reads."""
 
-    def __init__(self, rid: str, item_id: str, created: int, model: str, body: ResponsesRequest) -> None:
-        self.rid, self.item_id, self.created, self.model, self.body = rid, item_id, created, model, body
-
-    def item(self, text: str, status: str) -> dict[str, Any]:
-        content = (
-            [{"type": "output_text", "text": text, "annotations": []}] if status != "in_progress" else []
+    def __init__(self, rid: str, created: int, model: str, body: ResponsesRequest) -> None:
+        self.rid, self.item_id, self.created, self.model, self.body = (
+            rid,
+            f"msg_{uuid.uuid4().hex}",
+            created,
+            model,
+            body,
         )
+        self.top: int | None = None  # top_logprobs, when the request included logprobs
+        self.raw: Any = None  # token bytes, for the logprobs' bytes
+
+    def logprobs(self, c: Any) -> list[dict[str, Any]]:
+        """A completion's tokens in OpenAI's logprobs shape (chat's); [] unless asked for."""
+        if self.top is None:
+            return []
+        return (chat_logprobs(c, self.top, self.raw) or {}).get("content", [])
+
+    def item(self, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+        content = [part] if status != "in_progress" else []
         return {
             "type": "message",
             "id": self.item_id,
@@ -121,12 +168,14 @@ class _Reply:
             "max_output_tokens": b.max_output_tokens,
             "temperature": b.temperature,
             "top_p": b.top_p,
+            "top_logprobs": b.top_logprobs,
             "text": b.text or {"format": {"type": "text"}},
             "tools": [],
             "tool_choice": "auto",
             "parallel_tool_calls": False,
             "previous_response_id": None,
             "store": False,
+            "user": b.user,
             "metadata": b.metadata or {},
         }
 
@@ -135,7 +184,7 @@ def _usage(gen: Generation, output_tokens: int, cached: int) -> dict[str, Any]:
     cached = cached if prefix_caching(gen.state.llm) else 0
     return {
         "input_tokens": gen.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": gen.prompt_tokens + output_tokens,
@@ -152,7 +201,7 @@ async def _respond(gen: Generation, reply: _Reply, request: Request) -> Response
     (c,) = out.outputs
     request.state.completion_tokens = len(c.token_ids)
     status, incomplete = _ending(c.finish_reason)
-    item = reply.item(c.text, "completed" if status == "completed" else "incomplete")
+    item = reply.item(c.text, "completed" if status == "completed" else "incomplete", reply.logprobs(c))
     usage = _usage(gen, len(c.token_ids), out.num_cached_tokens or 0)
     return JSONResponse(reply.response(status, [item], usage, incomplete))
 
@@ -170,27 +219,34 @@ async def _events(gen: Generation, reply: _Reply, request: Request) -> AsyncIter
     yield event("response.created", response=reply.response("in_progress", []))
     yield event("response.in_progress", response=reply.response("in_progress", []))
     yield event("response.output_item.added", output_index=0, item=reply.item("", "in_progress"))
-    part = {"type": "output_text", "text": "", "annotations": []}
-    yield event("response.content_part.added", **where, part=part)
-    text, tokens, cached, finish = [], 0, 0, None
+    yield event("response.content_part.added", **where, part=reply.item("", "completed")["content"][0])
+    text, tokens, cached, finish, logprobs = [], 0, 0, None, []
     try:
         async for _, out in gen.outputs():
             cached = out.num_cached_tokens or 0
             for c in out.outputs:
                 tokens += len(c.token_ids)
                 finish = c.finish_reason or finish
+                mine = reply.logprobs(c)
+                logprobs += mine
                 if c.text and worth_sending(c, False):
                     text.append(c.text)
-                    yield event("response.output_text.delta", **where, delta=c.text, logprobs=[])
+                    yield event("response.output_text.delta", **where, delta=c.text, logprobs=mine)
     except ServeError as exc:
-        yield sse(error_body(exc.status, exc.message, exc.param))
+        # OpenAI's error event, then the response, failed.
+        yield event("error", code=str(exc.status), message=exc.message, param=exc.param)
+        failed = reply.response("failed", [], _usage(gen, tokens, cached))
+        failed["error"] = {"code": "server_error", "message": exc.message}
+        yield event("response.failed", response=failed)
         return
-    request.state.completion_tokens = tokens
+    finally:
+        request.state.completion_tokens = tokens
     whole = "".join(text)
     status, incomplete = _ending(finish)
-    item = reply.item(whole, "completed" if status == "completed" else "incomplete")
-    yield event("response.output_text.done", **where, text=whole, logprobs=[])
-    yield event("response.content_part.done", **where, part={**part, "text": whole})
+    item = reply.item(whole, "completed" if status == "completed" else "incomplete", logprobs)
+    yield event("response.output_text.done", **where, text=whole, logprobs=logprobs)
+    yield event("response.content_part.done", **where, part=item["content"][0])
     yield event("response.output_item.done", output_index=0, item=item)
-    final = reply.response(status, [item], _usage(gen, tokens, cached), incomplete)
-    yield event(f"response.{status}", response=final)
+    yield event(
+        f"response.{status}", response=reply.response(status, [item], _usage(gen, tokens, cached), incomplete)
+    )

@@ -416,10 +416,28 @@ class ResponsesRequest(Body):
     stream: bool = False
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
-    store: bool = True
+    store: bool | None = True
     tools: list[dict[str, Any]] | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    include: list[str] | None = None
+    # What needs stored state or prompt templates: refused by name when set.
+    background: bool | None = None
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+    # vLLM's sampling extras, as its /v1/responses takes them
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
 
     @field_validator("input")
     @classmethod

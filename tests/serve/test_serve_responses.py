@@ -30,7 +30,7 @@ def test_a_response_is_the_chat_reply_to_the_same_messages(url, llm):
     want = _offline(
         llm, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something."}], 8
     )
-    assert r.object == "response" and r.model == "tiny" and r.id.startswith("resp")
+    assert r.object == "response" and r.model == "tiny" and r.id.startswith("resp_")
     assert r.output_text == want.outputs[0].text
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     (item,) = r.output
@@ -48,8 +48,8 @@ def test_message_input_and_a_finished_reply(url, llm):
         },
     ]
     r = client(url).responses.create(model="tiny", input=messages, max_output_tokens=40, temperature=0)
-    (want,) = llm.chat(
-        [{"role": "system", "content": "Answer."}, {"role": "user", "content": "Hello there"}],
+    (want,) = llm.chat(  # a message's parts joined by newlines, as chat joins them
+        [{"role": "system", "content": "Answer."}, {"role": "user", "content": "Hello \nthere"}],
         SamplingParams(temperature=0, max_tokens=40),
         use_tqdm=False,
     )
@@ -104,7 +104,15 @@ def test_json_schema_output_follows_the_schema(url):
         (dict(input=[]), "input", "at least one"),
         (dict(input="hi", max_output_tokens=0), "max_output_tokens", "greater than or equal to 1"),
         (dict(input="hi", text={"format": {"type": "xml"}}), "text", "text, json_object or json_schema"),
-        (dict(input="hi", max_output_tokens=10**6), "max_output_tokens", "max_output_tokens"),
+        (dict(input="hi", background=True), "background", "stores no responses"),
+        (dict(input="hi", conversation="conv_1"), "conversation", "stores no conversations"),
+        (dict(input="hi", prompt={"id": "pmpt_1"}), "prompt", "not supported"),
+        (
+            dict(input="hi", text={"format": {"type": "json_schema", "name": 5, "schema": {}}}),
+            "text.format.name",
+            "",
+        ),
+        (dict(input=[{"role": "user", "content": None}]), "input", ""),
         (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]), "input", ""),
     ],
 )
@@ -114,3 +122,26 @@ def test_what_the_server_cannot_do_is_a_400_naming_the_field(url, kwargs, param,
     assert caught.value.body["param"].startswith(param) and words in caught.value.body["message"], (
         caught.value.body
     )
+
+
+def test_max_output_tokens_past_the_context_is_capped_as_vllm_caps_it(url, llm):
+    r = client(url).responses.create(model="tiny", input="hi", max_output_tokens=10**6, temperature=0,
+                                     extra_body={"ignore_eos": True})  # fmt: skip
+    assert r.status == "incomplete" and r.usage.input_tokens + r.usage.output_tokens == llm.config.max_seq_len
+
+
+def test_included_logprobs_are_the_chat_routes(url, llm):
+    r = client(url).responses.create(
+        model="tiny", input="Say something.", max_output_tokens=6, temperature=0, top_logprobs=2,
+        include=["message.output_text.logprobs"], extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2)
+    (want,) = llm.chat([{"role": "user", "content": "Say something."}], params, use_tqdm=False)
+    got = r.output[0].content[0].logprobs
+    assert len(got) == 6 and all(len(t.top_logprobs) == 2 for t in got)
+    for entry, token, position in zip(got, want.outputs[0].token_ids, want.outputs[0].logprobs, strict=True):
+        assert entry.logprob == pytest.approx(position[token].logprob, abs=1e-5)
+    plain = client(url).responses.create(
+        model="tiny", input="Say something.", max_output_tokens=6, temperature=0
+    )
+    assert plain.output[0].content[0].logprobs == []
