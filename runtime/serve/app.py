@@ -27,7 +27,7 @@ from .errors import ServeError, error_response
 from .lora_routes import load_lora_adapter, unload_lora_adapter
 from .metrics import ServerMetrics
 from .middleware import RequestMiddleware
-from .openai_responses import create_response
+from .openai_responses import create_response, stored_response
 from .scores import create_rerank, create_score
 from .state import ServerState
 from .tokenizer_routes import detokenize, tokenize, version
@@ -205,6 +205,8 @@ def _v1_routes() -> APIRouter:
     router.add_api_route("/completions", create_completion, methods=["POST"])
     router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])
     router.add_api_route("/responses", create_response, methods=["POST"])
+    router.add_api_route("/responses/{response_id}", stored_response, methods=["GET", "DELETE"])
+    router.add_api_route("/responses/{response_id}/cancel", stored_response, methods=["POST"])
     router.add_api_route("/embeddings", create_embedding, methods=["POST"])
     router.add_api_route("/score", create_score, methods=["POST"])
     router.add_api_route("/rerank", create_rerank, methods=["POST"])

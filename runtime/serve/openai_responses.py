@@ -63,6 +63,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return await unless_disconnected(request.receive, gen, _respond(gen, reply, request))
 
 
+async def stored_response(response_id: str) -> Response:
+    """GET /v1/responses/{id} (and its cancel): nothing is stored, so no id is known."""
+    raise ServeError(
+        f"Response with id {response_id!r} not found: this server stores no responses", "response_id", 404
+    )
+
+
 def _refuse_stored_state(body: ResponsesRequest) -> None:
     """What needs responses, conversations or prompt templates kept on the server: refused by name."""
     if body.previous_response_id is not None:

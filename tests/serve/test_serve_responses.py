@@ -145,3 +145,11 @@ def test_included_logprobs_are_the_chat_routes(url, llm):
         model="tiny", input="Say something.", max_output_tokens=6, temperature=0
     )
     assert plain.output[0].content[0].logprobs == []
+
+
+def test_no_response_is_stored_to_fetch(url):
+    r = client(url).responses.create(model="tiny", input="hi", max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError, match="stores no responses"):
+        client(url).responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client(url).responses.cancel(r.id)
