@@ -237,8 +237,7 @@ class ExecutorCore:
     # --- one step ---------------------------------------------------------------------------------
 
     def launch(self, batch: ScheduledBatch, prev: InflightStep | None) -> InflightStep:
-        if self.scheduler.lora is not None and self.scheduler.lora.loads:
-            self._load_adapters()
+        self._load_pending_adapters()
         if batch.phase == "decode":
             out, sampled = self.launch_decode(batch, prev)
         else:
@@ -257,6 +256,31 @@ class ExecutorCore:
             return load_adapter(request.lora_path, config.model, config.max_lora_rank, config.dtype)
 
         return LoRASlots(config.max_loras, AdapterStore(read, config.max_cpu_loras))
+
+    def _take_lora_slot(self, seq: Sequence, lora: Any) -> bool:
+        """A sequence outside the scheduler (pooling, prompt logprobs) given `lora`'s slot as the
+        scheduler gives one: its weights read and checked now (ValueError), then a slot; False, its pin
+        given back, while no slot is free."""
+        slots = self.scheduler.lora
+        if slots is None:
+            raise ValueError("lora_request given, but LoRA adapters are off (enable_lora)")
+        seq.lora = lora
+        problem = slots.enter(seq)
+        if problem is not None:
+            raise ValueError(problem)
+        if not slots.can_take(seq):
+            slots.leave(seq)
+            return False
+        slots.acquire(seq)
+        return True
+
+    def _give_back_lora_slot(self, seq: Sequence) -> None:
+        if seq.lora is not None and self.scheduler.lora is not None:
+            self.scheduler.lora.leave(seq)
+
+    def _load_pending_adapters(self) -> None:
+        if self.scheduler.lora is not None and self.scheduler.lora.loads:
+            self._load_adapters()
 
     def _load_adapters(self) -> None:
         """The LoRA adapters the scheduler gave slots since the last step, into those slots, from the
@@ -437,21 +461,10 @@ class ExecutorCore:
         `lora`: the LoRARequest to run the prompt with; CacheFullError while no slot is free for it.
         """
         seq = Sequence(-2, list(prompt_ids), _PROBE_PARAMS, 0, frozenset(), 1 << 30)
-        slots = self.scheduler.lora
-        if lora is not None:
-            if slots is None:
-                raise ValueError("lora_request given, but LoRA adapters are off (enable_lora)")
-            seq.lora = lora
-            problem = slots.enter(seq)  # the weights read and checked now
-            if problem is not None:
-                raise ValueError(problem)
         try:
-            if lora is not None:
-                if not slots.can_take(seq):
-                    raise CacheFullError(f"no LoRA slot is free for adapter {lora.lora_name!r}")
-                slots.acquire(seq)
-                if slots.loads:
-                    self._load_adapters()
+            if lora is not None and not self._take_lora_slot(seq, lora):
+                raise CacheFullError(f"no LoRA slot is free for adapter {lora.lora_name!r}")
+            self._load_pending_adapters()
             seq.block_table = self.allocator.allocate(-(-len(prompt_ids) // self.runner.block_size))
             batch = ScheduledBatch("prefill", [seq], [0], [len(prompt_ids)], [True])
             step, _ = prefill_step(batch, self.runner.block_size)
@@ -464,8 +477,7 @@ class ExecutorCore:
         finally:
             if seq.block_table:
                 self.allocator.free(seq.block_table)
-            if lora is not None:
-                slots.leave(seq)
+            self._give_back_lora_slot(seq)
 
     @torch.no_grad()
     def pool(
@@ -480,7 +492,7 @@ class ExecutorCore:
         call again after a step); CacheFullError when its blocks never will be."""
         from .pooling import pool
 
-        bs, slots = self.runner.block_size, self.scheduler.lora
+        bs = self.runner.block_size
         loras = loras if loras is not None else [None] * len(prompts)
         seqs: list[Sequence] = []
         tokens, blocks = 0, 0
@@ -494,17 +506,8 @@ class ExecutorCore:
                     break
                 # Ids of their own: the adapter slots count their sequences by id.
                 seq = Sequence(-1000 - i, list(prompt), _PROBE_PARAMS, 0, frozenset(), 1 << 30)
-                if lora is not None:
-                    if slots is None:
-                        raise ValueError("lora_request given, but LoRA adapters are off (enable_lora)")
-                    seq.lora = lora
-                    problem = slots.enter(seq)  # the weights read and checked now
-                    if problem is not None:
-                        raise ValueError(problem)
-                    if not slots.can_take(seq):
-                        slots.leave(seq)
-                        break
-                    slots.acquire(seq)
+                if lora is not None and not self._take_lora_slot(seq, lora):
+                    break
                 seqs.append(seq)
                 tokens, blocks = tokens + len(prompt), blocks + need
             if not seqs:
@@ -514,8 +517,7 @@ class ExecutorCore:
                         f"{self.allocator.num_free} are free with nothing running"
                     )
                 return []
-            if slots is not None and slots.loads:
-                self._load_adapters()
+            self._load_pending_adapters()
             for seq in seqs:
                 seq.block_table = self.allocator.allocate(-(-len(seq.prompt_ids) // bs))
             lens = [len(seq.prompt_ids) for seq in seqs]
@@ -532,8 +534,7 @@ class ExecutorCore:
             for seq in seqs:
                 if seq.block_table:
                     self.allocator.free(seq.block_table)
-                if slots is not None and seq.lora is not None:
-                    slots.leave(seq)
+                self._give_back_lora_slot(seq)
 
     # --- the loop ---------------------------------------------------------------------------------
 

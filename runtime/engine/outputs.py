@@ -116,7 +116,7 @@ class ScoringOutput:
 class ScoringRequestOutput:
     """What score() returns, one per pair: vLLM's."""
 
-    request_id: str = field(metadata=doc("The engine's counter (the first embedding's)."))
+    request_id: str = field(metadata=doc("The engine's counter (the second text's embedding's)."))
     outputs: ScoringOutput = field(metadata=doc("The score."))
     prompt_token_ids: list[int] = field(metadata=doc("The pair's token ids: the first's, then the second's."))
     finished: bool = field(default=True, metadata=doc("Always True."))

@@ -4,16 +4,15 @@ its pooler config says, each input one vector, as floats or as base64 of little-
 from __future__ import annotations
 
 import base64
-import time
 from typing import Any
 
 import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from ..engine.pooling import PoolingParams
 from .errors import RequestInvalid
-from .pooling_call import check_truncation, in_parts, run_pooling, usage
+from .pooling_call import check_truncation, in_parts, run_pooling
 from .protocol import EmbeddingRequest
 from .state import ServerState
 
@@ -40,23 +39,12 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
             return "input", "input" if one else f"input[{start + k}]"
 
         parts.append((call, locate))
-    rid, outs, name = await run_pooling(request, "embd", body.model, parts)
+    pooled = await run_pooling(request, "embd", body.model, parts)
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(o.outputs.embedding, body.encoding_format)}
-        for i, o in enumerate(outs)
+        for i, o in enumerate(pooled.outs)
     ]
-    tokens = sum(len(o.prompt_token_ids) for o in outs)
-    request.state.prompt_tokens = tokens
-    return JSONResponse(
-        {
-            "id": rid,
-            "object": "list",
-            "created": int(time.time()),
-            "model": name,
-            "data": data,
-            "usage": usage(tokens),
-        }
-    )
+    return pooled.list_response(data)
 
 
 def _inputs(given: Any) -> list[Any]:

@@ -1,14 +1,18 @@
 """What /v1/embeddings, /score and /rerank share: the model or LoRA adapter the request names, a
-request id, one place at the admission gate, the work in parts so a client that leaves stops it, and the engine's errors as HTTP
-errors that name the field (and the item in it) at fault."""
+request id, one place at the admission gate, the work in parts so a client that leaves stops it, the
+engine's errors as HTTP errors that name the field (and the item in it) at fault, and the usage and
+list envelope of the reply."""
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from ..engine.outputs import EngineClosedError
@@ -45,10 +49,29 @@ def check_truncation(state: ServerState, value: int | None) -> None:
         )
 
 
+@dataclass(slots=True)
+class Pooled:
+    """A pooling request's results: its id, each prompt's output in order, the model name to reply
+    with, and the prompt tokens the outputs count (also set on the request, for the access log)."""
+
+    rid: str
+    outs: list[Any]
+    model: str
+    tokens: int
+
+    def usage(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.tokens, "total_tokens": self.tokens, "completion_tokens": 0}
+
+    def list_response(self, data: list[dict[str, Any]]) -> JSONResponse:
+        """OpenAI's list envelope (/v1/embeddings, /score) around `data`."""
+        return JSONResponse({"id": self.rid, "object": "list", "created": int(time.time()), "model": self.model,
+                             "data": data, "usage": self.usage()})  # fmt: skip
+
+
 async def run_pooling(request: Request, prefix: str, model: str | None,
-                      parts: Sequence[tuple[Callable[[Any], list[Any]], Locate]]) -> tuple[str, list[Any], str]:  # fmt: skip
-    """(request id, the parts' results in order, the model name to reply with), each part's call run
-    off the event loop with the request's LoRARequest (None: the base model)."""
+                      parts: Sequence[tuple[Callable[[Any], list[Any]], Locate]]) -> Pooled:  # fmt: skip
+    """The parts' results, each part's call run off the event loop with the request's LoRARequest
+    (None: the base model)."""
     state: ServerState = request.app.state.fastpath
     lora = state.check_model(model)  # a LoRARequest when `model` names an adapter
     client = client_request_id(request.headers.get("x-request-id"))
@@ -74,12 +97,10 @@ async def run_pooling(request: Request, prefix: str, model: str | None,
         raise Unavailable(str(exc)) from None
     finally:
         state.gate.leave(1)
-    return rid, out, state.reply_name(model, lora)
+    tokens = sum(len(o.prompt_token_ids) for o in out)
+    request.state.prompt_tokens = tokens
+    return Pooled(rid, out, state.reply_name(model, lora), tokens)
 
 
 def in_parts(n: int) -> list[range]:
     return [range(i, min(n, i + PART)) for i in range(0, n, PART)]
-
-
-def usage(tokens: int) -> dict[str, Any]:
-    return {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}

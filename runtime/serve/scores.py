@@ -4,13 +4,12 @@ embedding model scores (engine/pooling.py pools them as the server's pooler conf
 from __future__ import annotations
 
 import functools
-import time
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from .errors import RequestInvalid
-from .pooling_call import check_truncation, in_parts, run_pooling, usage
+from .pooling_call import check_truncation, in_parts, run_pooling
 from .protocol import RerankRequest, ScoreRequest
 from .state import ServerState
 
@@ -37,19 +36,9 @@ async def create_score(body: ScoreRequest, request: Request) -> Response:
             )
 
         parts.append((call, functools.partial(_locate, body, span.start, len(firsts))))
-    rid, outs, name = await run_pooling(request, "score", body.model, parts)
-    tokens = sum(len(o.prompt_token_ids) for o in outs)
-    request.state.prompt_tokens = tokens
-    data = [{"index": i, "object": "score", "score": o.outputs.score} for i, o in enumerate(outs)]
-    return JSONResponse(
-        {
-            "id": rid,
-            "object": "list",
-            "created": int(time.time()),
-            "model": name,
-            "data": data,
-            "usage": usage(tokens),
-        }
+    pooled = await run_pooling(request, "score", body.model, parts)
+    return pooled.list_response(
+        [{"index": i, "object": "score", "score": o.outputs.score} for i, o in enumerate(pooled.outs)]
     )
 
 
@@ -80,9 +69,8 @@ async def create_rerank(body: RerankRequest, request: Request) -> Response:
             return ("query", "query") if k == 0 else ("documents", f"documents[{start + k - 1}]")
 
         parts.append((call, locate))
-    rid, outs, name = await run_pooling(request, "rerank", body.model, parts)
-    tokens = sum(len(o.prompt_token_ids) for o in outs)
-    request.state.prompt_tokens = tokens
+    pooled = await run_pooling(request, "rerank", body.model, parts)
+    outs = pooled.outs
     # Most relevant first; a tie keeps the documents' order (sorted is stable). vLLM's top_n: all
     # documents unless it is positive.
     order = sorted(range(len(docs)), key=lambda i: -outs[i].outputs.score)
@@ -94,4 +82,6 @@ async def create_rerank(body: RerankRequest, request: Request) -> Response:
         if body.return_documents:
             result["document"] = {"text": docs[i]}
         results.append(result)
-    return JSONResponse({"id": rid, "model": name, "usage": usage(tokens), "results": results})
+    return JSONResponse(
+        {"id": pooled.rid, "model": pooled.model, "usage": pooled.usage(), "results": results}
+    )
