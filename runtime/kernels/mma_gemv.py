@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import glob
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from . import nvrtc
 
 SOURCE = Path(__file__).with_name("mma_gemv.cu")
 MAX_ROWS = 16
@@ -39,8 +39,6 @@ MAX_WEIGHT = 1 << 24
 _GATED = os.environ.get("FASTPATH_MMA_GATED") == "1"
 GATED_MAX_WEIGHT = 1 << 26 if _GATED else MAX_WEIGHT
 GATED_UNROLL, GATED_STAGES = (2, 2) if _GATED else (1, 4)
-_PDL_ATTRIBUTE = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-_MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +158,7 @@ def _run(
     grid, block = (-(-n // 16), 1, 1), (variant.warps * 32, 1, 1)
     function = _function(x.device.index or 0, variant)
     stream = torch.cuda.current_stream(x.device)
-    _launch(function, grid, block, variant.ring_bytes, (*args, *extra), stream, pdl)
+    nvrtc.launch(function, grid, block, variant.ring_bytes, (*args, *extra), stream, pdl)
 
 
 def fits_rope(x, weight, bias, positions, slots, cos, sin, k_cache, v_cache, shape) -> bool:
@@ -217,111 +215,11 @@ def available(device_index: int) -> tuple[bool, str]:
 @functools.cache
 def _function(device_index: int, variant: Variant) -> ctypes.c_void_p:
     major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = _compile(_source(), f"sm_{major}{minor}", tuple(variant.options()))
-    cuda = _driver()
-    with torch.cuda.device(device_index):
-        torch.cuda.current_stream(device_index)  # the device's primary context, current on this thread
-        module, function = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
-        _check(cuda.cuModuleGetFunction(ctypes.byref(function), module, b"mma_gemv"), "cuModuleGetFunction")
-        # Past 48 KB of dynamic shared memory a kernel has to ask for it.
-        _check(
-            cuda.cuFuncSetAttribute(function, _MAX_DYNAMIC_SHARED, variant.ring_bytes), "cuFuncSetAttribute"
-        )
-    return function
+    cubin = nvrtc.compile_source(_source(), SOURCE.name, f"sm_{major}{minor}", tuple(variant.options()))
+    # Past 48 KB of dynamic shared memory a kernel has to ask for it.
+    return nvrtc.load_function(device_index, cubin, "mma_gemv", dynamic_shared=variant.ring_bytes)
 
 
 @functools.cache
 def _source() -> str:
     return SOURCE.read_text()
-
-
-@functools.cache
-def _compile(source: str, arch: str, options: tuple[str, ...]) -> bytes:
-    nvrtc = _nvrtc()
-    program = ctypes.c_void_p()
-    _check_nvrtc(
-        nvrtc, nvrtc.nvrtcCreateProgram(ctypes.byref(program), source.encode(), b"mma_gemv.cu", 0, None, None)
-    )
-    try:
-        flags = [f"--gpu-architecture={arch}", "-std=c++17", *options]
-        array = (ctypes.c_char_p * len(flags))(*(f.encode() for f in flags))
-        if nvrtc.nvrtcCompileProgram(program, len(flags), array) != 0:
-            size = ctypes.c_size_t()
-            nvrtc.nvrtcGetProgramLogSize(program, ctypes.byref(size))
-            log = ctypes.create_string_buffer(size.value)
-            nvrtc.nvrtcGetProgramLog(program, log)
-            raise RuntimeError(f"mma_gemv.cu {' '.join(options)} did not compile:\n{log.value.decode()}")
-        size = ctypes.c_size_t()
-        _check_nvrtc(nvrtc, nvrtc.nvrtcGetCUBINSize(program, ctypes.byref(size)))
-        cubin = ctypes.create_string_buffer(size.value)
-        _check_nvrtc(nvrtc, nvrtc.nvrtcGetCUBIN(program, cubin))
-        return cubin.raw
-    finally:
-        nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
-
-
-class _Attribute(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
-
-
-class _Config(ctypes.Structure):
-    _fields_ = [
-        ("grid", ctypes.c_uint * 3),
-        ("block", ctypes.c_uint * 3),
-        ("shared_bytes", ctypes.c_uint),
-        ("stream", ctypes.c_void_p),
-        ("attrs", ctypes.POINTER(_Attribute)),
-        ("num_attrs", ctypes.c_uint),
-    ]
-
-
-# The launch attribute a PDL launch passes, built once: programmaticStreamSerializationAllowed = 1.
-_PDL = ctypes.pointer(_Attribute(_PDL_ATTRIBUTE, b"", (ctypes.c_ubyte * 64)(1)))
-
-
-def _launch(function, grid, block, shared_bytes: int, args, stream, pdl: bool) -> None:
-    values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a) for a in args]
-    params = (ctypes.c_void_p * len(values))(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values))
-    config = _Config(
-        grid=(ctypes.c_uint * 3)(*grid),
-        block=(ctypes.c_uint * 3)(*block),
-        shared_bytes=shared_bytes,
-        stream=ctypes.c_void_p(stream.cuda_stream),
-        attrs=_PDL if pdl else None,
-        num_attrs=1 if pdl else 0,
-    )
-    _check(_driver().cuLaunchKernelEx(ctypes.byref(config), function, params, None), "cuLaunchKernelEx")
-
-
-@functools.cache
-def _driver() -> ctypes.CDLL:
-    return ctypes.CDLL("libcuda.so.1")
-
-
-@functools.cache
-def _nvrtc() -> ctypes.CDLL:
-    """NVRTC of the CUDA major torch was built with: the loader's, the nvidia-* wheels', or CUDA_HOME's."""
-    major = (torch.version.cuda or "13").split(".")[0]
-    names = [f"libnvrtc.so.{major}", "libnvrtc.so"]
-    roots = [os.environ.get("CUDA_HOME", "/usr/local/cuda") + "/lib64"]
-    roots += [p for entry in sys.path for p in glob.glob(os.path.join(entry, "nvidia", "*", "lib"))]
-    for candidate in names + [os.path.join(r, n) for r in roots for n in names]:
-        try:
-            return ctypes.CDLL(candidate)
-        except OSError:
-            continue
-    raise OSError(f"libnvrtc.so.{major} not found (tried the loader's path, CUDA_HOME and the nvidia wheels)")
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        name = ctypes.c_char_p()
-        _driver().cuGetErrorName(result, ctypes.byref(name))
-        raise RuntimeError(f"{what} failed: {(name.value or b'?').decode()} ({result})")
-
-
-def _check_nvrtc(nvrtc: ctypes.CDLL, result: int) -> None:
-    if result != 0:
-        nvrtc.nvrtcGetErrorString.restype = ctypes.c_char_p
-        raise RuntimeError(f"NVRTC error: {nvrtc.nvrtcGetErrorString(result).decode()}")
