@@ -78,7 +78,6 @@ class Variant:
     gated_ring: tuple[int, int] = (1, 4)
     l2_prefetch_mb: int = 0  # l2_prefetch.BUDGET_BYTES (FASTPATH_L2_PREFETCH_MB): off in the engine
 
-
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
         from fastpath.runtime.kernels import l2_prefetch, mma_gemv, triton_ops

@@ -114,13 +114,24 @@ def test_triton_ops_skip_tensors_off_cuda(monkeypatch):
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
 def test_the_kernel_builds_for_sm90_as_bulk_prefetches_without_spills(tmp_path):
     ptx = tmp_path / "p.ptx"
-    done = subprocess.run([NVCC, "-arch=sm_90", "-ptx", "-o", str(ptx), str(l2_prefetch.SOURCE)], capture_output=True)
+    done = subprocess.run(
+        [NVCC, "-arch=sm_90", "-ptx", "-o", str(ptx), str(l2_prefetch.SOURCE)], capture_output=True
+    )
     assert done.returncode == 0, done.stderr.decode()
     text = ptx.read_text()
     assert "cp.async.bulk.prefetch.L2.global" in text
     assert "ld.global" not in text and "st.global" not in text  # it asks; it never reads or writes
     cubin = subprocess.run(
-        [NVCC, "-arch=sm_90", "-cubin", "-Xptxas", "-v", "-o", str(tmp_path / "p.cubin"), str(l2_prefetch.SOURCE)],
+        [
+            NVCC,
+            "-arch=sm_90",
+            "-cubin",
+            "-Xptxas",
+            "-v",
+            "-o",
+            str(tmp_path / "p.cubin"),
+            str(l2_prefetch.SOURCE),
+        ],
         capture_output=True,
         text=True,
     )
