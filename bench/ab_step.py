@@ -26,9 +26,6 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   in its epilogue: one launch for cuBLAS's and the SiLU-mul's, and the PDL chain unbroken;
 - "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": the same with round 22's ring (one chunk a
   slot, four slots);
-- "PDL, L2 prefetch 16 MB" and "32 MB": once q|k|v is written, a side branch of the graph asks for
-  that many bytes of the layer's o_proj and gate_up weights (kernels/l2_prefetch.py) while attention
-  runs;
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
   rows' linears on the tensor-core GEMV (mma_gemv.cu), gate_up_proj on cuBLAS and the SiLU-mul.
@@ -76,11 +73,10 @@ class Variant:
     # kernel (the engine's), or on the gated build (FASTPATH_MMA_GATED=1)
     gated_max_weight: int = 1 << 24
     gated_ring: tuple[int, int] = (1, 4)
-    l2_prefetch_mb: int = 0  # l2_prefetch.BUDGET_BYTES (FASTPATH_L2_PREFETCH_MB): off in the engine
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
-        from fastpath.runtime.kernels import l2_prefetch, mma_gemv, triton_ops
+        from fastpath.runtime.kernels import mma_gemv, triton_ops
         from fastpath.runtime.runner import decode_inputs
 
         decode_inputs.UNPACK_IN_ONE_LAUNCH = self.one_launch_prologue
@@ -92,7 +88,6 @@ class Variant:
         triton_ops.MMA_ROPE = self.mma_rope
         mma_gemv.GATED_MAX_WEIGHT = self.gated_max_weight
         mma_gemv.GATED_UNROLL, mma_gemv.GATED_STAGES = self.gated_ring
-        l2_prefetch.BUDGET_BYTES = self.l2_prefetch_mb << 20
 
 
 ROUND_20 = dict(early_kv=False, early_rope=False)  # the loads of rounds 20 and before, after each wait
@@ -109,8 +104,6 @@ VARIANTS = {
     "PDL, q|k|v RoPE in the tensor-core GEMV": Variant(mma_rope=True),
     "PDL, gate_up gated on the tensor-core GEMV": Variant(gated_max_weight=1 << 26, gated_ring=(2, 2)),
     "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_max_weight=1 << 26),
-    "PDL, L2 prefetch 16 MB": Variant(l2_prefetch_mb=16),
-    "PDL, L2 prefetch 32 MB": Variant(l2_prefetch_mb=32),
     "PDL": Variant(),
 }
 

@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|lora-tests|pooling-tests|prefetch-tests|bf16-tests|quick-tests] [ab-step|ab-prefetch|ab-mma|ab-mma-rope|ab-gated|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|lora|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|lora-tests|pooling-tests|bf16-tests|quick-tests] [ab-step|ab-mma|ab-mma-rope|ab-gated|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|lora|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -41,7 +41,6 @@ for step in "$@"; do
         tests/runtime/test_gpu_guided.py tests/runtime/test_guided_gpu.py 2>&1 | tee "$OUT/gpu_sampler_tests.log" | grep -E "FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     prefix-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_prefix_cache.py tests/runtime/test_gpu_sampling.py 2>&1 | tee "$OUT/gpu_prefix_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     lora-tests) timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_lora.py 2>&1 | tee "$OUT/gpu_lora_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
-    prefetch-tests) timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_l2_prefetch.py 2>&1 | tee "$OUT/gpu_prefetch_tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E " | tail -20 ;;
     pooling-tests) timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_pooling.py 2>&1 | tee "$OUT/gpu_pooling_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     prefill-graph-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py -k prefill_graphs 2>&1 | tee "$OUT/gpu_prefill_graph_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -20 ;;
     bf16-tests) timeout 240 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_runtime.py tests/runtime/test_gpu_sampling.py -k "not triton and not mixed and not prefill_graphs" 2>&1 | tee "$OUT/gpu_bf16_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -24 ;;
@@ -63,9 +62,6 @@ for step in "$@"; do
     ab-gated)  # round 25: 2-16 rows' gate_up_proj on the tensor-core GEMV's gated build (two rings) against cuBLAS and the SiLU-mul, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_gated --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-2} \
         --variants "PDL" "PDL, gate_up gated on the tensor-core GEMV, ring 1x4" "PDL, gate_up gated on the tensor-core GEMV" 2>&1 | tail -20 ;;
-    ab-prefetch)  # round 29: o_proj's and gate_up's weights asked into L2 while attention runs, 16 and 32 MB a layer, against none
-      timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_prefetch --batch ${AB_BATCH:-1 8 64} --rounds ${AB_ROUNDS:-2} \
-        --variants "PDL" "PDL, L2 prefetch 16 MB" "PDL, L2 prefetch 32 MB" 2>&1 | tail -20 ;;
     ab-step) timeout 420 python3 bench/ab_step.py --out "$OUT" --variants "one-launch prologue, no PDL" "PDL, not attention" "PDL" 2>&1 | tail -14 ;;
     guided-pdl-tests)  # PDL is opt-in: does the guided graphs' capture failure of round 9 repeat with it on?
       for i in ${PDL_REPEATS:-1 2}; do FASTPATH_PDL=1 timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_guided.py 2>&1 | tee "$OUT/gpu_guided_pdl_tests-$i.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8; done ;;

@@ -1,7 +1,7 @@
 """CUDA C++ kernels built at run time: NVRTC compiles the source, the driver loads and launches it.
 
-Shared by the hand-written kernels (mma_gemv.cu, l2_prefetch.cu). Everything goes through ctypes, so
-importing this module loads neither NVRTC nor the driver; the first build does.
+The plumbing of the hand-written kernels (mma_gemv.cu), apart from what they compute. Everything goes
+through ctypes, so importing this module loads neither NVRTC nor the driver; the first build does.
 """
 
 from __future__ import annotations

@@ -38,15 +38,6 @@ class TorchOps:
     def linear(self, x, weight, bias=None):
         return F.linear(x, weight, bias)
 
-    # Whether prefetch_l2 does anything: callers skip building its arguments otherwise.
-    prefetches_l2 = False
-
-    def prefetch_l2(self, rows: int, groups) -> None:
-        """A hint that the weights in `groups` are read next (TritonOps, l2_prefetch.py); nothing here."""
-
-    def join_prefetches(self) -> None:
-        """The end of a forward: the current stream waits for prefetch_l2's branch (nothing here)."""
-
     def add_rms_norm_linear(self, x, residual, norm_weight, eps, weight, bias=None):
         """(linear(norm(x + residual)), x + residual): a layer's norm and the projection after it."""
         normed, summed = self.add_rms_norm(x, residual, norm_weight, eps)

@@ -9,7 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import l2_prefetch, lora_kernels, mma_gemv
+from . import lora_kernels, mma_gemv
 from . import triton_kernels as K
 from .guided_mask_triton import guided_mask
 from .torch_ops import TorchOps
@@ -79,38 +79,6 @@ class TritonOps(TorchOps):
 
     def __init__(self) -> None:
         self._counts: dict[tuple, torch.Tensor] = {}
-        self._prefetch_stream: torch.cuda.Stream | None = None
-        self._prefetching = False  # a branch forked since the last join
-
-    @property
-    def prefetches_l2(self) -> bool:
-        return l2_prefetch.BUDGET_BYTES > 0
-
-    def prefetch_l2(self, rows, groups):
-        """Ask for `groups`' weights (l2_prefetch.plan) on a side stream that forks from the current
-        one here, so the request waits for what was launched so far (q|k|v) and nothing waits for it
-        until join_prefetches."""
-        if not self.prefetches_l2 or rows > l2_prefetch.MAX_ROWS or not groups or not groups[0]:
-            return
-        device = groups[0][0].device
-        if device.type != "cuda" or not l2_prefetch.available(device.index or 0)[0]:
-            return
-        index = device.index or 0
-        ranges = l2_prefetch.plan(groups, l2_prefetch.budget(index))
-        if not ranges:
-            return
-        if self._prefetch_stream is None:
-            self._prefetch_stream = torch.cuda.Stream(device)
-        side = self._prefetch_stream
-        side.wait_stream(torch.cuda.current_stream(device))
-        l2_prefetch.launch(ranges, index, side)
-        self._prefetching = True
-
-    def join_prefetches(self):
-        # A graph capture must rejoin every stream it forked before it ends.
-        if self._prefetching:
-            torch.cuda.current_stream(self._prefetch_stream.device).wait_stream(self._prefetch_stream)
-            self._prefetching = False
 
     def describe(self, device: torch.device) -> str:
         on, why = pdl_available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
@@ -118,14 +86,9 @@ class TritonOps(TorchOps):
         if not MMA_SMALL_M:
             mma, mma_why = False, "triton_ops.MMA_SMALL_M is False"
         rope = "; q|k|v RoPE in its epilogue" if mma and MMA_ROPE else ""
-        prefetch = ""
-        if self.prefetches_l2 and device.type == "cuda":
-            l2, l2_why = l2_prefetch.available(device.index or 0)
-            mb = l2_prefetch.budget(device.index or 0) / (1 << 20) if l2 else 0
-            prefetch = f"; L2 prefetch {f'of {mb:.0f} MB a layer' if l2 else 'off: ' + l2_why}"
         return (
             f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}; "
-            f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}{rope}{prefetch}"
+            f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}{rope}"
         )
 
     def _pdl(self, x: torch.Tensor) -> dict:

@@ -39,12 +39,9 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim**-0.5
 
-    def forward(
-        self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops, lora=None, prefetch=()
-    ):
+    def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops, lora=None):
         """Normed hidden states -> attention output projected back to the hidden size. `lora`: the
-        forward's LoRAPass (lora_table.py), whose deltas join the projections unfused. `prefetch`: the
-        weights read after attention, in groups (ops.prefetch_l2)."""
+        forward's LoRAPass (lora_table.py), whose deltas join the projections unfused."""
         cfg = self.cfg
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         rest = (
@@ -64,9 +61,6 @@ class Attention(nn.Module):
         else:
             qkv = lora.add(self.layer, "qkv", x, ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias))
             q = ops.qkv_rope_cache(qkv, *rest)
-        if prefetch:
-            # At short contexts attention leaves HBM idle: ask for the next weights while it runs.
-            ops.prefetch_l2(x.shape[0], prefetch)
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
         out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale).reshape(-1, cfg.q_size)
         # Row-parallel: each rank's heads give a partial sum (o_proj's bias is held by rank 0 alone).
@@ -109,9 +103,7 @@ class DecoderLayer(nn.Module):
         """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
         eps, attn = self.input_layernorm.eps, self.self_attn
         normed, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
-        # o_proj's weight whole, then gate and up from their fronts side by side, as the GEMVs read them
-        prefetch = ((attn.o_proj.weight,), self.mlp.gate_up_proj.weight.chunk(2)) if ops.prefetches_l2 else ()
-        h = attn(normed, positions, rope, kv, meta, fmha, ops, lora, prefetch)
+        h = attn(normed, positions, rope, kv, meta, fmha, ops, lora)
         if lora is None:
             act, residual = ops.add_rms_norm_gated_linear(
                 h, residual, self.post_attention_layernorm.weight, eps, self.mlp.gate_up_proj.weight
@@ -182,7 +174,6 @@ class CausalLM(nn.Module):
         lora = self.lora.begin(hidden.shape[0], ops) if self.lora is not None and self.lora.active else None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops, lora)
-        ops.join_prefetches()
         if logits_indices is not None:
             hidden, residual = hidden[logits_indices], residual[logits_indices]
         logits, _ = ops.add_rms_norm_linear(
@@ -197,5 +188,4 @@ class CausalLM(nn.Module):
         lora = self.lora.begin(hidden.shape[0], ops) if self.lora is not None and self.lora.active else None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, positions, self.rope, kv, meta, fmha, ops, lora)
-        ops.join_prefetches()
         return ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps)[0]
