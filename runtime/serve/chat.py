@@ -10,6 +10,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ..engine.token_bytes import token_bytes
+from . import tool_calls
 from .beam import BeamGeneration, beam_params
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, client_request_id, request_id
@@ -29,6 +30,7 @@ from .responses import (
 )
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
+from .tool_calls import ToolPlan, ToolStream
 
 
 def chat_prompts(
@@ -48,7 +50,7 @@ def chat_prompts(
                 body.add_generation_prompt,
                 body.continue_final_message,
                 body.chat_template_kwargs,
-                body.tools or None,
+                body.template_tools(),
             )
         except Exception as exc:  # the template's own error (raise_exception, a bad role order) names it
             raise RequestInvalid(f"messages: the chat template failed: {exc}", "messages") from None
@@ -66,14 +68,19 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     state: ServerState = request.app.state.fastpath
     lora = state.check_model(body.model)
     state.check_chat_template(body.chat_template)
-    params = sampling_params(body, state.config.max_tokens, defaults=state.llm.generation_defaults)
+    tools = tool_calls.plan(body, state.config.auto_tool_parser)
+    if tools.mode != "none" and body.use_beam_search:
+        raise RequestInvalid("use_beam_search: tool calls are not made with beam search", "use_beam_search")
+    params = sampling_params(
+        body, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
+    )
     prompts = chat_prompts(state, body)
 
     client = client_request_id(request.headers.get("x-request-id"))
     rid = request_id("chatcmpl", client)
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
-    keys = request_keys(body)
+    keys = request_keys(body, tools.schema)
     if body.use_beam_search:
         top = (body.top_logprobs or 0) if body.logprobs else None
         beam, truncate = beam_params(body, params, top), params.truncate_prompt_tokens
@@ -84,26 +91,35 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     request.state.timeline = gen.timeline
     if body.stream:
         env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.reply_name(body.model, lora))
-        return SSEResponse(_events(gen, env, body, request), gen)
+        return SSEResponse(_events(gen, env, body, request, tools), gen)
     env = Envelope(rid, "chat.completion", int(time.time()), state.reply_name(body.model, lora))
-    return await unless_disconnected(request.receive, gen, _respond(gen, env, body, request))
+    return await unless_disconnected(request.receive, gen, _respond(gen, env, body, request, tools))
 
 
-async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: Request):
+async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: Request, tools: ToolPlan):
     (out,) = await gen.collect()
     usage = Usage(gen.prompt_tokens, sum(len(c.token_ids) for c in out.outputs))
     usage.cached(prefix_caching(gen.state.llm), {0: out.num_cached_tokens})
     request.state.completion_tokens = usage.completion_tokens
     raw = _raw(gen)
-    choices = [
-        chat_choice(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0) for c in out.outputs
-    ]
+    choices = []
+    for c in out.outputs:
+        choice = chat_choice(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
+        content, calls = tools.extract(c.text)
+        if calls:
+            choice["message"] = {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [t.as_dict() for t in calls],
+            }
+            choice["finish_reason"] = tools.finish_reason(c.finish_reason, calls)
+        choices.append(choice)
     extra = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
     return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
 
 
 async def _events(
-    gen: Generation, env: Envelope, body: ChatRequest, request: Request
+    gen: Generation, env: Envelope, body: ChatRequest, request: Request, tools: ToolPlan
 ) -> AsyncIterator[bytes]:
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     continuous = include_usage and body.stream_options.continuous_usage_stats
@@ -117,14 +133,20 @@ async def _events(
             opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
             yield sse(env.body([opening], **chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)))
         cached: dict[int, int] = {}
+        streams = {i: ToolStream(tools) for i in range(body.n)}
         async for _, out in gen.outputs():
             cached[0] = out.num_cached_tokens
             for c in out.outputs:
                 usage.completion_tokens += len(c.token_ids)
                 so_far[c.index] = so_far.get(c.index, 0) + len(c.token_ids)
-                if not worth_sending(c, body.return_token_ids):
+                if tools.mode != "none":
+                    delta = _tool_delta(streams[c.index], c, body, raw)
+                    if delta is None:
+                        continue
+                elif not worth_sending(c, body.return_token_ids):
                     continue
-                delta = chat_delta(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
+                else:
+                    delta = chat_delta(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
                 mine = Usage(gen.prompt_tokens, so_far[c.index])  # vLLM: this choice's counts
                 yield sse(env.body([delta], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:
@@ -134,6 +156,20 @@ async def _events(
     finally:
         request.state.completion_tokens = usage.completion_tokens
     yield SSE_DONE
+
+
+def _tool_delta(stream: ToolStream, c, body: ChatRequest, raw: TokenBytes | None) -> dict[str, Any] | None:
+    """A choice's chunk where tools may be called: its content and tool-call deltas as the stream
+    reads them, its finish_reason "tool_calls" where the model called; None: nothing to send yet."""
+    content, calls = stream.feed(c.text, c.finish_reason is not None)
+    choice = chat_delta(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
+    delta: dict[str, Any] = {"content": content} if content else {}
+    if calls:
+        delta["tool_calls"] = calls
+    choice["delta"] = delta
+    choice["finish_reason"] = stream.plan.finish_reason(c.finish_reason, stream.calls)
+    wanted = c.token_ids and (body.return_token_ids or c.logprobs)
+    return choice if delta or c.finish_reason or wanted else None
 
 
 def _raw(gen: Generation) -> TokenBytes | None:

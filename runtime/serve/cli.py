@@ -18,7 +18,7 @@ from typing import Any
 
 from fastpath.vocab import install_line
 
-from .config import DEFAULT_PORT, ServeConfig
+from .config import DEFAULT_PORT, TOOL_CALL_PARSERS, ServeConfig
 
 DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
 
@@ -133,6 +133,19 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         help="LoRA adapters requests may name as their model: name=path, or vLLM's JSON "
         '\'{"name": ..., "path": ...}\' (needs --enable-lora)',
     )
+    s.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="chat requests with tools may leave the choice to the model (tool_choice 'auto'), whose "
+        "calls are read out of its text with --tool-call-parser (vLLM's flag)",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_CALL_PARSERS,
+        default=None,
+        help="the format the model writes tool calls in: hermes (Hermes, Qwen2.5/3) or llama3_json "
+        "(Llama 3.1/3.2)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     e = parser.add_argument_group("engine")
     for flag, (key, kind, text) in ENGINE_FLAGS.items():
@@ -210,6 +223,8 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         trust_request_chat_template=args.trust_request_chat_template,
         allowed_origins=args.allowed_origins,
         lora_modules=tuple(args.lora_modules or ()),
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
     )
 
 

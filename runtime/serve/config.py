@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from .errors import RequestInvalid, Unavailable
 
 DEFAULT_PORT = 8000
+# The formats `auto` tool choice reads calls in (serve/tool_calls.py).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 
 def runtime_lora_updating_from_env() -> bool:
@@ -40,6 +42,10 @@ class ServeConfig:
       remove adapter names while the server runs. Off unless VLLM_ALLOW_RUNTIME_LORA_UPDATING is
       true or 1, as in vLLM: any client with the API key could then make the server read a folder
       of its choosing. One API server process only (each holds its own names).
+    - `enable_auto_tool_choice`, `tool_call_parser`: vLLM's --enable-auto-tool-choice and
+      --tool-call-parser: chat requests with tools and tool_choice "auto" (or none given) read the
+      model's calls out of its text in the parser's format (serve/tool_calls.py). A named tool and
+      "required" need neither: guided decoding holds them to the tools' schemas.
     """
 
     host: str = "127.0.0.1"
@@ -57,8 +63,24 @@ class ServeConfig:
     allowed_origins: tuple[str, ...] = ()
     lora_modules: tuple[tuple[str, str], ...] = ()
     runtime_lora_updating: bool = field(default_factory=runtime_lora_updating_from_env)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+
+    @property
+    def auto_tool_parser(self) -> str | None:
+        """The parser "auto" tool choice reads calls with; None: "auto" is refused."""
+        return self.tool_call_parser if self.enable_auto_tool_choice else None
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.enable_auto_tool_choice, bool), "enable_auto_tool_choice", "True or False",
+               self.enable_auto_tool_choice)  # fmt: skip
+        _check(self.tool_call_parser is None or self.tool_call_parser in TOOL_CALL_PARSERS, "tool_call_parser",
+               f"None or one of {', '.join(TOOL_CALL_PARSERS)}", self.tool_call_parser)  # fmt: skip
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError(
+                "serve option enable_auto_tool_choice needs tool_call_parser (--tool-call-parser "
+                f"{'|'.join(TOOL_CALL_PARSERS)}): the format the model writes its calls in"
+            )
         mods = self.lora_modules
         _check(
             isinstance(mods, tuple)

@@ -47,9 +47,9 @@ class RequestKeys:
         return self.prompt
 
 
-def request_keys(req: SamplingFields) -> RequestKeys:
+def request_keys(req: SamplingFields, tool_schema: dict[str, Any] | None = None) -> RequestKeys:
     prompt = "messages" if isinstance(req, ChatRequest) else "prompt"
-    return RequestKeys(prompt, _max_tokens(req)[0], _guided(req)[0])
+    return RequestKeys(prompt, _max_tokens(req)[0], _guided(req, tool_schema)[0])
 
 
 def sampling_params(
@@ -57,10 +57,12 @@ def sampling_params(
     max_tokens_limit: int | None,
     prompt_logprobs: int | None = None,
     defaults: Mapping[str, Any] | None = None,
+    tool_schema: dict[str, Any] | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field.
     `prompt_logprobs`: what an echoed prompt needs. `defaults`: the model's own sampling values (the
-    engine's `generation_defaults`), for what the request leaves unset, as in vLLM."""
+    engine's `generation_defaults`), for what the request leaves unset, as in vLLM. `tool_schema`:
+    the JSON schema a named or required tool call holds the output to (tool_calls.plan)."""
     d = {**_OWN_DEFAULTS, **(defaults or {})}
     unset = {name: d[name] if getattr(req, name) is None else getattr(req, name) for name in _DEFAULTED}
     max_key, max_tokens = _max_tokens(req)
@@ -77,7 +79,7 @@ def sampling_params(
                 f"{max_key} is {max_tokens}, above this server's limit of {max_tokens_limit}", max_key
             )
     logprob_key, logprobs = _logprobs(req)
-    guided_key, guided = _guided(req)
+    guided_key, guided = _guided(req, tool_schema)
     names = {
         "max_tokens": max_key,
         "logprobs": logprob_key,
@@ -160,8 +162,12 @@ def _logprobs(req: SamplingFields) -> tuple[str, int | None]:
     return ("top_logprobs", req.top_logprobs) if req.top_logprobs is not None else ("logprobs", 0)
 
 
-def _guided(req: SamplingFields) -> tuple[str, GuidedDecodingParams | None]:
+def _guided(
+    req: SamplingFields, tool_schema: dict[str, Any] | None = None
+) -> tuple[str, GuidedDecodingParams | None]:
     given: dict[str, dict[str, Any]] = {}
+    if tool_schema is not None:  # blamed on tools: the schema is their parameters
+        given["tools"] = {"json": tool_schema}
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
         given["response_format"] = {"json_object": True}
@@ -179,6 +185,13 @@ def _guided(req: SamplingFields) -> tuple[str, GuidedDecodingParams | None]:
         given["structured_outputs"] = spec
     if not given:
         return "response_format", None
+    if len(given) > 1 and "tools" in given:
+        other = next(k for k in given if k != "tools")
+        raise RequestInvalid(
+            f"{other}: a named or 'required' tool_choice already holds the output to the tools' schemas; "
+            "set no other constraint",
+            other,
+        )
     if len(given) > 1:
         raise RequestInvalid(f"{' and '.join(given)} each set a constraint; set one", next(iter(given)))
     key, spec = next(iter(given.items()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import logging
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -284,11 +285,55 @@ class ChatMessage(Body):
         if isinstance(content, list):
             content = "\n".join(part.as_text() for part in content)  # as vLLM joins them
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_call_id"):
             value = getattr(self, key)
             if value is not None:
                 message[key] = value
+        if self.tool_calls is not None:
+            message["tool_calls"] = [_call_for_template(c) for c in self.tool_calls]
         return message
+
+
+def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
+    """An earlier reply's tool call with its arguments as an object, as HF chat templates read them
+    (`arguments | tojson`) and vLLM passes them; OpenAI sends them as JSON text."""
+    function = call.get("function")
+    if not isinstance(function, dict):
+        return call
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            return call  # not JSON: the template gets the text as sent
+    elif arguments is None:
+        arguments = {}
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
+class FunctionDefinition(Body):
+    # OpenAI's rule for a function's name, which the tool-call JSON carries back.
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema; none: no arguments
+    strict: bool | None = None  # OpenAI's; named and required calls are always held to the schema here
+
+
+class ChatTool(Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def as_template_dict(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class NamedFunction(Body):
+    name: str
+
+
+class NamedToolChoice(Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(SamplingFields):
@@ -296,8 +341,8 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     add_special_tokens: bool = False  # vLLM's: the chat template places BOS itself
     # vLLM's chat extras
@@ -327,24 +372,22 @@ class ChatRequest(SamplingFields):
         return value
 
     @model_validator(mode="after")
-    def _tools_for_the_template_only(self) -> ChatRequest:
-        # Tools reach the chat template (tool_choice "none", so the model may read them); this server
-        # parses no tool calls out of the output, so it does not pretend to call tools.
-        choice = self.tool_choice
-        if choice is not None and choice != "none":
-            what = choice if isinstance(choice, str) else "a named tool"
-            raise FieldError(
-                "tool_choice",
-                f"{what!r} is not supported: this server does not parse tool calls; 'none' renders "
-                "the tools into the prompt",
-            )
-        if self.tools and choice is None:
-            raise FieldError(
-                "tool_choice",
-                "tools need tool_choice 'none' here (OpenAI's default with tools is 'auto', and this "
-                "server does not parse tool calls)",
-            )
+    def _tool_choice_names_a_tool(self) -> ChatRequest:
+        # Whether "auto" may run is the server's setting (tool_calls.plan); what needs no server is here.
+        choice, tools = self.tool_choice, self.tools or []
+        if choice is None or choice == "none":
+            return self
+        if not tools:
+            what = repr(choice) if isinstance(choice, str) else "a named tool"
+            raise FieldError("tool_choice", f"{what} needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+            t.function.name for t in tools
+        }:
+            raise FieldError("tool_choice", f"names {choice.function.name!r}, which is not one of the tools")
         return self
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return [t.as_template_dict() for t in self.tools] if self.tools else None
 
     @field_validator("continue_final_message")
     @classmethod

@@ -196,3 +196,24 @@ def test_enable_prefix_caching_reaches_the_engine_and_is_off_unless_asked(calls)
     assert main(["serve", "random:tiny-llama"]) == 0
     on, off = (runtime_cli.engine_kwargs(args) for _, args, _ in calls)
     assert on["enable_prefix_caching"] is True and "enable_prefix_caching" not in off
+
+
+def test_auto_tool_choice_takes_vllms_two_flags(calls):
+    assert (
+        main(["serve", "random:tiny-llama", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) == 0
+    )
+    assert main(["serve", "random:tiny-llama"]) == 0
+    (_, on, _), (_, off, _) = calls
+    assert runtime_cli.serve_config(on).auto_tool_parser == "hermes"
+    assert runtime_cli.serve_config(off).auto_tool_parser is None
+
+
+def test_auto_tool_choice_without_a_parser_is_refused_before_the_engine_starts(capsys):
+    parser = argparse.ArgumentParser()
+    runtime_cli.add_arguments(parser)
+    alone = parser.parse_args(["--enable-auto-tool-choice"])
+    assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), alone) == 2
+    assert "enable_auto_tool_choice needs tool_call_parser" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tool-call-parser", "mistral"])
+    assert "invalid choice: 'mistral'" in capsys.readouterr().err

@@ -9,6 +9,8 @@ from serve_helpers import client, running
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 COMPLETION = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+NAMED_G = {"type": "function", "function": {"name": "g"}}
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +104,26 @@ BAD = [
     (CHAT, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
     (CHAT, {"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
     (CHAT, {"response_format": {"type": "yaml"}}, "response_format.type", "json_object"),
-    (CHAT, {"tools": [{"type": "function"}]}, "tool_choice", "tool_choice 'none'"),
-    (CHAT, {"tools": [{"type": "function"}], "tool_choice": "auto"}, "tool_choice", "not supported"),
-    (CHAT, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "named tool"),
+    (CHAT, {"tools": [{"type": "function"}]}, "tools.0.function", "required"),
+    (CHAT, {"tools": [{"type": "code", "function": {"name": "f"}}]}, "tools.0.type", "'function'"),
+    (
+        CHAT,
+        {"tools": [{"type": "function", "function": {"name": "f g"}}]},
+        "tools.0.function.name",
+        "pattern",
+    ),
+    (CHAT, {"tools": [TOOL]}, "tool_choice", "--enable-auto-tool-choice"),
+    (CHAT, {"tools": [TOOL], "tool_choice": "auto"}, "tool_choice", "--tool-call-parser"),
+    (CHAT, {"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "'required'"),
+    (CHAT, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "needs tools"),
+    (CHAT, {"tools": [TOOL], "tool_choice": NAMED_G}, "tool_choice", "'g', which is not one of the tools"),
+    (CHAT, {"tools": [TOOL], "tool_choice": "required", "use_beam_search": True}, "use_beam_search", "beam"),
+    (
+        CHAT,
+        {"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+        "response_format",
+        "already holds the output to the tools' schemas",
+    ),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "a list of text parts"),
 ]
 

@@ -1,0 +1,286 @@
+"""Tool calls on /v1/chat/completions, as vLLM makes them.
+
+- A named tool (`tool_choice: {"type": "function", ...}`) and `"required"` hold the output to a JSON
+  schema through guided decoding: the tool's parameters, or a list of calls to the given tools. Any
+  model then gives a call that parses (not necessarily a good one).
+- `"auto"` lets the model write freely and reads the calls out of its text with a parser for the
+  model's format, chosen when the server starts (`--enable-auto-tool-choice --tool-call-parser`):
+  `hermes` (Hermes, Qwen2.5/3: `<tool_call>{...}</tool_call>`) or `llama3_json` (Llama 3.1/3.2:
+  `{"name": ..., "parameters": {...}}`, several joined by `;`).
+- `"none"`, or no tools: the tools reach the chat template only.
+
+A call's finish_reason is "tool_calls" where the model chose to call (auto, required), and the
+engine's where the request named the tool, as OpenAI reports them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .config import TOOL_CALL_PARSERS as PARSERS
+from .errors import RequestInvalid
+from .protocol import ChatRequest, NamedToolChoice
+
+Mode = Literal["none", "named", "required", "auto"]
+
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_CALL = re.compile(re.escape(_HERMES_OPEN) + r"(.*?)(?:" + re.escape(_HERMES_CLOSE) + r"|$)", re.S)
+_PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """What a request's tools ask of its generation and of reading its output."""
+
+    mode: Mode = "none"
+    name: str | None = None  # the named tool
+    parser: str | None = None  # auto's
+    parallel: bool = True  # more than one call in a reply
+    schema: dict[str, Any] | None = None  # what guided decoding holds the output to (named, required)
+
+    def finish_reason(self, engine_reason: str | None, calls: list[ToolCall]) -> str | None:
+        if calls and self.mode in ("auto", "required") and engine_reason == "stop":
+            return "tool_calls"
+        return engine_reason
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, calls) of a whole reply. Text that does not parse as calls stays content: a
+        reply cut at max_tokens, or an auto reply that calls nothing."""
+        if self.mode == "named":
+            assert self.name is not None
+            return None, [ToolCall(self.name, text)]
+        if self.mode == "required":
+            calls = _required_calls(text)
+            return (None, calls) if calls else (text, [])
+        if self.mode == "auto":
+            content, calls = parse(self.parser or "", text)
+            return content, calls if self.parallel else calls[:1]
+        return text, []
+
+
+def plan(body: ChatRequest, auto_parser: str | None) -> ToolPlan:
+    """The request's ToolPlan. `auto_parser`: the server's --tool-call-parser when it was started with
+    --enable-auto-tool-choice, else None, and then "auto" (also OpenAI's default when there are tools)
+    is a 400, as in vLLM."""
+    choice, tools = body.tool_choice, body.tools or []
+    parallel = body.parallel_tool_calls is not False
+    if not tools or choice == "none":
+        return ToolPlan()
+    if isinstance(choice, NamedToolChoice):
+        tool = next(
+            t for t in tools if t.function.name == choice.function.name
+        )  # the body checked it is there
+        return ToolPlan(
+            "named", tool.function.name, parallel=parallel, schema=_parameters(tool.function.parameters)
+        )
+    if choice == "required":
+        return ToolPlan("required", parallel=parallel, schema=_required_schema(body, parallel))
+    if auto_parser is None:
+        said = (
+            "tool_choice 'auto'"
+            if choice == "auto"
+            else "tools without a tool_choice (OpenAI's default is 'auto')"
+        )
+        raise RequestInvalid(
+            f"tool_choice: {said} needs the server started with --enable-auto-tool-choice and "
+            "--tool-call-parser; 'required' or a named tool work without them, and 'none' renders the "
+            "tools into the prompt only",
+            "tool_choice",
+        )
+    return ToolPlan("auto", parser=auto_parser, parallel=parallel)
+
+
+def _parameters(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    return parameters if parameters else {"type": "object", "properties": {}}
+
+
+def _required_schema(body: ChatRequest, parallel: bool) -> dict[str, Any]:
+    """A list of one or more calls, each the name of one of the tools and arguments to its schema."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "enum": [t.function.name]},
+                "parameters": _parameters(t.function.parameters),
+            },
+            "required": ["name", "parameters"],
+            "additionalProperties": False,
+        }
+        for t in body.tools or []
+    ]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _required_calls(text: str) -> list[ToolCall]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(value, list):
+        return []
+    calls = [_call(item, "parameters") for item in value]
+    return [c for c in calls if c is not None] if all(calls) else []
+
+
+def _call(item: Any, *argument_keys: str) -> ToolCall | None:
+    """{"name": ..., <argument key>: {...}} -> a ToolCall; None when it is not one."""
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments: Any = {}
+    for key in argument_keys:
+        if key in item:
+            arguments = item[key]
+            break
+    if isinstance(arguments, str):  # already JSON text (some models write it so)
+        return ToolCall(item["name"], arguments)
+    return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
+    """(content, calls) of a free reply in `parser`'s format. A reply whose calls do not all parse is
+    content, whole: half a call is no call."""
+    if parser == "hermes":
+        return _parse_hermes(text)
+    if parser == "llama3_json":
+        return _parse_llama3_json(text)
+    raise ValueError(f"unknown tool-call parser {parser!r}; known: {', '.join(PARSERS)}")
+
+
+def _parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
+    start = text.find(_HERMES_OPEN)
+    if start < 0:
+        return text, []
+    calls = []
+    for match in _HERMES_CALL.finditer(text, start):
+        try:
+            call = _call(json.loads(match.group(1)), "arguments", "parameters")
+        except ValueError:
+            return text, []
+        if call is None:
+            return text, []
+        calls.append(call)
+    content = text[:start]  # as a stream sends it, unstripped
+    return content if content.strip() else None, calls
+
+
+def _parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
+    body = text.strip()
+    if body.startswith(_PYTHON_TAG):
+        body = body[len(_PYTHON_TAG) :].lstrip()
+    if not body.startswith("{"):
+        return text, []
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(body):
+        try:
+            item, at = decoder.raw_decode(body, at)
+        except ValueError:
+            return text, []
+        call = _call(item, "parameters", "arguments")
+        if call is None:
+            return text, []
+        calls.append(call)
+        rest = body[at:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+        elif rest:
+            return text, []
+        at = len(body) - len(rest)
+    return None, calls
+
+
+class ToolStream:
+    """One streamed choice's text turned into what its chunks carry: content, tool-call deltas, or
+    nothing yet. Content that may be the start of a call is held back until it is known which (auto);
+    calls go out whole once they parse, except a named tool's arguments, which stream as they come."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.text = ""  # all of the choice's text so far
+        self.sent = 0  # how much of it went out as content
+        self.in_calls = False  # auto: a call has begun, the rest waits for the end
+        self.decided = False  # llama3_json: the reply's start showed whether it calls
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
+        """(content, tool_calls deltas) to send for this piece of text; `finished`: it is the last."""
+        mode = self.plan.mode
+        if mode == "none":
+            return text, []
+        if mode == "named":
+            if not self.calls:
+                assert self.plan.name is not None
+                self.calls.append(ToolCall(self.plan.name, ""))
+                head = self.calls[0].as_dict()
+                head["function"]["arguments"] = text
+                return "", [{"index": 0, **head}]
+            return "", [{"index": 0, "function": {"arguments": text}}] if text else []
+        self.text += text
+        if mode == "auto" and not self.in_calls:
+            content = self._content_so_far(finished)
+            if not self.in_calls:
+                return content, []
+        else:
+            content = ""
+        if not finished:
+            return content, []
+        start = self.sent
+        rest_content, calls = self.plan.extract(self.text if mode == "required" else self.text[start:])
+        if not calls:  # what was held back is content after all
+            self.sent = len(self.text)
+            return content + self.text[start:], []
+        self.calls = calls
+        if mode == "auto" and rest_content:  # text between the content sent and the first call
+            content += rest_content
+        return content, [{"index": i, **c.as_dict()} for i, c in enumerate(calls)]
+
+    def _content_so_far(self, finished: bool) -> str:
+        pending = self.text[self.sent :]
+        if self.plan.parser == "hermes":
+            at = pending.find(_HERMES_OPEN)
+            if at >= 0:
+                self.in_calls = True
+                out = pending[:at]
+            else:
+                out = pending if finished else pending[: len(pending) - _held(pending, _HERMES_OPEN)]
+        else:  # llama3_json: a reply that calls starts with its first call
+            if not self.decided:
+                head = pending.lstrip()
+                if not head and not finished:
+                    return ""
+                self.decided = True
+                maybe = head.startswith("{") or (head and _PYTHON_TAG.startswith(head[: len(_PYTHON_TAG)]))
+                if maybe:
+                    self.in_calls = True
+                    return ""
+            out = pending
+        self.sent += len(out)
+        return out
+
+
+def _held(text: str, marker: str) -> int:
+    """The length of text's longest end that could begin `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0

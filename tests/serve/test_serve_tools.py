@@ -1,0 +1,198 @@
+"""Tool calls through the server, with the official openai client: a named tool and "required" held to
+the tools' schemas by guided decoding (whole and streamed), "auto" read by the hermes and llama3_json
+parsers (the tiny model's text forced with vLLM's guided_regex, so the parse is what is tested), and an
+earlier reply's calls reaching the chat template."""
+
+import json
+
+import jsonschema
+import pytest
+from serve_helpers import client, running
+
+pytest.importorskip("xgrammar")
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["c", "f"]}, "rain": {"type": "boolean"}},
+            "required": ["unit", "rain"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "now"}}
+SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "now": {"type": "object"}}
+ASK = [{"role": "user", "content": "weather?"}]
+
+
+@pytest.fixture(scope="module")
+def url(llm):
+    with running(llm) as url:
+        yield url
+
+
+def _named(name: str) -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+def test_a_named_tool_gives_arguments_to_its_schema(url):
+    r = client(url).chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER, CLOCK], tool_choice=_named("get_weather"),
+        max_tokens=60, temperature=1.0, seed=5, n=3,
+    )  # fmt: skip
+    finished = [c for c in r.choices if c.finish_reason == "stop"]
+    assert len(finished) >= 2, [c.message for c in r.choices]
+    for c in finished:
+        (call,) = c.message.tool_calls
+        assert c.message.content is None and call.type == "function" and call.id.startswith("call_")
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
+    assert len({c.message.tool_calls[0].id for c in finished}) == len(finished)
+
+
+def test_a_named_tool_streams_its_arguments(url):
+    chunks = list(
+        client(url).chat.completions.create(
+            model="tiny",
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice=_named("get_weather"),
+            max_tokens=60,
+            temperature=0,
+            stream=True,
+        )
+    )
+    deltas = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    assert all(d.index == 0 and d.id is None for d in deltas[1:])
+    assert not any(ch.choices[0].delta.content for ch in chunks)
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    jsonschema.validate(
+        json.loads("".join(d.function.arguments or "" for d in deltas)), SCHEMAS["get_weather"]
+    )
+    # the same call as the whole reply's
+    whole = client(url).chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER], tool_choice=_named("get_weather"), max_tokens=60,
+        temperature=0,
+    )  # fmt: skip
+    assert whole.choices[0].message.tool_calls[0].function.arguments == "".join(
+        d.function.arguments or "" for d in deltas
+    )
+
+
+def test_required_calls_one_or_more_of_the_tools(url):
+    api = client(url)
+    r = api.chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER, CLOCK], tool_choice="required",
+        max_tokens=120, temperature=1.0, seed=2, n=3,
+    )  # fmt: skip
+    finished = [c for c in r.choices if c.finish_reason == "tool_calls"]
+    assert len(finished) >= 2, [(c.finish_reason, c.message) for c in r.choices]
+    for c in finished:
+        assert c.message.tool_calls and c.message.content is None
+        for call in c.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+    one = api.chat.completions.create(
+        model="tiny", messages=ASK, tools=[WEATHER, CLOCK], tool_choice="required", parallel_tool_calls=False,
+        max_tokens=120, temperature=0,
+    )  # fmt: skip
+    assert one.choices[0].finish_reason == "tool_calls" and len(one.choices[0].message.tool_calls) == 1
+
+
+def test_required_streams_each_call_whole(url):
+    chunks = list(
+        client(url).chat.completions.create(
+            model="tiny",
+            messages=ASK,
+            tools=[WEATHER, CLOCK],
+            tool_choice="required",
+            max_tokens=120,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    calls = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+    assert calls and [d.index for d in calls] == list(range(len(calls)))
+    for d in calls:
+        jsonschema.validate(json.loads(d.function.arguments), SCHEMAS[d.function.name])
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finals == ["tool_calls"] and chunks[-1].usage.completion_tokens > 0
+
+
+HERMES_REPLY = r'Sure\. <tool_call>\{"name": "get_weather", "arguments": \{"unit": "(c|f)", "rain": (true|false)\}\}</tool_call>'
+LLAMA_REPLY = r'\{"name": "now", "parameters": \{\}\}; \{"name": "get_weather", "parameters": \{"unit": "c", "rain": true\}\}'
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_auto_reads_hermes_calls_out_of_the_text(llm, stream):
+    with running(llm, enable_auto_tool_choice=True, tool_call_parser="hermes") as url:
+        r = client(url).chat.completions.create(
+            model="tiny", messages=ASK, tools=[WEATHER, CLOCK], max_tokens=200, temperature=0, stream=stream,
+            extra_body={"guided_regex": HERMES_REPLY},
+        )  # fmt: skip
+        chunks = list(r) if stream else None
+        plain = client(url).chat.completions.create(
+            model="tiny", messages=ASK, tools=[WEATHER], max_tokens=8, temperature=0,
+            extra_body={"guided_regex": "[a-z ]{4}"},
+        )  # fmt: skip
+    if stream:
+        content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+        calls = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        content, calls, finish = (
+            r.choices[0].message.content,
+            r.choices[0].message.tool_calls,
+            r.choices[0].finish_reason,
+        )
+    assert content == "Sure. " and finish == "tool_calls"
+    (call,) = calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS["get_weather"])
+    # a reply that calls nothing is content, finished as the engine finished it
+    assert plain.choices[0].message.tool_calls is None and len(plain.choices[0].message.content) == 4
+    assert plain.choices[0].finish_reason == "stop"
+
+
+def test_auto_reads_llama3_json_calls(llm):
+    with running(llm, enable_auto_tool_choice=True, tool_call_parser="llama3_json") as url:
+        r = client(url).chat.completions.create(
+            model="tiny", messages=ASK, tools=[WEATHER, CLOCK], tool_choice="auto", max_tokens=200,
+            temperature=0, extra_body={"guided_regex": LLAMA_REPLY},
+        )  # fmt: skip
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
+        ("now", {}),
+        ("get_weather", {"unit": "c", "rain": True}),
+    ]
+
+
+def test_an_earlier_call_and_its_result_reach_the_template(llm):
+    template = (
+        "{% for m in messages %}{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}"
+        "({{ m.tool_calls[0].function.arguments.unit }}){% endif %}"
+        "{% if m.role == 'tool' %}={{ m.content }}/{{ m.tool_call_id }}{% endif %}{% endfor %}"
+    )
+    call = {
+        "id": "call_7",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"unit": "f"}'},
+    }
+    messages = [
+        *ASK,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "sunny"},
+    ]
+    with running(llm, trust_request_chat_template=True) as url:
+        r = client(url).chat.completions.create(
+            model="tiny", messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=2,
+            extra_body={"chat_template": template, "return_token_ids": True},
+        )  # fmt: skip
+    want = llm.get_tokenizer()("get_weather(f)=sunny/call_7", add_special_tokens=False)["input_ids"]
+    assert r.prompt_token_ids == want
