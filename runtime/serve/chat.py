@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from ..engine.token_bytes import token_bytes
 from . import tool_calls
 from .beam import BeamGeneration, beam_params
+from .chat_reply import ReplyShape, ReplyStream
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, client_request_id, request_id
 from .params import check_room, request_keys, sampling_params
@@ -30,7 +31,6 @@ from .responses import (
 )
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
-from .tool_calls import ToolPlan, ToolStream
 
 
 def chat_prompts(
@@ -81,6 +81,9 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
     keys = request_keys(body, tools.schema)
+    # A reply held to a grammar starts with its answer: nothing to split off.
+    thinking = state.config.reasoning_parser if params.guided_decoding is None else None
+    shape = ReplyShape(tools, thinking, body.include_reasoning)
     if body.use_beam_search:
         top = (body.top_logprobs or 0) if body.logprobs else None
         beam, truncate = beam_params(body, params, top), params.truncate_prompt_tokens
@@ -91,12 +94,12 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     request.state.timeline = gen.timeline
     if body.stream:
         env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.reply_name(body.model, lora))
-        return SSEResponse(_events(gen, env, body, request, tools), gen)
+        return SSEResponse(_events(gen, env, body, request, shape), gen)
     env = Envelope(rid, "chat.completion", int(time.time()), state.reply_name(body.model, lora))
-    return await unless_disconnected(request.receive, gen, _respond(gen, env, body, request, tools))
+    return await unless_disconnected(request.receive, gen, _respond(gen, env, body, request, shape))
 
 
-async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: Request, tools: ToolPlan):
+async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: Request, shape: ReplyShape):
     (out,) = await gen.collect()
     usage = Usage(gen.prompt_tokens, sum(len(c.token_ids) for c in out.outputs))
     usage.cached(prefix_caching(gen.state.llm), {0: out.num_cached_tokens})
@@ -105,21 +108,15 @@ async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: R
     choices = []
     for c in out.outputs:
         choice = chat_choice(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
-        content, calls = tools.extract(c.text)
-        if calls:
-            choice["message"] = {
-                "role": "assistant",
-                "content": content,
-                "tool_calls": [t.as_dict() for t in calls],
-            }
-            choice["finish_reason"] = tools.finish_reason(c.finish_reason, calls)
+        if not shape.plain:
+            choice["message"], choice["finish_reason"] = shape.message(c.text, c.finish_reason)
         choices.append(choice)
     extra = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
     return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
 
 
 async def _events(
-    gen: Generation, env: Envelope, body: ChatRequest, request: Request, tools: ToolPlan
+    gen: Generation, env: Envelope, body: ChatRequest, request: Request, shape: ReplyShape
 ) -> AsyncIterator[bytes]:
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     continuous = include_usage and body.stream_options.continuous_usage_stats
@@ -133,14 +130,14 @@ async def _events(
             opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
             yield sse(env.body([opening], **chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)))
         cached: dict[int, int] = {}
-        streams = {i: ToolStream(tools) for i in range(body.n)}
+        streams = {i: shape.stream() for i in range(body.n)}
         async for _, out in gen.outputs():
             cached[0] = out.num_cached_tokens
             for c in out.outputs:
                 usage.completion_tokens += len(c.token_ids)
                 so_far[c.index] = so_far.get(c.index, 0) + len(c.token_ids)
-                if tools.mode != "none":
-                    delta = _tool_delta(streams[c.index], c, body, raw)
+                if not shape.plain:
+                    delta = _shaped_delta(streams[c.index], c, body, raw)
                     if delta is None:
                         continue
                 elif not worth_sending(c, body.return_token_ids):
@@ -158,16 +155,13 @@ async def _events(
     yield SSE_DONE
 
 
-def _tool_delta(stream: ToolStream, c, body: ChatRequest, raw: TokenBytes | None) -> dict[str, Any] | None:
-    """A choice's chunk where tools may be called: its content and tool-call deltas as the stream
-    reads them, its finish_reason "tool_calls" where the model called; None: nothing to send yet."""
-    content, calls = stream.feed(c.text, c.finish_reason is not None)
+def _shaped_delta(stream: ReplyStream, c, body: ChatRequest, raw: TokenBytes | None) -> dict[str, Any] | None:
+    """A choice's chunk where its text is read (reasoning, tool calls): what the stream gives for this
+    piece, its finish_reason "tool_calls" where the model called; None: nothing to send yet."""
+    delta = stream.feed(c.text, c.finish_reason is not None)
     choice = chat_delta(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
-    delta: dict[str, Any] = {"content": content} if content else {}
-    if calls:
-        delta["tool_calls"] = calls
     choice["delta"] = delta
-    choice["finish_reason"] = stream.plan.finish_reason(c.finish_reason, stream.calls)
+    choice["finish_reason"] = stream.finish_reason(c.finish_reason)
     wanted = c.token_ids and (body.return_token_ids or c.logprobs)
     return choice if delta or c.finish_reason or wanted else None
 

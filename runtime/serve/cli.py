@@ -18,7 +18,7 @@ from typing import Any
 
 from fastpath.vocab import install_line
 
-from .config import DEFAULT_PORT, TOOL_CALL_PARSERS, ServeConfig
+from .config import DEFAULT_PORT, REASONING_PARSERS, TOOL_CALL_PARSERS, ServeConfig
 
 DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
 
@@ -146,6 +146,13 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         help="the format the model writes tool calls in: hermes (Hermes, Qwen2.5/3) or llama3_json "
         "(Llama 3.1/3.2)",
     )
+    s.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="send a reasoning model's thinking as `reasoning`, apart from its content: deepseek_r1 "
+        "(DeepSeek R1, QwQ, templates that open <think> in the prompt) or qwen3 (vLLM's flag)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     e = parser.add_argument_group("engine")
     for flag, (key, kind, text) in ENGINE_FLAGS.items():
@@ -225,6 +232,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         lora_modules=tuple(args.lora_modules or ()),
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

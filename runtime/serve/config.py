@@ -11,6 +11,8 @@ from .errors import RequestInvalid, Unavailable
 DEFAULT_PORT = 8000
 # The formats `auto` tool choice reads calls in (serve/tool_calls.py).
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+# The formats reasoning models write their thinking in (serve/reasoning.py).
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def runtime_lora_updating_from_env() -> bool:
@@ -46,6 +48,8 @@ class ServeConfig:
       --tool-call-parser: chat requests with tools and tool_choice "auto" (or none given) read the
       model's calls out of its text in the parser's format (serve/tool_calls.py). A named tool and
       "required" need neither: guided decoding holds them to the tools' schemas.
+    - `reasoning_parser`: vLLM's --reasoning-parser: a chat reply's thinking goes out as `reasoning`
+      (and `reasoning_content`), apart from its content (serve/reasoning.py).
     """
 
     host: str = "127.0.0.1"
@@ -65,6 +69,7 @@ class ServeConfig:
     runtime_lora_updating: bool = field(default_factory=runtime_lora_updating_from_env)
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     @property
     def auto_tool_parser(self) -> str | None:
@@ -76,6 +81,8 @@ class ServeConfig:
                self.enable_auto_tool_choice)  # fmt: skip
         _check(self.tool_call_parser is None or self.tool_call_parser in TOOL_CALL_PARSERS, "tool_call_parser",
                f"None or one of {', '.join(TOOL_CALL_PARSERS)}", self.tool_call_parser)  # fmt: skip
+        _check(self.reasoning_parser is None or self.reasoning_parser in REASONING_PARSERS, "reasoning_parser",
+               f"None or one of {', '.join(REASONING_PARSERS)}", self.reasoning_parser)  # fmt: skip
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise ValueError(
                 "serve option enable_auto_tool_choice needs tool_call_parser (--tool-call-parser "

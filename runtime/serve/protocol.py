@@ -345,6 +345,7 @@ class ChatRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     add_special_tokens: bool = False  # vLLM's: the chat template places BOS itself
+    include_reasoning: bool = True  # vLLM's: with a reasoning parser, whether the reply carries it
     # vLLM's chat extras
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None

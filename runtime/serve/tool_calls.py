@@ -262,7 +262,7 @@ class ToolStream:
                 self.in_calls = True
                 out = pending[:at]
             else:
-                out = pending if finished else pending[: len(pending) - _held(pending, _HERMES_OPEN)]
+                out = pending if finished else pending[: len(pending) - held_back(pending, _HERMES_OPEN)]
         else:  # llama3_json: a reply that calls starts with its first call
             if not self.decided:
                 head = pending.lstrip()
@@ -278,7 +278,7 @@ class ToolStream:
         return out
 
 
-def _held(text: str, marker: str) -> int:
+def held_back(text: str, marker: str) -> int:
     """The length of text's longest end that could begin `marker`."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-n:]):

@@ -217,3 +217,11 @@ def test_auto_tool_choice_without_a_parser_is_refused_before_the_engine_starts(c
     with pytest.raises(SystemExit):
         parser.parse_args(["--tool-call-parser", "mistral"])
     assert "invalid choice: 'mistral'" in capsys.readouterr().err
+
+
+def test_reasoning_parser_is_vllms_flag(calls, capsys):
+    assert main(["serve", "random:tiny-llama", "--reasoning-parser", "qwen3"]) == 0
+    assert runtime_cli.serve_config(calls[0][1]).reasoning_parser == "qwen3"
+    with pytest.raises(SystemExit):
+        main(["serve", "random:tiny-llama", "--reasoning-parser", "r2"])
+    assert "invalid choice: 'r2'" in capsys.readouterr().err

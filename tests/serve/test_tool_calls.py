@@ -5,6 +5,8 @@ import json
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fastpath.runtime.serve.errors import RequestInvalid
 from fastpath.runtime.serve.protocol import ChatRequest
@@ -182,3 +184,27 @@ def test_an_earlier_calls_arguments_reach_the_template_as_an_object():
     odd = {**call, "function": {"name": "now", "arguments": "not json"}}
     body = ChatRequest(messages=[{"role": "assistant", "tool_calls": [odd]}])
     assert body.template_messages()[0]["tool_calls"][0]["function"]["arguments"] == "not json"
+
+
+PIECES = st.sampled_from(
+    ["<tool_call>", "</tool_call>", "<tool", "_call>", '{"name": "now", "arguments": {}}', '{"name": "a", ',
+     '"parameters": {"x": 1}}', ";", " ", "\n", "hi", "{", "}", "<|python_tag|>"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(parser=st.sampled_from(["hermes", "llama3_json"]), words=st.lists(PIECES, max_size=10), data=st.data())
+def test_an_auto_stream_cut_anywhere_gives_the_whole_replys_calls(parser, words, data):
+    text = "".join(words)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    p = ToolPlan("auto", parser=parser)
+    content, deltas = _stream(p, pieces or [""])
+    want_content, want_calls = p.extract(text)
+    assert [(d["function"]["name"], d["function"]["arguments"]) for d in deltas] == [
+        (c.name, c.arguments) for c in want_calls
+    ]
+    if want_calls:  # content before a call: the same text, though a stream sends whitespace alone
+        assert content.strip() == (want_content or "").strip()
+    else:
+        assert content == text

@@ -1,0 +1,89 @@
+"""Reasoning apart from the answer, without a server: each parser on whole replies, and a stream cut
+anywhere sending what the whole reply gives, with tool calls read from the answer only."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fastpath.runtime.serve.chat_reply import ReplyShape
+from fastpath.runtime.serve.reasoning import ReasoningStream, split
+from fastpath.runtime.serve.tool_calls import ToolPlan
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "want"),
+    [
+        ("deepseek_r1", "<think>\nhmm</think>\n\nIt is 4.", ("\nhmm", "\n\nIt is 4.")),
+        ("deepseek_r1", "hmm, 2 + 2</think>4", ("hmm, 2 + 2", "4")),  # the template opened <think>
+        ("deepseek_r1", "still thinking when max_tokens came", ("still thinking when max_tokens came", "")),
+        ("qwen3", "<think>\nhmm\n</think>\n\n4", ("\nhmm\n", "\n\n4")),
+        ("qwen3", "  <think></think>4", ("", "4")),
+        (
+            "qwen3",
+            "4, without thinking (enable_thinking false)",
+            (None, "4, without thinking (enable_thinking false)"),
+        ),
+        ("qwen3", "<think>cut off", ("cut off", "")),
+    ],
+)
+def test_whole_replies(parser, text, want):
+    assert split(parser, text) == want
+
+
+def test_an_unknown_parser_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown reasoning parser 'r2'"):
+        split("r2", "x")
+
+
+WORDS = st.sampled_from(["<think>", "</think>", "<", "</", "think", ">", "a", " ", "\n", "4", "<th", "k>"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(parser=st.sampled_from(["deepseek_r1", "qwen3"]), words=st.lists(WORDS, max_size=12), data=st.data())
+def test_a_stream_cut_anywhere_sends_what_the_whole_reply_gives(parser, words, data):
+    text = "".join(words)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    stream, reasoning, answer = ReasoningStream(parser), "", ""
+    for i, piece in enumerate(pieces):
+        r, a = stream.feed(piece, i == len(pieces) - 1)
+        reasoning += r
+        answer += a
+    want_reasoning, want_answer = split(parser, text)
+    assert (reasoning, answer) == (want_reasoning or "", want_answer)
+    assert stream.reasoned == (want_reasoning is not None)
+
+
+def test_a_reply_reads_its_reasoning_then_its_tool_calls():
+    shape = ReplyShape(ToolPlan("auto", parser="hermes"), "deepseek_r1")
+    text = 'I should call it.</think>On it. <tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    message, finish = shape.message(text, "stop")
+    assert message["reasoning"] == message["reasoning_content"] == "I should call it."
+    assert message["content"] == "On it. " and message["tool_calls"][0]["function"]["name"] == "now"
+    assert finish == "tool_calls"
+    # a call written inside the thinking is no call
+    thought = 'maybe <tool_call>{"name": "now", "arguments": {}}</tool_call>?</think>No need.'
+    message, finish = shape.message(thought, "stop")
+    assert "tool_calls" not in message and message["content"] == "No need." and finish == "stop"
+    # streamed, piece by piece, the same reply
+    stream, got = shape.stream(), {"reasoning": "", "content": "", "tool_calls": []}
+    for i, ch in enumerate(text):
+        delta = stream.feed(ch, i == len(text) - 1)
+        got["reasoning"] += delta.get("reasoning", "")
+        got["content"] += delta.get("content", "")
+        got["tool_calls"] += delta.get("tool_calls", [])
+    assert got["reasoning"] == "I should call it." and got["content"] == "On it. "
+    assert [json.loads(c["function"]["arguments"]) for c in got["tool_calls"]] == [{}]
+    assert stream.finish_reason("stop") == "tool_calls"
+
+
+def test_include_reasoning_false_drops_it_and_an_answerless_reply_has_null_content():
+    shape = ReplyShape(ToolPlan(), "deepseek_r1", include_reasoning=False)
+    message, _ = shape.message("thinking</think>done", "stop")
+    assert message == {"role": "assistant", "content": "done"}
+    message, finish = ReplyShape(ToolPlan(), "qwen3").message("<think>long thought", "length")
+    assert message["content"] is None and message["reasoning"] == "long thought" and finish == "length"
+    stream = ReplyShape(ToolPlan(), "deepseek_r1", include_reasoning=False).stream()
+    assert stream.feed("thinking</think>", False) == {} and stream.feed("done", True) == {"content": "done"}
