@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -74,6 +75,9 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     params = sampling_params(
         body, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
     )
+    if tools.parser == "hermes" and _special(state, "<tool_call>"):
+        # Where a tokenizer marks the call tags special (Hermes 2 Pro's), skipping them would hide the calls.
+        params = dataclasses.replace(params, skip_special_tokens=False)
     prompts = chat_prompts(state, body)
 
     client = client_request_id(request.headers.get("x-request-id"))
@@ -164,6 +168,11 @@ def _shaped_delta(stream: ReplyStream, c, body: ChatRequest, raw: TokenBytes | N
     choice["finish_reason"] = stream.finish_reason(c.finish_reason)
     wanted = c.token_ids and (body.return_token_ids or c.logprobs)
     return choice if delta or c.finish_reason or wanted else None
+
+
+def _special(state: ServerState, text: str) -> bool:
+    tokenizer = state.llm.get_tokenizer()
+    return tokenizer is not None and text in getattr(tokenizer, "all_special_tokens", ())
 
 
 def _raw(gen: Generation) -> TokenBytes | None:

@@ -64,6 +64,9 @@ def validation_param(loc: tuple[Any, ...]) -> str | None:
 
 
 def _is_union_branch(part: Any) -> bool:
+    # A model branch goes by its class name (NamedToolChoice); request keys are snake_case.
+    if isinstance(part, str) and part[:1].isupper() and part.isidentifier():
+        return True
     return isinstance(part, str) and (part[:1].islower() and ("[" in part or part in _BRANCH_NAMES))
 
 

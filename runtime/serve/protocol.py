@@ -304,7 +304,7 @@ def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting is the client's too
             return call  # not JSON: the template gets the text as sent
     elif arguments is None:
         arguments = {}
@@ -312,15 +312,16 @@ def _call_for_template(call: dict[str, Any]) -> dict[str, Any]:
 
 
 class FunctionDefinition(Body):
-    # OpenAI's rule for a function's name, which the tool-call JSON carries back.
-    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    # Looser than OpenAI's [A-Za-z0-9_-]{1,64}, as vLLM is (MCP tools go by "server.tool"); it only
+    # reaches generated code as a JSON string.
+    name: str = Field(pattern=r"^\S{1,256}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON Schema; none: no arguments
     strict: bool | None = None  # OpenAI's; named and required calls are always held to the schema here
 
 
 class ChatTool(Body):
-    type: Literal["function"]
+    type: Literal["function"] = "function"  # vLLM's default
     function: FunctionDefinition
 
     def as_template_dict(self) -> dict[str, Any]:
@@ -332,7 +333,7 @@ class NamedFunction(Body):
 
 
 class NamedToolChoice(Body):
-    type: Literal["function"]
+    type: Literal["function"] = "function"
     function: NamedFunction
 
 

@@ -28,6 +28,16 @@ from .protocol import ChatRequest, NamedToolChoice
 Mode = Literal["none", "named", "required", "auto"]
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+# What a model writes is read as strict JSON: NaN or Infinity would reach the client as arguments no
+# JSON parser takes, and nesting deep enough to exhaust the stack is no call either.
+_BAD_JSON = (ValueError, RecursionError)
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
 _HERMES_CALL = re.compile(re.escape(_HERMES_OPEN) + r"(.*?)(?:" + re.escape(_HERMES_CLOSE) + r"|$)", re.S)
 _PYTHON_TAG = "<|python_tag|>"
 
@@ -113,20 +123,38 @@ def _parameters(parameters: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def _required_schema(body: ChatRequest, parallel: bool) -> dict[str, Any]:
-    """A list of one or more calls, each the name of one of the tools and arguments to its schema."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "enum": [t.function.name]},
-                "parameters": _parameters(t.function.parameters),
-            },
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for t in body.tools or []
-    ]
+    """A list of one or more calls, each the name of one of the tools and arguments to its schema.
+    Each tool's definitions ($defs, definitions) move to the list's root, where its "#/$defs/..."
+    references point once its schema sits inside the list's (as vLLM moves them); two tools defining
+    one name differently are a 400."""
+    calls, shared = [], {"$defs": {}, "definitions": {}}
+    for i, tool in enumerate(body.tools or []):
+        parameters = dict(_parameters(tool.function.parameters))
+        for key, found in shared.items():
+            defs = parameters.get(key)
+            if not isinstance(defs, dict):
+                continue  # none, or not a definitions table: left for the schema compiler to judge
+            del parameters[key]
+            for name, definition in defs.items():
+                if found.setdefault(name, definition) != definition:
+                    raise RequestInvalid(
+                        f"tools[{i}].function.parameters: {key} {name!r} differs from another tool's; "
+                        "tool_choice 'required' puts every tool's definitions in one schema",
+                        "tools",
+                    )
+        calls.append(
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "enum": [tool.function.name]},
+                    "parameters": parameters,
+                },
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+        )
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    schema.update({key: found for key, found in shared.items() if found})
     if not parallel:
         schema["maxItems"] = 1
     return schema
@@ -134,8 +162,8 @@ def _required_schema(body: ChatRequest, parallel: bool) -> dict[str, Any]:
 
 def _required_calls(text: str) -> list[ToolCall]:
     try:
-        value = json.loads(text)
-    except ValueError:
+        value = _DECODER.decode(text)
+    except _BAD_JSON:
         return []
     if not isinstance(value, list):
         return []
@@ -154,7 +182,10 @@ def _call(item: Any, *argument_keys: str) -> ToolCall | None:
             break
     if isinstance(arguments, str):  # already JSON text (some models write it so)
         return ToolCall(item["name"], arguments)
-    return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False))
+    try:
+        return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False, allow_nan=False))
+    except _BAD_JSON:
+        return None
 
 
 def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
@@ -174,8 +205,8 @@ def _parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     calls = []
     for match in _HERMES_CALL.finditer(text, start):
         try:
-            call = _call(json.loads(match.group(1)), "arguments", "parameters")
-        except ValueError:
+            call = _call(_DECODER.decode(match.group(1).strip()), "arguments", "parameters")
+        except _BAD_JSON:
             return text, []
         if call is None:
             return text, []
@@ -190,13 +221,13 @@ def _parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
         body = body[len(_PYTHON_TAG) :].lstrip()
     if not body.startswith("{"):
         return text, []
-    decoder, calls, at = json.JSONDecoder(), [], 0
+    calls, at = [], 0
     while at < len(body):
         try:
-            item, at = decoder.raw_decode(body, at)
-        except ValueError:
+            item, at = _DECODER.raw_decode(body, at)
+            call = _call(item, "parameters", "arguments")
+        except _BAD_JSON:
             return text, []
-        call = _call(item, "parameters", "arguments")
         if call is None:
             return text, []
         calls.append(call)
@@ -266,11 +297,10 @@ class ToolStream:
         else:  # llama3_json: a reply that calls starts with its first call
             if not self.decided:
                 head = pending.lstrip()
-                if not head and not finished:
-                    return ""
+                if not finished and len(head) < len(_PYTHON_TAG) and _PYTHON_TAG.startswith(head):
+                    return ""  # "", "<", "<|py": not known yet
                 self.decided = True
-                maybe = head.startswith("{") or (head and _PYTHON_TAG.startswith(head[: len(_PYTHON_TAG)]))
-                if maybe:
+                if head.startswith(("{", _PYTHON_TAG)):
                     self.in_calls = True
                     return ""
             out = pending

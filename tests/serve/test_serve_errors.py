@@ -116,6 +116,18 @@ BAD = [
     (CHAT, {"tools": [TOOL], "tool_choice": "auto"}, "tool_choice", "--tool-call-parser"),
     (CHAT, {"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", "'required'"),
     (CHAT, {"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "needs tools"),
+    (
+        CHAT,
+        {"tools": [TOOL], "tool_choice": {"type": "function", "function": {}}},
+        "tool_choice.function.name",
+        "required",
+    ),
+    (
+        CHAT,
+        {"tools": [TOOL], "tool_choice": {"type": "function", "name": "f"}},
+        "tool_choice.function",
+        "required",
+    ),
     (CHAT, {"tools": [TOOL], "tool_choice": NAMED_G}, "tool_choice", "'g', which is not one of the tools"),
     (CHAT, {"tools": [TOOL], "tool_choice": "required", "use_beam_search": True}, "use_beam_search", "beam"),
     (

@@ -196,3 +196,45 @@ def test_an_earlier_call_and_its_result_reach_the_template(llm):
         )  # fmt: skip
     want = llm.get_tokenizer()("get_weather(f)=sunny/call_7", add_special_tokens=False)["input_ids"]
     assert r.prompt_token_ids == want
+
+
+def test_required_takes_tools_whose_parameters_refer_to_their_definitions(url):
+    # as pydantic writes a nested model's schema (OpenAI's pydantic_function_tool, agent frameworks)
+    place = {
+        "type": "object",
+        "properties": {"unit": {"enum": ["c", "f"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    }
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "forecast",
+            "parameters": {
+                "type": "object",
+                "properties": {"where": {"$ref": "#/$defs/Place"}},
+                "required": ["where"],
+                "additionalProperties": False,
+                "$defs": {"Place": place},
+            },
+        },
+    }
+    r = client(url).chat.completions.create(
+        model="tiny", messages=ASK, tools=[tool, CLOCK], tool_choice="required", max_tokens=120, temperature=0
+    )
+    c = r.choices[0]
+    if c.finish_reason == "tool_calls":
+        for call in c.message.tool_calls:
+            args = json.loads(call.function.arguments)
+            if call.function.name == "forecast":
+                jsonschema.validate(args["where"], place)
+    else:
+        assert c.finish_reason == "length"
+
+
+def test_an_earlier_call_nested_past_the_stack_is_no_500(url):
+    call = {"id": "c", "type": "function", "function": {"name": "now", "arguments": "[" * 5000}}
+    r = client(url).chat.completions.create(
+        model="tiny", messages=[*ASK, {"role": "assistant", "tool_calls": [call]}], max_tokens=2
+    )
+    assert r.choices[0].finish_reason in ("stop", "length")

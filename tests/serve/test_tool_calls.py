@@ -208,3 +208,71 @@ def test_an_auto_stream_cut_anywhere_gives_the_whole_replys_calls(parser, words,
         assert content.strip() == (want_content or "").strip()
     else:
         assert content == text
+
+
+def test_required_moves_each_tools_definitions_to_the_root():
+    person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    greet = {
+        "type": "function",
+        "function": {
+            "name": "greet",
+            "parameters": {
+                "type": "object",
+                "properties": {"who": {"$ref": "#/$defs/Person"}},
+                "$defs": {"Person": person},
+            },
+        },
+    }
+    body = ChatRequest(
+        messages=[{"role": "user", "content": "hi"}], tools=[greet, CLOCK], tool_choice="required"
+    )
+    schema = plan(body, None).schema
+    assert schema["$defs"] == {"Person": person} and "definitions" not in schema
+    jsonschema.validate([{"name": "greet", "parameters": {"who": {"name": "Ada"}}}], schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "greet", "parameters": {"who": {"age": 3}}}], schema)
+    other = {**greet, "function": {**greet["function"], "name": "meet"}}
+    other["function"]["parameters"] = {
+        **greet["function"]["parameters"],
+        "$defs": {"Person": {"type": "string"}},
+    }
+    clash = ChatRequest(
+        messages=[{"role": "user", "content": "hi"}], tools=[greet, other], tool_choice="required"
+    )
+    with pytest.raises(
+        RequestInvalid, match=r"tools\[1\].function.parameters: \$defs 'Person' differs"
+    ) as info:
+        plan(clash, None)
+    assert info.value.param == "tools"
+
+
+def test_what_is_not_strict_json_is_no_call():
+    deep = "[" * 5000
+    for parser, text in [
+        ("hermes", f"<tool_call>{deep}"),
+        ("hermes", '<tool_call>{"name": "a", "arguments": {"x": NaN}}</tool_call>'),
+        ("llama3_json", '{"name": "a", "parameters": {"x": Infinity}}'),
+        ("llama3_json", deep),
+    ]:
+        assert parse(parser, text) == (text, []), text[:40]
+    assert ToolPlan("required", schema={}).extract(deep) == (deep, [])
+    call = {"type": "function", "function": {"name": "now", "arguments": deep}}
+    body = ChatRequest(messages=[{"role": "assistant", "tool_calls": [call]}])
+    assert body.template_messages()[0]["tool_calls"][0]["function"]["arguments"] == deep
+
+
+def test_a_llama3_stream_that_starts_with_a_tag_is_sent_once_it_is_not_the_python_tag():
+    s = ToolStream(ToolPlan("auto", parser="llama3_json"))
+    assert s.feed("<", False) == ("", [])
+    assert s.feed("b>bold</b>", False) == ("<b>bold</b>", [])
+
+
+def test_type_defaults_to_function_as_in_vllm():
+    body = ChatRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[{"function": {"name": "now"}}],
+        tool_choice={"function": {"name": "now"}},
+    )
+    assert plan(body, None).mode == "named" and body.template_tools() == [
+        {"type": "function", "function": {"name": "now"}}
+    ]
