@@ -413,6 +413,7 @@ class TokenizeRequest(Body):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None  # rendered as chat renders them, so the counts agree
     return_token_strs: bool = False
 
     @field_validator("chat_template_kwargs")

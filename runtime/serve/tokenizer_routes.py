@@ -75,6 +75,7 @@ def _render_chat(state: ServerState, body: TokenizeRequest) -> list[int]:
             body.add_generation_prompt,
             body.continue_final_message,
             body.chat_template_kwargs,
+            [t.as_template_dict() for t in body.tools] if body.tools else None,
         )
     except Exception as exc:  # the template's own error names it
         raise RequestInvalid(f"messages: the chat template failed: {exc}", "messages") from None

@@ -44,6 +44,21 @@ def test_tokenize_renders_a_chat_as_the_chat_route_does(url, llm):
     assert again["tokens"] == llm.get_tokenizer()(rendered, add_special_tokens=True)["input_ids"]
 
 
+def test_tokenize_renders_tools_as_the_chat_route_does(llm):
+    tools = [{"type": "function", "function": {"name": "now"}}]
+    template = "{% for t in tools or [] %}<{{ t.function.name }}>{% endfor %}{{ messages[-1].content }}"
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": template}
+    with running(llm, trust_request_chat_template=True) as url:
+        tokens = post(url, "/tokenize", {**body, "tools": tools}).json()
+        usage = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "tiny", **body, "tools": tools, "tool_choice": "none", "max_tokens": 1},
+            timeout=30,
+        ).json()["usage"]
+    assert tokens["tokens"] == llm.get_tokenizer()("<now>hi", add_special_tokens=False)["input_ids"]
+    assert usage["prompt_tokens"] == tokens["count"]
+
+
 def test_detokenize_inverts_tokenize(url):
     ids = post(url, "/tokenize", {"prompt": "round trip", "add_special_tokens": False}).json()["tokens"]
     assert post(url, "/detokenize", {"tokens": ids}).json() == {"prompt": "round trip"}
