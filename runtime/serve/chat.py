@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..engine.sampling_params import SamplingParams
 from ..engine.token_bytes import token_bytes
 from . import tool_calls
 from .beam import BeamGeneration, beam_params
@@ -32,6 +33,7 @@ from .responses import (
 )
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
+from .tool_calls import ToolPlan
 
 
 def chat_prompts(
@@ -75,9 +77,7 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     params = sampling_params(
         body, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
     )
-    if tools.parser == "hermes" and _special(state, "<tool_call>"):
-        # Where a tokenizer marks the call tags special (Hermes 2 Pro's), skipping them would hide the calls.
-        params = dataclasses.replace(params, skip_special_tokens=False)
+    params = keep_call_tags(state, tools, params)
     prompts = chat_prompts(state, body)
 
     client = client_request_id(request.headers.get("x-request-id"))
@@ -170,9 +170,14 @@ def _shaped_delta(stream: ReplyStream, c, body: ChatRequest, raw: TokenBytes | N
     return choice if delta or c.finish_reason or wanted else None
 
 
-def _special(state: ServerState, text: str) -> bool:
+def keep_call_tags(state: ServerState, tools: ToolPlan, params: SamplingParams) -> SamplingParams:
+    """`params` with special tokens kept in the text where the tokenizer marks hermes' call tags special
+    (Hermes 2 Pro's): skipping them would hide the calls from the parser."""
     tokenizer = state.llm.get_tokenizer()
-    return tokenizer is not None and text in getattr(tokenizer, "all_special_tokens", ())
+    special = getattr(tokenizer, "all_special_tokens", ()) if tokenizer is not None else ()
+    if tools.parser == "hermes" and "<tool_call>" in special:
+        return dataclasses.replace(params, skip_special_tokens=False)
+    return params
 
 
 def _raw(gen: Generation) -> TokenBytes | None:

@@ -1,6 +1,7 @@
 """POST /v1/responses: OpenAI's Responses API as vLLM serves it without storage. The input (a text,
-or messages) and the instructions become a chat, rendered and run as /v1/chat/completions runs it;
-the reply is one assistant message, whole or streamed as the Responses API's typed events."""
+or messages, earlier function calls and their outputs) and the instructions become a chat, rendered
+and run as /v1/chat/completions runs it, function tools included (tool_calls.py); the reply is its
+reasoning, message and function calls as output items, whole or streamed as the API's typed events."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..engine.token_bytes import token_bytes
-from .chat import chat_prompts
+from . import tool_calls
+from .chat import chat_prompts, keep_call_tags
+from .chat_reply import ReplyShape
 from .errors import RequestInvalid, ServeError
 from .generation import Generation, client_request_id, request_id
 from .params import request_keys, sampling_params
-from .protocol import ChatRequest, ResponsesRequest
+from .protocol import ChatRequest, ResponseFunctionCall, ResponseFunctionCallOutput, ResponsesRequest
 from .responses import chat_logprobs, prefix_caching, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
@@ -39,7 +42,18 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     _refuse_stored_state(body)
     logprobs = LOGPROBS in (body.include or ())
     chat = _as_chat(body, logprobs)
-    params = sampling_params(chat, state.config.max_tokens, defaults=state.llm.generation_defaults)
+    try:
+        tools = tool_calls.plan(chat, state.config.auto_tool_parser)
+        params = sampling_params(
+            chat, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
+        )
+    except RequestInvalid as exc:
+        raise RequestInvalid(
+            exc.message.replace("response_format", "text.format"), _respelled(exc.param)
+        ) from None
+    params = keep_call_tags(state, tools, params)
+    thinking = state.config.reasoning_parser if params.guided_decoding is None else None
+    shape = ReplyShape(tools, thinking)
     client = client_request_id(request.headers.get("x-request-id"))
     rid = "resp_" + request_id("resp", client).removeprefix("resp-")  # OpenAI's spelling
     request.state.request_id = rid
@@ -47,7 +61,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     # vLLM caps max_output_tokens at the room the prompt leaves (the engine's cap), where chat refuses.
     prompts = chat_prompts(state, chat, refuse_no_room=False)
     try:
-        gen = await Generation.start(state, prompts, 1, params, rid, body.stream, request_keys(chat), lora)
+        keys = request_keys(chat, tools.schema)
+        gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys, lora)
     except ServeError as exc:  # named in chat's fields: respelled in this request's
         mine = _respelled(exc.param)
         if mine != exc.param:
@@ -59,8 +74,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if logprobs:
         reply.top, reply.raw = body.top_logprobs or 0, token_bytes(state.llm.get_tokenizer())
     if body.stream:
-        return SSEResponse(_events(gen, reply, request), gen)
-    return await unless_disconnected(request.receive, gen, _respond(gen, reply, request))
+        events = _events(gen, reply, request) if shape.plain else _shaped_events(gen, reply, request, shape)
+        return SSEResponse(events, gen)
+    return await unless_disconnected(request.receive, gen, _respond(gen, reply, request, shape))
 
 
 async def stored_response(response_id: str) -> Response:
@@ -80,8 +96,6 @@ def _refuse_stored_state(body: ResponsesRequest) -> None:
         raise RequestInvalid("conversation: this server stores no conversations", "conversation")
     if body.prompt is not None:
         raise RequestInvalid("prompt: prompt templates are not supported; send input", "prompt")
-    if body.tools:
-        raise RequestInvalid("tools: this server calls no tools on /v1/responses", "tools")
 
 
 def _as_chat(body: ResponsesRequest, logprobs: bool) -> ChatRequest:
@@ -93,11 +107,33 @@ def _as_chat(body: ResponsesRequest, logprobs: bool) -> ChatRequest:
         messages.append({"role": "user", "content": body.input})
     else:
         for m in body.input:
-            # Parts joined by newlines, as chat's messages join theirs.
-            content = m.content if isinstance(m.content, str) else "\n".join(p.text for p in m.content)
-            messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+            if isinstance(m, ResponseFunctionCall):
+                call = {
+                    "id": m.call_id,
+                    "type": "function",
+                    "function": {"name": m.name, "arguments": m.arguments},
+                }
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                    last["tool_calls"].append(call)  # calls made together: one assistant turn
+                else:
+                    messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+            elif isinstance(m, ResponseFunctionCallOutput):
+                messages.append({"role": "tool", "tool_call_id": m.call_id, "content": _text(m.output)})
+            else:
+                role = "system" if m.role == "developer" else m.role
+                messages.append({"role": role, "content": _text(m.content)})
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_output_tokens,
-                              "temperature": body.temperature, "top_p": body.top_p}  # fmt: skip
+                              "temperature": body.temperature, "top_p": body.top_p,
+                              "parallel_tool_calls": body.parallel_tool_calls}  # fmt: skip
+    if body.tools:
+        fields["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                           for t in body.tools]  # fmt: skip
+    choice = body.tool_choice
+    if choice is not None:
+        fields["tool_choice"] = (
+            choice if isinstance(choice, str) else {"type": "function", "function": {"name": choice.name}}
+        )
     fields.update({k: getattr(body, k) for k in _EXTRAS})
     if logprobs:
         fields.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
@@ -117,10 +153,17 @@ def _as_chat(body: ResponsesRequest, logprobs: bool) -> ChatRequest:
         raise RequestInvalid(message, _respelled(param)) from None
 
 
+def _text(content: str | list[Any]) -> str:
+    # Parts joined by newlines, as chat's messages join theirs.
+    return content if isinstance(content, str) else "\n".join(p.text for p in content)
+
+
 def _respelled(param: str | None) -> str | None:
     """A chat field's name as this request spells it."""
     if param is None:
         return None
+    if param.startswith(("tools.", "tool_choice.")):  # chat's tools nest under "function"; these do not
+        return param.replace(".function", "", 1)
     for chat_name, mine in _PREFIXES:
         if param == chat_name or param.startswith((chat_name + ".", chat_name + "[")):
             return mine + param[len(chat_name) :]
@@ -158,6 +201,19 @@ class _Reply:
             "content": content,
         }
 
+    def items(
+        self, message: dict[str, Any], status: str, logprobs: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The output items of a reply ReplyShape read: its reasoning, its message (when it has text, or
+        nothing else), then its function calls."""
+        out, calls, reasoning = [], message.get("tool_calls") or [], message.get("reasoning")
+        if reasoning is not None:
+            out.append(reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning, status))
+        if message.get("content") or not (calls or reasoning is not None):
+            out.append(self.item(message.get("content") or "", status, logprobs))
+        out += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+        return out
+
     def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                  incomplete: str | None = None) -> dict[str, Any]:  # fmt: skip
         b = self.body
@@ -177,9 +233,11 @@ class _Reply:
             "top_p": b.top_p,
             "top_logprobs": b.top_logprobs,
             "text": b.text or {"format": {"type": "text"}},
-            "tools": [],
-            "tool_choice": "auto",
-            "parallel_tool_calls": False,
+            "tools": [t.model_dump(exclude_none=True) for t in b.tools or ()],
+            "tool_choice": b.tool_choice.model_dump()
+            if isinstance(b.tool_choice, BaseModel)
+            else b.tool_choice or "auto",
+            "parallel_tool_calls": b.parallel_tool_calls is not False,
             "previous_response_id": None,
             "store": False,
             "user": b.user,
@@ -203,14 +261,28 @@ def _ending(finish_reason: str | None) -> tuple[str, str | None]:
     return ("incomplete", "max_output_tokens") if finish_reason == "length" else ("completed", None)
 
 
-async def _respond(gen: Generation, reply: _Reply, request: Request) -> Response:
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if status != "in_progress" else []
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call_id.removeprefix('call_')}", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}  # fmt: skip
+
+
+async def _respond(gen: Generation, reply: _Reply, request: Request, shape: ReplyShape) -> Response:
     (out,) = await gen.collect()
     (c,) = out.outputs
     request.state.completion_tokens = len(c.token_ids)
     status, incomplete = _ending(c.finish_reason)
-    item = reply.item(c.text, "completed" if status == "completed" else "incomplete", reply.logprobs(c))
+    done = "completed" if status == "completed" else "incomplete"
+    if shape.plain:
+        items = [reply.item(c.text, done, reply.logprobs(c))]
+    else:
+        items = reply.items(shape.message(c.text, c.finish_reason)[0], done, reply.logprobs(c))
     usage = _usage(gen, len(c.token_ids), out.num_cached_tokens or 0)
-    return JSONResponse(reply.response(status, [item], usage, incomplete))
+    return JSONResponse(reply.response(status, items, usage, incomplete))
 
 
 async def _events(gen: Generation, reply: _Reply, request: Request) -> AsyncIterator[bytes]:
@@ -256,4 +328,118 @@ async def _events(gen: Generation, reply: _Reply, request: Request) -> AsyncIter
     yield event("response.output_item.done", output_index=0, item=item)
     yield event(
         f"response.{status}", response=reply.response(status, [item], _usage(gen, tokens, cached), incomplete)
+    )
+
+
+async def _shaped_events(
+    gen: Generation, reply: _Reply, request: Request, shape: ReplyShape
+) -> AsyncIterator[bytes]:
+    """The stream of a reply read as ReplyShape reads it: an output item opens when its first piece
+    comes (reasoning, then the message, then each function call) and closes when the next opens or
+    the reply ends; a call's arguments go out as they come."""
+    seq = 0
+
+    def event(kind: str, **fields: Any) -> bytes:
+        nonlocal seq
+        seq += 1
+        return f"event: {kind}\n".encode() + sse({"type": kind, "sequence_number": seq - 1, **fields})
+
+    items: list[dict[str, Any]] = []  # as they will read when done
+    texts: dict[int, str] = {}  # an open reasoning or message item's text so far, by output index
+    open_at: int | None = None  # the reasoning or message item taking text
+    calls: dict[int, int] = {}  # a call's index in the reply -> its output index
+    stream, logprobs = shape.stream(), []
+
+    def close_text(status: str = "completed"):
+        nonlocal open_at
+        if open_at is None:
+            return
+        at, item = open_at, items[open_at]
+        where = {"item_id": item["id"], "output_index": at, "content_index": 0}
+        if item["type"] == "reasoning":
+            items[at] = reasoning_item(item["id"], texts[at], status)
+            yield event("response.reasoning_text.done", **where, text=texts[at])
+        else:
+            items[at] = {**reply.item(texts[at], status, logprobs), "id": item["id"]}
+            yield event("response.output_text.done", **where, text=texts[at], logprobs=logprobs)
+            yield event("response.content_part.done", **where, part=items[at]["content"][0])
+        yield event("response.output_item.done", output_index=at, item=items[at])
+        open_at = None
+
+    def text_delta(kind: str, delta: str, mine: list[dict[str, Any]]):
+        nonlocal open_at
+        if open_at is None or items[open_at]["type"] != kind:
+            yield from close_text()
+            open_at = len(items)
+            if kind == "reasoning":
+                items.append(reasoning_item(f"rs_{uuid.uuid4().hex}", "", "in_progress"))
+            else:
+                items.append({**reply.item("", "in_progress"), "id": f"msg_{uuid.uuid4().hex}"})
+            texts[open_at] = ""
+            yield event("response.output_item.added", output_index=open_at, item=items[open_at])
+            if kind == "message":
+                part = reply.item("", "completed")["content"][0]
+                yield event("response.content_part.added", item_id=items[open_at]["id"], output_index=open_at,
+                            content_index=0, part=part)  # fmt: skip
+        texts[open_at] += delta
+        where = {"item_id": items[open_at]["id"], "output_index": open_at, "content_index": 0}
+        if not delta:
+            return
+        if kind == "reasoning":
+            yield event("response.reasoning_text.delta", **where, delta=delta)
+        else:
+            yield event("response.output_text.delta", **where, delta=delta, logprobs=mine)
+
+    yield event("response.created", response=reply.response("in_progress", []))
+    yield event("response.in_progress", response=reply.response("in_progress", []))
+    tokens, cached, finish = 0, 0, None
+    try:
+        async for _, out in gen.outputs():
+            cached = out.num_cached_tokens or 0
+            for c in out.outputs:
+                tokens += len(c.token_ids)
+                finish = c.finish_reason or finish
+                delta = stream.feed(c.text, c.finish_reason is not None)
+                mine = reply.logprobs(c)
+                if delta.get("reasoning"):
+                    for e in text_delta("reasoning", delta["reasoning"], []):
+                        yield e
+                if delta.get("content"):
+                    logprobs += mine
+                    for e in text_delta("message", delta["content"], mine):
+                        yield e
+                for d in delta.get("tool_calls", ()):
+                    for e in close_text():
+                        yield e
+                    if "id" in d:
+                        calls[d["index"]] = len(items)
+                        items.append(call_item(d["id"], d["function"]["name"], "", "in_progress"))
+                        yield event("response.output_item.added", output_index=len(items) - 1, item=items[-1])
+                    at = calls[d["index"]]
+                    if d["function"].get("arguments"):
+                        items[at]["arguments"] += d["function"]["arguments"]
+                        yield event("response.function_call_arguments.delta", item_id=items[at]["id"],
+                                    output_index=at, delta=d["function"]["arguments"])  # fmt: skip
+    except ServeError as exc:
+        yield event("error", code=str(exc.status), message=exc.message, param=exc.param)
+        failed = reply.response("failed", [], _usage(gen, tokens, cached))
+        failed["error"] = {"code": "server_error", "message": exc.message}
+        yield event("response.failed", response=failed)
+        return
+    finally:
+        request.state.completion_tokens = tokens
+    status, incomplete = _ending(finish)
+    done = "completed" if status == "completed" else "incomplete"
+    if not items:  # nothing came: an empty message, as a plain reply has
+        for e in text_delta("message", "", []):
+            yield e
+    for e in close_text(done):
+        yield e
+    for at in calls.values():
+        items[at]["status"] = "completed"
+        yield event("response.function_call_arguments.done", item_id=items[at]["id"], output_index=at,
+                    arguments=items[at]["arguments"])  # fmt: skip
+        yield event("response.output_item.done", output_index=at, item=items[at])
+    yield event(
+        f"response.{status}", response=reply.response(status, items, _usage(gen, tokens, cached), incomplete)
     )

@@ -441,7 +441,7 @@ class ResponseInputText(Body):
 
 
 class ResponseInputMessage(Body):
-    """A message item of OpenAI's Responses input (function calls and images are not taken)."""
+    """A message item of OpenAI's Responses input (images are not taken)."""
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
@@ -450,11 +450,51 @@ class ResponseInputMessage(Body):
     status: str | None = None
 
 
+class ResponseFunctionCall(Body):
+    """An earlier reply's function call, sent back with its output (a chat's assistant tool call)."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None  # the item's, not used
+    status: str | None = None
+
+
+class ResponseFunctionCallOutput(Body):
+    """A function call's result (a chat's tool message)."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ResponseInputText]
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponseFunctionTool(Body):
+    """A function tool in the Responses API's flat shape ({"type": "function", "name": ...})."""
+
+    type: Literal["function"] = "function"
+    name: str = Field(pattern=r"^\S{1,256}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseNamedTool(Body):
+    type: Literal["function"] = "function"
+    name: str
+
+
+ResponseInputItem = ResponseInputMessage | ResponseFunctionCall | ResponseFunctionCallOutput
+
+
 class ResponsesRequest(Body):
-    """OpenAI's /v1/responses, as vLLM serves it without storage: text in, one message out."""
+    """OpenAI's /v1/responses, as vLLM serves it without storage: messages and function calls in, a
+    message and function calls out."""
 
     model: str | None = None
-    input: str | list[ResponseInputMessage] = Field(...)
+    input: str | list[ResponseInputItem] = Field(...)
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -463,7 +503,9 @@ class ResponsesRequest(Body):
     text: dict[str, Any] | None = None
     previous_response_id: str | None = None
     store: bool | None = True
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ResponseFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponseNamedTool | None = None
+    parallel_tool_calls: bool | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)

@@ -96,11 +96,32 @@ def test_json_schema_output_follows_the_schema(url):
     ("kwargs", "param", "words"),
     [
         (dict(input="hi", previous_response_id="resp_1"), "previous_response_id", "stores no responses"),
+        (dict(input="hi", tools=[{"type": "web_search"}]), "tools.0.type", "'function'"),
         (
-            dict(input="hi", tools=[{"type": "function", "name": "f", "parameters": {}}]),
-            "tools",
-            "calls no tools",
+            dict(input="hi", tools=[{"type": "function", "name": "f"}]),
+            "tool_choice",
+            "--enable-auto-tool-choice",
         ),
+        (
+            dict(
+                input="hi",
+                tools=[{"type": "function", "name": "f"}],
+                tool_choice={"type": "function", "name": "g"},
+            ),
+            "tool_choice",
+            "'g', which is not one of the tools",
+        ),
+        (
+            dict(
+                input="hi",
+                tools=[{"type": "function", "name": "f"}],
+                tool_choice="required",
+                text={"format": {"type": "json_object"}},
+            ),
+            "text.format",
+            "already holds the output",
+        ),
+        (dict(input=[{"type": "function_call_output", "output": "x"}]), "input", ""),
         (dict(input=[]), "input", "at least one"),
         (dict(input="hi", max_output_tokens=0), "max_output_tokens", "greater than or equal to 1"),
         (dict(input="hi", text={"format": {"type": "xml"}}), "text", "text, json_object or json_schema"),
@@ -153,3 +174,94 @@ def test_no_response_is_stored_to_fetch(url):
         client(url).responses.retrieve(r.id)
     with pytest.raises(openai.NotFoundError):
         client(url).responses.cancel(r.id)
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"unit": {"enum": ["c", "f"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    },
+}
+CLOCK = {"type": "function", "name": "now"}
+
+
+def test_a_named_function_tool_gives_a_function_call_item(url):
+    r = client(url).responses.create(
+        model="tiny", input="weather?", tools=[WEATHER, CLOCK], tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60, temperature=0,
+    )  # fmt: skip
+    (item,) = r.output
+    assert item.type == "function_call" and item.name == "get_weather" and item.status == "completed"
+    assert item.call_id.startswith("call_") and item.id.startswith("fc_")
+    assert json.loads(item.arguments)["unit"] in ("c", "f")
+    assert r.tool_choice.name == "get_weather" and [t.name for t in r.tools] == ["get_weather", "now"]
+
+
+def test_required_streams_its_calls_as_items(url):
+    with client(url).responses.stream(
+        model="tiny", input="weather?", tools=[WEATHER, CLOCK], tool_choice="required", max_output_tokens=120,
+        temperature=0,
+    ) as stream:  # fmt: skip
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    calls = [i for i in final.output if i.type == "function_call"]
+    assert calls and all(i.name in ("get_weather", "now") for i in calls)
+    for i in calls:
+        json.loads(i.arguments)
+    added = [e.item.call_id for e in events if e.type == "response.output_item.added"]
+    done = [e.arguments for e in events if e.type == "response.function_call_arguments.done"]
+    assert added == [i.call_id for i in calls] and done == [i.arguments for i in calls]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_a_named_call_streams_its_arguments_as_they_come(url):
+    with client(url).responses.stream(
+        model="tiny", input="weather?", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=60, temperature=0,
+    ) as stream:  # fmt: skip
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    (item,) = final.output
+    assert len(deltas) > 1 and "".join(deltas) == item.arguments
+
+
+def test_earlier_calls_and_their_outputs_are_the_chats_tool_turns(url, llm):
+    call = {"type": "function_call", "call_id": "call_1", "name": "now", "arguments": "{}"}
+    result = {"type": "function_call_output", "call_id": "call_1", "output": "noon"}
+    r = client(url).responses.create(
+        model="tiny", input=[{"role": "user", "content": "time?"}, call, result], tools=[CLOCK], tool_choice="none",
+        max_output_tokens=2, temperature=0,
+    )  # fmt: skip
+    messages = [
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "now", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+    ]  # fmt: skip
+    want = llm.render_chat(messages, tools=[{"type": "function", "function": {"name": "now"}}])
+    assert r.usage.input_tokens == len(want["prompt_token_ids"])
+
+
+def test_reasoning_is_an_item_of_its_own(llm):
+    with running(llm, reasoning_parser="deepseek_r1") as url:
+        whole = client(url).responses.create(model="tiny", input="think", max_output_tokens=6, temperature=0)
+        with client(url).responses.stream(
+            model="tiny", input="think", max_output_tokens=6, temperature=0
+        ) as stream:
+            events = list(stream)
+    # the client's get_final_response wants response.completed; a reply cut short ends incomplete
+    assert events[-1].type == "response.incomplete"
+    final = events[-1].response
+    (item,) = whole.output  # the tiny model never closes </think>: all reasoning, no message
+    assert (
+        item.type == "reasoning" and item.content[0].type == "reasoning_text" and item.status == "incomplete"
+    )
+    deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert deltas == item.content[0].text == final.output[0].content[0].text
+    assert final.status == whole.status == "incomplete"
