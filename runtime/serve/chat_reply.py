@@ -38,7 +38,7 @@ class ReplyShape:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = [c.as_dict() for c in calls]
-        if reasoning is not None and self.include_reasoning:
+        if reasoning and self.include_reasoning:  # "<think></think>": none, as a stream sends it
             message["reasoning"] = message["reasoning_content"] = reasoning
         return message, self.tools.finish_reason(finish_reason, calls)
 

@@ -21,7 +21,13 @@ from .chat_reply import ReplyShape
 from .errors import RequestInvalid, ServeError
 from .generation import Generation, client_request_id, request_id
 from .params import request_keys, sampling_params
-from .protocol import ChatRequest, ResponseFunctionCall, ResponseFunctionCallOutput, ResponsesRequest
+from .protocol import (
+    ChatRequest,
+    ResponseFunctionCall,
+    ResponseFunctionCallOutput,
+    ResponseReasoning,
+    ResponsesRequest,
+)
 from .responses import chat_logprobs, prefix_caching, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
@@ -107,6 +113,8 @@ def _as_chat(body: ResponsesRequest, logprobs: bool) -> ChatRequest:
         messages.append({"role": "user", "content": body.input})
     else:
         for m in body.input:
+            if isinstance(m, ResponseReasoning):
+                continue  # templates leave earlier turns' thinking out of the prompt
             if isinstance(m, ResponseFunctionCall):
                 call = {
                     "id": m.call_id,
@@ -114,8 +122,9 @@ def _as_chat(body: ResponsesRequest, logprobs: bool) -> ChatRequest:
                     "function": {"name": m.name, "arguments": m.arguments},
                 }
                 last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                    last["tool_calls"].append(call)  # calls made together: one assistant turn
+                if last is not None and last["role"] == "assistant":
+                    # a reply's text and its calls, or calls made together: one assistant turn, as generated
+                    last.setdefault("tool_calls", []).append(call)
                 else:
                     messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
             elif isinstance(m, ResponseFunctionCallOutput):
@@ -207,12 +216,12 @@ class _Reply:
         """The output items of a reply ReplyShape read: its reasoning, its message (when it has text, or
         nothing else), then its function calls."""
         out, calls, reasoning = [], message.get("tool_calls") or [], message.get("reasoning")
-        if reasoning is not None:
-            out.append(reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning, status))
-        if message.get("content") or not (calls or reasoning is not None):
-            out.append(self.item(message.get("content") or "", status, logprobs))
+        if reasoning:
+            out.append(reasoning_item(f"rs_{uuid.uuid4().hex}", reasoning, "completed"))
+        if message.get("content") or not (calls or reasoning):
+            out.append(self.item(message.get("content") or "", "completed", logprobs))
         out += [call_item(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
-        return out
+        return _last_is(out, status)
 
     def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                  incomplete: str | None = None) -> dict[str, Any]:  # fmt: skip
@@ -259,6 +268,14 @@ def _usage(gen: Generation, output_tokens: int, cached: int) -> dict[str, Any]:
 def _ending(finish_reason: str | None) -> tuple[str, str | None]:
     """(status, incomplete reason): a reply cut by max_output_tokens is incomplete, as OpenAI's is."""
     return ("incomplete", "max_output_tokens") if finish_reason == "length" else ("completed", None)
+
+
+def _last_is(items: list[dict[str, Any]], status: str) -> list[dict[str, Any]]:
+    """A reply cut by max_output_tokens was cut in its last item: that one is incomplete, as the
+    response is; the ones before it were finished."""
+    if items:
+        items[-1]["status"] = status
+    return items
 
 
 def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
@@ -392,7 +409,7 @@ async def _shaped_events(
 
     yield event("response.created", response=reply.response("in_progress", []))
     yield event("response.in_progress", response=reply.response("in_progress", []))
-    tokens, cached, finish = 0, 0, None
+    tokens, cached, finish, held = 0, 0, None, []
     try:
         async for _, out in gen.outputs():
             cached = out.num_cached_tokens or 0
@@ -400,11 +417,14 @@ async def _shaped_events(
                 tokens += len(c.token_ids)
                 finish = c.finish_reason or finish
                 delta = stream.feed(c.text, c.finish_reason is not None)
-                mine = reply.logprobs(c)
+                held += reply.logprobs(c)  # a chunk held back sends its logprobs with the text after it
                 if delta.get("reasoning"):
                     for e in text_delta("reasoning", delta["reasoning"], []):
                         yield e
+                    if not delta.get("content"):
+                        held = []  # reasoning tokens: no logprobs field takes them
                 if delta.get("content"):
+                    mine, held = held, []
                     logprobs += mine
                     for e in text_delta("message", delta["content"], mine):
                         yield e
@@ -433,10 +453,10 @@ async def _shaped_events(
     if not items:  # nothing came: an empty message, as a plain reply has
         for e in text_delta("message", "", []):
             yield e
-    for e in close_text(done):
+    for e in close_text("completed" if calls else done):
         yield e
     for at in calls.values():
-        items[at]["status"] = "completed"
+        items[at]["status"] = done if at == len(items) - 1 else "completed"
         yield event("response.function_call_arguments.done", item_id=items[at]["id"], output_index=at,
                     arguments=items[at]["arguments"])  # fmt: skip
         yield event("response.output_item.done", output_index=at, item=items[at])

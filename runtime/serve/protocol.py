@@ -20,7 +20,9 @@ from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -486,7 +488,53 @@ class ResponseNamedTool(Body):
     name: str
 
 
-ResponseInputItem = ResponseInputMessage | ResponseFunctionCall | ResponseFunctionCallOutput
+class ResponseReasoningText(Body):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ResponseReasoning(Body):
+    """An earlier reply's reasoning, sent back as agents send a whole reply back: taken and left out of
+    the prompt, as chat templates leave out earlier turns' thinking."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ResponseReasoningText] = Field(default_factory=list)
+    content: list[ResponseReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+    @field_validator("encrypted_content")
+    @classmethod
+    def _readable(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("encrypted reasoning is another server's; this one cannot read it")
+        return value
+
+
+# An input item's type -> its model. The tags are the class names, which a 400's param leaves out.
+_ITEM_MODELS = {"message": "ResponseInputMessage", "function_call": "ResponseFunctionCall",
+                "function_call_output": "ResponseFunctionCallOutput", "reasoning": "ResponseReasoning"}  # fmt: skip
+
+
+def _item_type(value: Any) -> str | None:
+    # A message may leave its type out (OpenAI's EasyInputMessage).
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+    return _ITEM_MODELS.get(kind) if isinstance(kind, str) else None
+
+
+ResponseInputItem = Annotated[
+    Annotated[ResponseInputMessage, Tag("ResponseInputMessage")]
+    | Annotated[ResponseFunctionCall, Tag("ResponseFunctionCall")]
+    | Annotated[ResponseFunctionCallOutput, Tag("ResponseFunctionCallOutput")]
+    | Annotated[ResponseReasoning, Tag("ResponseReasoning")],
+    Discriminator(
+        _item_type,
+        custom_error_type="input_item",
+        custom_error_message="items of this type are not taken: message, function_call, "
+        "function_call_output and reasoning are",
+    ),
+]
 
 
 class ResponsesRequest(Body):

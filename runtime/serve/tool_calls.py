@@ -252,6 +252,7 @@ class ToolStream:
         self.in_calls = False  # auto: a call has begun, the rest waits for the end
         self.decided = False  # llama3_json: the reply's start showed whether it calls
         self.calls: list[ToolCall] = []
+        self.spoke = False  # auto: content other than whitespace went out
 
     def feed(self, text: str, finished: bool) -> tuple[str, list[dict[str, Any]]]:
         """(content, tool_calls deltas) to send for this piece of text; `finished`: it is the last."""
@@ -304,6 +305,15 @@ class ToolStream:
                     self.in_calls = True
                     return ""
             out = pending
+        if not self.spoke and not out.strip():
+            # Whitespace before anything else waits: a call may follow it, and a whole reply's content
+            # is none when only whitespace comes before its call.
+            if self.in_calls:
+                self.sent += len(out)
+                return ""
+            if not finished:
+                return ""
+        self.spoke = self.spoke or bool(out.strip())
         self.sent += len(out)
         return out
 

@@ -87,3 +87,17 @@ def test_include_reasoning_false_drops_it_and_an_answerless_reply_has_null_conte
     assert message["content"] is None and message["reasoning"] == "long thought" and finish == "length"
     stream = ReplyShape(ToolPlan(), "deepseek_r1", include_reasoning=False).stream()
     assert stream.feed("thinking</think>", False) == {} and stream.feed("done", True) == {"content": "done"}
+
+
+def test_whitespace_between_the_thinking_and_a_call_is_no_content_whole_or_streamed():
+    shape = ReplyShape(ToolPlan("auto", parser="hermes"), "qwen3")
+    text = '<think>call it</think>\n\n<tool_call>{"name": "now", "arguments": {}}</tool_call>'
+    message, _ = shape.message(text, "stop")
+    assert message["content"] is None and message["reasoning"] == "call it"
+    stream = shape.stream()
+    deltas = [stream.feed(ch, i == len(text) - 1) for i, ch in enumerate(text)]
+    assert not any("content" in d for d in deltas)
+    assert "".join(d.get("reasoning", "") for d in deltas) == "call it"
+    # whitespace that no call follows is content after all
+    stream = ReplyShape(ToolPlan("auto", parser="hermes")).stream()
+    assert stream.feed("\n", False) == {} and stream.feed(" ", True) == {"content": "\n "}

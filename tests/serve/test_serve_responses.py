@@ -265,3 +265,66 @@ def test_reasoning_is_an_item_of_its_own(llm):
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == item.content[0].text == final.output[0].content[0].text
     assert final.status == whole.status == "incomplete"
+
+
+def test_a_whole_reply_sent_back_with_its_reasoning_and_calls_is_the_next_turn(url, llm):
+    said = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "Let me look."}],
+    }
+    thought = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "hm"}],
+    }
+    call = {
+        "type": "function_call",
+        "call_id": "call_1",
+        "name": "now",
+        "arguments": "{}",
+        "status": "completed",
+    }
+    result = {"type": "function_call_output", "call_id": "call_1", "output": "noon"}
+    r = client(url).responses.create(
+        model="tiny", input=[{"role": "user", "content": "time?"}, thought, said, call, result], tools=[CLOCK],
+        tool_choice="none", max_output_tokens=2, temperature=0,
+    )  # fmt: skip
+    turns = [
+        {"role": "user", "content": "time?"},
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "now", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "noon"},
+    ]  # fmt: skip
+    want = llm.render_chat(turns, tools=[{"type": "function", "function": {"name": "now"}}])
+    assert r.usage.input_tokens == len(want["prompt_token_ids"])
+
+
+@pytest.mark.parametrize(
+    ("item", "param", "words"),
+    [
+        ({"type": "item_reference", "id": "msg_1"}, "input.0", "items of this type are not taken"),
+        (
+            {"type": "reasoning", "summary": [], "encrypted_content": "x"},
+            "input.0.encrypted_content",
+            "encrypted",
+        ),
+    ],
+)
+def test_input_items_this_server_cannot_take_are_a_400(url, item, param, words):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(url).responses.create(model="tiny", input=[item])
+    assert caught.value.body["param"] == param and words in caught.value.body["message"], caught.value.body
+
+
+def test_a_call_cut_by_max_output_tokens_is_incomplete_whole_and_streamed(url):
+    kw = dict(model="tiny", input="weather?", tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"},
+              max_output_tokens=3, temperature=0)  # fmt: skip
+    whole = client(url).responses.create(**kw)
+    with client(url).responses.stream(**kw) as stream:
+        events = list(stream)
+    streamed = events[-1].response
+    for r in (whole, streamed):
+        assert r.status == "incomplete" and [(i.type, i.status) for i in r.output] == [
+            ("function_call", "incomplete")
+        ]
