@@ -116,6 +116,9 @@ class ServePlan:
     drain_timeout_s: float = 30.0
     stream_interval: int = 1
     api_server_count: int = 1
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +132,9 @@ class ServePlan:
             "drain_timeout_s": self.drain_timeout_s,
             "stream_interval": self.stream_interval,
             "api_server_count": self.api_server_count,
+            "enable_auto_tool_choice": self.enable_auto_tool_choice,
+            "tool_call_parser": self.tool_call_parser,
+            "reasoning_parser": self.reasoning_parser,
         }
 
 

@@ -91,6 +91,9 @@ def _serve(loaded: LoadedManifest) -> ServePlan:
         drain_timeout_s=float(s.drain_timeout_s),
         stream_interval=s.stream_interval,
         api_server_count=s.api_server_count,
+        enable_auto_tool_choice=s.enable_auto_tool_choice,
+        tool_call_parser=s.tool_call_parser,
+        reasoning_parser=s.reasoning_parser,
     )
 
 

@@ -36,7 +36,9 @@ from .names import (
     GUIDED_BACKENDS,
     LOOP_VS_GUIDED,
     ON_UNSUPPORTED,
+    REASONING_PARSERS,
     SCHEMA_VERSION,
+    TOOL_CALL_PARSERS,
 )
 
 
@@ -274,6 +276,32 @@ class ServeSpec(Section):
         doc="Processes serving HTTP in front of the one engine process, for more streamed tokens a second "
         "than one Python process sends; the admission bounds are shared out among them.",
     )
+    enable_auto_tool_choice: bool = spec(
+        False,
+        doc="Chat requests with tools may leave the choice to the model (tool_choice `auto`), whose calls "
+        "are read out of its text in `tool_call_parser`'s format (vLLM's --enable-auto-tool-choice). A "
+        "named tool and `required` work without it.",
+    )
+    tool_call_parser: Literal[TOOL_CALL_PARSERS] | None = spec(
+        None,
+        doc="The format the model writes tool calls in: `hermes` (Hermes, Qwen2.5/3) or `llama3_json` "
+        "(Llama 3.1/3.2).",
+    )
+    reasoning_parser: Literal[REASONING_PARSERS] | None = spec(
+        None,
+        doc="Send a reasoning model's thinking as `reasoning`, apart from its content: `deepseek_r1` "
+        "(DeepSeek R1, QwQ, templates that open <think> in the prompt) or `qwen3`.",
+    )
+
+    @model_validator(mode="after")
+    def _auto_needs_a_parser(self) -> ServeSpec:
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise FieldError(
+                f"needs tool_call_parser ({' or '.join(TOOL_CALL_PARSERS)}): the format the model writes "
+                "its calls in",
+                ("enable_auto_tool_choice",),
+            )
+        return self
 
 
 class Manifest(Section):

@@ -13,7 +13,9 @@ from fastpath.vocab import (
     ON_UNSUPPORTED,
     RANDOM_PREFIX,
     RANDOM_PRESETS,
+    REASONING_PARSERS,
     SCHEMA_VERSION,
+    TOOL_CALL_PARSERS,
 )
 
 __all__ = [
@@ -29,5 +31,7 @@ __all__ = [
     "ON_UNSUPPORTED",
     "RANDOM_PREFIX",
     "RANDOM_PRESETS",
+    "REASONING_PARSERS",
     "SCHEMA_VERSION",
+    "TOOL_CALL_PARSERS",
 ]

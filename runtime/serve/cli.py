@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from fastpath.vocab import install_line
+from fastpath.vocab import REASONING_PARSERS, TOOL_CALL_PARSERS, install_line
 
-from .config import DEFAULT_PORT, REASONING_PARSERS, TOOL_CALL_PARSERS, ServeConfig
+from .config import DEFAULT_PORT, ServeConfig
 
 DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
 
@@ -60,6 +60,9 @@ SERVE_DEFAULTS: dict[str, Any] = {
     "drain_timeout_s": 30.0,
     "stream_interval": 1,
     "api_server_count": 1,
+    "enable_auto_tool_choice": False,
+    "tool_call_parser": None,
+    "reasoning_parser": None,
 }
 
 
@@ -135,21 +138,22 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     )
     s.add_argument(
         "--enable-auto-tool-choice",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=d["enable_auto_tool_choice"],
         help="chat requests with tools may leave the choice to the model (tool_choice 'auto'), whose "
         "calls are read out of its text with --tool-call-parser (vLLM's flag)",
     )
     s.add_argument(
         "--tool-call-parser",
         choices=TOOL_CALL_PARSERS,
-        default=None,
+        default=d["tool_call_parser"],
         help="the format the model writes tool calls in: hermes (Hermes, Qwen2.5/3) or llama3_json "
         "(Llama 3.1/3.2)",
     )
     s.add_argument(
         "--reasoning-parser",
         choices=REASONING_PARSERS,
-        default=None,
+        default=d["reasoning_parser"],
         help="send a reasoning model's thinking as `reasoning`, apart from its content: deepseek_r1 "
         "(DeepSeek R1, QwQ, templates that open <think> in the prompt) or qwen3 (vLLM's flag)",
     )

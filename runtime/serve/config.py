@@ -6,13 +6,11 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from fastpath.vocab import REASONING_PARSERS, TOOL_CALL_PARSERS
+
 from .errors import RequestInvalid, Unavailable
 
 DEFAULT_PORT = 8000
-# The formats `auto` tool choice reads calls in (serve/tool_calls.py).
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
-# The formats reasoning models write their thinking in (serve/reasoning.py).
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 
 def runtime_lora_updating_from_env() -> bool:

@@ -21,7 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .config import TOOL_CALL_PARSERS as PARSERS
+from fastpath.vocab import TOOL_CALL_PARSERS as PARSERS
+
 from .errors import RequestInvalid
 from .protocol import ChatRequest, NamedToolChoice
 

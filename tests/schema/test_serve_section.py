@@ -19,7 +19,8 @@ def test_the_lock_carries_what_the_section_says():
     text = BASE + (
         "serve:\n  host: 0.0.0.0\n  port: 9001\n  served_model_name: acme/tiny\n  api_key_env: ACME_KEY\n"
         "  max_queued_requests: 4\n  max_tokens: 256\n  max_request_bytes: 65536\n  drain_timeout_s: 5\n"
-        "  stream_interval: 4\n  api_server_count: 2\n"
+        "  stream_interval: 4\n  api_server_count: 2\n  enable_auto_tool_choice: true\n"
+        "  tool_call_parser: hermes\n  reasoning_parser: qwen3\n"
     )
     serve = resolve(parse_manifest(text, "m.yaml")).to_json()["serve"]
     assert serve == {
@@ -33,6 +34,9 @@ def test_the_lock_carries_what_the_section_says():
         "drain_timeout_s": 5.0,
         "stream_interval": 4,
         "api_server_count": 2,
+        "enable_auto_tool_choice": True,
+        "tool_call_parser": "hermes",
+        "reasoning_parser": "qwen3",
     }
 
 
@@ -49,6 +53,9 @@ def test_the_lock_carries_what_the_section_says():
         ("drain_timeout_s: -1", "greater than or equal to 0"),
         ("stream_interval: 65", "less than or equal to 64"),
         ("api_server_count: 0", "greater than 0"),
+        ("enable_auto_tool_choice: true", "needs tool_call_parser (hermes or llama3_json)"),
+        ("tool_call_parser: mistral", "'hermes' or 'llama3_json'"),
+        ("reasoning_parser: r1", "'deepseek_r1' or 'qwen3'"),
         ("api_key: sesame", "did you mean 'api_key_env'"),  # a secret never sits in a manifest
     ],
 )

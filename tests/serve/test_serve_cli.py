@@ -225,3 +225,13 @@ def test_reasoning_parser_is_vllms_flag(calls, capsys):
     with pytest.raises(SystemExit):
         main(["serve", "random:tiny-llama", "--reasoning-parser", "r2"])
     assert "invalid choice: 'r2'" in capsys.readouterr().err
+
+
+def test_a_lock_may_set_the_tool_and_reasoning_parsers_and_flags_still_win(calls):
+    serve = {"enable_auto_tool_choice": True, "tool_call_parser": "hermes", "reasoning_parser": "qwen3"}
+    lock = {"name": "pkg", "serve": serve}
+    for argv in (["serve"], ["serve", "--no-enable-auto-tool-choice", "--reasoning-parser", "deepseek_r1"]):
+        assert runtime_cli.package_main(argv, prog="python -m pkg", llm_factory=dict, lock=lock) == 0
+    declared, overridden = (runtime_cli.serve_config(args) for _, args, _ in calls)
+    assert (declared.auto_tool_parser, declared.reasoning_parser) == ("hermes", "qwen3")
+    assert (overridden.auto_tool_parser, overridden.reasoning_parser) == (None, "deepseek_r1")
