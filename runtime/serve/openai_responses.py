@@ -376,6 +376,7 @@ async def _shaped_events(
         if item["type"] == "reasoning":
             items[at] = reasoning_item(item["id"], texts[at], status)
             yield event("response.reasoning_text.done", **where, text=texts[at])
+            yield event("response.content_part.done", **where, part=items[at]["content"][0])
         else:
             items[at] = {**reply.item(texts[at], status, logprobs), "id": item["id"]}
             yield event("response.output_text.done", **where, text=texts[at], logprobs=logprobs)
@@ -394,10 +395,14 @@ async def _shaped_events(
                 items.append({**reply.item("", "in_progress"), "id": f"msg_{uuid.uuid4().hex}"})
             texts[open_at] = ""
             yield event("response.output_item.added", output_index=open_at, item=items[open_at])
-            if kind == "message":
-                part = reply.item("", "completed")["content"][0]
-                yield event("response.content_part.added", item_id=items[open_at]["id"], output_index=open_at,
-                            content_index=0, part=part)  # fmt: skip
+            # each item's one content part: the message's text or the reasoning's
+            part = (
+                reply.item("", "completed")["content"][0]
+                if kind == "message"
+                else {"type": "reasoning_text", "text": ""}
+            )
+            yield event("response.content_part.added", item_id=items[open_at]["id"], output_index=open_at,
+                        content_index=0, part=part)  # fmt: skip
         texts[open_at] += delta
         where = {"item_id": items[open_at]["id"], "output_index": open_at, "content_index": 0}
         if not delta:

@@ -262,6 +262,12 @@ def test_reasoning_is_an_item_of_its_own(llm):
     assert (
         item.type == "reasoning" and item.content[0].type == "reasoning_text" and item.status == "incomplete"
     )
+    kinds = [e.type for e in events]
+    assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert events[3].part.type == "reasoning_text" and kinds[-3:-1] == [
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == item.content[0].text == final.output[0].content[0].text
     assert final.status == whole.status == "incomplete"
