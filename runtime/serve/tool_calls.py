@@ -309,11 +309,8 @@ class ToolStream:
         if not self.spoke and not out.strip():
             # Whitespace before anything else waits: a call may follow it, and a whole reply's content
             # is none when only whitespace comes before its call.
-            if self.in_calls:
-                self.sent += len(out)
-                return ""
-            if not finished:
-                return ""
+            if self.in_calls or not finished:
+                return ""  # still unsent: content after all if the call does not parse
         self.spoke = self.spoke or bool(out.strip())
         self.sent += len(out)
         return out

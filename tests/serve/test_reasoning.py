@@ -101,3 +101,38 @@ def test_whitespace_between_the_thinking_and_a_call_is_no_content_whole_or_strea
     # whitespace that no call follows is content after all
     stream = ReplyShape(ToolPlan("auto", parser="hermes")).stream()
     assert stream.feed("\n", False) == {} and stream.feed(" ", True) == {"content": "\n "}
+
+
+REPLY_WORDS = st.sampled_from(
+    ["<think>", "</think>", "<tool_call>", "</tool_call>", '{"name": "now", "arguments": {}}', "<tool", "_call>",
+     "</", "think>", "{", "}", ";", " ", "\n", "hi", "<|python_tag|>"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    thinking=st.sampled_from(["deepseek_r1", "qwen3"]),
+    tools=st.sampled_from(["hermes", "llama3_json", None]),
+    words=st.lists(REPLY_WORDS, max_size=12),
+    data=st.data(),
+)
+def test_a_streamed_reply_reads_as_the_whole_one(thinking, tools, words, data):
+    text = "".join(words)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)] or [""]
+    shape = ReplyShape(ToolPlan("auto", parser=tools) if tools else ToolPlan(), thinking)
+    message, finish = shape.message(text, "stop")
+    stream, got = shape.stream(), {"reasoning": "", "content": "", "calls": []}
+    for i, piece in enumerate(pieces):
+        delta = stream.feed(piece, i == len(pieces) - 1)
+        got["reasoning"] += delta.get("reasoning", "")
+        got["content"] += delta.get("content", "")
+        got["calls"] += [
+            (c["function"]["name"], c["function"]["arguments"]) for c in delta.get("tool_calls", ())
+        ]
+    assert got["reasoning"] == (message.get("reasoning") or "")
+    assert got["content"] == (message["content"] or "")
+    assert got["calls"] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", ())
+    ]
+    assert stream.finish_reason("stop") == finish

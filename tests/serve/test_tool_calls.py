@@ -146,6 +146,7 @@ def test_a_hermes_stream_holds_back_what_may_begin_a_call():
     # a reply that only looked like it might call: all of it is content in the end
     assert _stream(p, ["a <tool", "box> b <tool"]) == ("a <toolbox> b <tool", [])
     assert _stream(p, ["x <tool_call>{bad json", "}"]) == ("x <tool_call>{bad json}", [])
+    assert _stream(p, [" ", "<tool_call>"]) == (" <tool_call>", [])  # whitespace held, then no call
 
 
 def test_a_llama3_stream_decides_at_its_first_character():
