@@ -194,6 +194,15 @@ def hf_step_time(model: str, batch: int, short: int, long: int) -> float:
     return (run(long) - run(short)) / (long - short)
 
 
+def kernels(results: dict, name: str, llm) -> None:
+    """What runs the engine's per-token work (which kernels, PDL, the tensor-core GEMV), as its log says
+    it, into the results: a kernel that fails to build falls back without failing the run."""
+    executor = getattr(llm, "executor", None)
+    runner = getattr(executor, "runner", None)
+    if runner is not None:
+        results.setdefault("kernels", {})[name] = runner.model.ops.describe(runner.config.device)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -348,6 +357,8 @@ def main() -> None:
             f"\n\nCopy bandwidth {bw / 1e12:.2f} TB/s; bf16 matrix rate {peak / 1e12:.0f} TFLOP/s; weights "
             f"{floor_bytes / 1e9:.2f} GB; {results['env']}"
         )
+        for name, said in results.get("kernels", {}).items():
+            table += f"\n\n{name}: {said}."
         for r in results["rows"]:
             if "attention_kv_bandwidth" in r:
                 table += (
@@ -399,6 +410,7 @@ def main() -> None:
             if tp == 1:
                 floor_bytes = floor_bytes or weight_bytes(llm)
             name = f"native ({variant})" if tp == 1 else f"native ({variant}, tp={tp})"
+            kernels(results, name, llm)
             for b in args.batch:
                 for sampling in args.sampling:
                     measure(llm, name, tp, variant, b, sampling)

@@ -38,3 +38,6 @@ def test_the_decode_bench_reports_steps_floors_sampling_cost_and_long_contexts(t
     ]
     table = (tmp_path / "decode.md").read_text()
     assert "floor µs" in table and "host µs" in table and "200-token contexts" in table
+    # which kernels ran is in the report: a GPU kernel that fails to build falls back silently
+    assert report["kernels"] == {"native (torch-ops)": "plain torch ops"}
+    assert "native (torch-ops): plain torch ops." in table
