@@ -306,11 +306,10 @@ class ToolStream:
                     self.in_calls = True
                     return ""
             out = pending
-        if not self.spoke and not out.strip():
-            # Whitespace before anything else waits: a call may follow it, and a whole reply's content
-            # is none when only whitespace comes before its call.
-            if self.in_calls or not finished:
-                return ""  # still unsent: content after all if the call does not parse
+        # Whitespace before anything else waits, unsent: a call may follow it (a whole reply's content is
+        # none when only whitespace comes before its call), and it is content after all if none parses.
+        if not self.spoke and not out.strip() and (self.in_calls or not finished):
+            return ""
         self.spoke = self.spoke or bool(out.strip())
         self.sent += len(out)
         return out
