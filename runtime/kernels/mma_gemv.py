@@ -34,8 +34,8 @@ MAX_WEIGHT = 1 << 24
 # launch and keeps the chain under programmatic dependent launch, which cuBLAS's kernels break. With
 # two chunks a slot and two slots it took 11, 5 and 12 µs off the step at 2, 8 and 16 rows, in both
 # rounds of round 25's `ab-gated`; with round 22's ring (one chunk, four slots) it lost 21 at 8. Off
-# unless FASTPATH_MMA_GATED=1: that ring's products were timed on the H200 but not yet checked there
-# (test_gpu_mma_gemv.py does, on the next device run).
+# unless FASTPATH_MMA_GATED=1: test_gpu_mma_gemv.py checked that ring on an H100 (round 27), and a few
+# µs a step is less than the spread between runs.
 _GATED = os.environ.get("FASTPATH_MMA_GATED") == "1"
 GATED_MAX_WEIGHT = 1 << 26 if _GATED else MAX_WEIGHT
 GATED_UNROLL, GATED_STAGES = (2, 2) if _GATED else (1, 4)
