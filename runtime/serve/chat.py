@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -17,7 +18,7 @@ from .beam import BeamGeneration, beam_params
 from .chat_reply import ReplyShape, ReplyStream
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, client_request_id, request_id
-from .params import check_room, request_keys, sampling_params
+from .params import RequestKeys, check_room, request_keys, sampling_params
 from .protocol import ChatRequest
 from .responses import (
     SSE_DONE,
@@ -71,23 +72,17 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     state: ServerState = request.app.state.fastpath
     lora = state.check_model(body.model)
     state.check_chat_template(body.chat_template)
-    tools = tool_calls.plan(body, state.config.auto_tool_parser)
-    if tools.mode != "none" and body.use_beam_search:
+    run = chat_run(state, body)
+    if run.shape.tools.mode != "none" and body.use_beam_search:
         raise RequestInvalid("use_beam_search: tool calls are not made with beam search", "use_beam_search")
-    params = sampling_params(
-        body, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
-    )
-    params = keep_call_tags(state, tools, params)
+    params, shape = run.params, run.shape
     prompts = chat_prompts(state, body)
 
     client = client_request_id(request.headers.get("x-request-id"))
     rid = request_id("chatcmpl", client)
     request.state.request_id = rid
     request.state.client_request_id = client  # echoed as sent in the X-Request-Id header
-    keys = request_keys(body, tools.schema)
-    # A reply held to a grammar starts with its answer: nothing to split off.
-    thinking = state.config.reasoning_parser if params.guided_decoding is None else None
-    shape = ReplyShape(tools, thinking, body.include_reasoning)
+    keys = run.keys
     if body.use_beam_search:
         top = (body.top_logprobs or 0) if body.logprobs else None
         beam, truncate = beam_params(body, params, top), params.truncate_prompt_tokens
@@ -170,7 +165,31 @@ def _shaped_delta(stream: ReplyStream, c, body: ChatRequest, raw: TokenBytes | N
     return choice if delta or c.finish_reason or wanted else None
 
 
-def keep_call_tags(state: ServerState, tools: ToolPlan, params: SamplingParams) -> SamplingParams:
+@dataclass(frozen=True, slots=True)
+class ChatRun:
+    """What a chat runs with: its sampling, the keys its engine errors blame, how its reply is read."""
+
+    params: SamplingParams
+    keys: RequestKeys
+    shape: ReplyShape
+
+
+def chat_run(state: ServerState, body: ChatRequest) -> ChatRun:
+    """A chat's tools planned (tool_calls.plan), its SamplingParams held to their schema, and its reply's
+    reader; shared by /v1/chat/completions and /v1/responses. RequestInvalid names the chat's field."""
+    tools = tool_calls.plan(body, state.config.auto_tool_parser)
+    params = sampling_params(
+        body, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
+    )
+    params = _keep_call_tags(state, tools, params)
+    # A reply held to a grammar starts with its answer: nothing to split off.
+    thinking = state.config.reasoning_parser if params.guided_decoding is None else None
+    return ChatRun(
+        params, request_keys(body, tools.schema), ReplyShape(tools, thinking, body.include_reasoning)
+    )
+
+
+def _keep_call_tags(state: ServerState, tools: ToolPlan, params: SamplingParams) -> SamplingParams:
     """`params` with special tokens kept in the text where the tokenizer marks hermes' call tags special
     (Hermes 2 Pro's): skipping them would hide the calls from the parser."""
     tokenizer = state.llm.get_tokenizer()

@@ -15,12 +15,10 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from ..engine.token_bytes import token_bytes
-from . import tool_calls
-from .chat import chat_prompts, keep_call_tags
+from .chat import chat_prompts, chat_run
 from .chat_reply import ReplyShape
 from .errors import RequestInvalid, ServeError
 from .generation import Generation, client_request_id, request_id
-from .params import request_keys, sampling_params
 from .protocol import (
     ChatRequest,
     ResponseFunctionCall,
@@ -48,18 +46,6 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     _refuse_stored_state(body)
     logprobs = LOGPROBS in (body.include or ())
     chat = _as_chat(body, logprobs)
-    try:
-        tools = tool_calls.plan(chat, state.config.auto_tool_parser)
-        params = sampling_params(
-            chat, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
-        )
-    except RequestInvalid as exc:
-        raise RequestInvalid(
-            exc.message.replace("response_format", "text.format"), _respelled(exc.param)
-        ) from None
-    params = keep_call_tags(state, tools, params)
-    thinking = state.config.reasoning_parser if params.guided_decoding is None else None
-    shape = ReplyShape(tools, thinking)
     client = client_request_id(request.headers.get("x-request-id"))
     rid = "resp_" + request_id("resp", client).removeprefix("resp-")  # OpenAI's spelling
     request.state.request_id = rid
@@ -67,8 +53,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     # vLLM caps max_output_tokens at the room the prompt leaves (the engine's cap), where chat refuses.
     prompts = chat_prompts(state, chat, refuse_no_room=False)
     try:
-        keys = request_keys(chat, tools.schema)
-        gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys, lora)
+        run = chat_run(state, chat)
+        gen = await Generation.start(state, prompts, 1, run.params, rid, body.stream, run.keys, lora)
     except ServeError as exc:  # named in chat's fields: respelled in this request's
         mine = _respelled(exc.param)
         if mine != exc.param:
@@ -80,9 +66,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if logprobs:
         reply.top, reply.raw = body.top_logprobs or 0, token_bytes(state.llm.get_tokenizer())
     if body.stream:
-        events = _events(gen, reply, request) if shape.plain else _shaped_events(gen, reply, request, shape)
+        events = (
+            _events(gen, reply, request)
+            if run.shape.plain
+            else _shaped_events(gen, reply, request, run.shape)
+        )
         return SSEResponse(events, gen)
-    return await unless_disconnected(request.receive, gen, _respond(gen, reply, request, shape))
+    return await unless_disconnected(request.receive, gen, _respond(gen, reply, request, run.shape))
 
 
 async def stored_response(response_id: str) -> Response:
@@ -302,15 +292,27 @@ async def _respond(gen: Generation, reply: _Reply, request: Request, shape: Repl
     return JSONResponse(reply.response(status, items, usage, incomplete))
 
 
-async def _events(gen: Generation, reply: _Reply, request: Request) -> AsyncIterator[bytes]:
-    seq = 0
+class _Numbered:
+    """A stream's events, numbered in the order sent."""
 
-    def event(kind: str, **fields: Any) -> bytes:
-        nonlocal seq
-        seq += 1
+    def __init__(self) -> None:
+        self.sent = 0
+
+    def __call__(self, kind: str, **fields: Any) -> bytes:
+        self.sent += 1
         # OpenAI's stream names each event's type on an `event:` line as well.
-        return f"event: {kind}\n".encode() + sse({"type": kind, "sequence_number": seq - 1, **fields})
+        return f"event: {kind}\n".encode() + sse({"type": kind, "sequence_number": self.sent - 1, **fields})
 
+    def failed(self, exc: ServeError, reply: _Reply, usage: dict[str, Any]) -> list[bytes]:
+        """OpenAI's error event, then the response, failed."""
+        response = reply.response("failed", [], usage)
+        response["error"] = {"code": "server_error", "message": exc.message}
+        return [self("error", code=str(exc.status), message=exc.message, param=exc.param),
+                self("response.failed", response=response)]  # fmt: skip
+
+
+async def _events(gen: Generation, reply: _Reply, request: Request) -> AsyncIterator[bytes]:
+    event = _Numbered()
     where = {"item_id": reply.item_id, "output_index": 0, "content_index": 0}
     yield event("response.created", response=reply.response("in_progress", []))
     yield event("response.in_progress", response=reply.response("in_progress", []))
@@ -329,11 +331,8 @@ async def _events(gen: Generation, reply: _Reply, request: Request) -> AsyncIter
                     text.append(c.text)
                     yield event("response.output_text.delta", **where, delta=c.text, logprobs=mine)
     except ServeError as exc:
-        # OpenAI's error event, then the response, failed.
-        yield event("error", code=str(exc.status), message=exc.message, param=exc.param)
-        failed = reply.response("failed", [], _usage(gen, tokens, cached))
-        failed["error"] = {"code": "server_error", "message": exc.message}
-        yield event("response.failed", response=failed)
+        for e in event.failed(exc, reply, _usage(gen, tokens, cached)):
+            yield e
         return
     finally:
         request.state.completion_tokens = tokens
@@ -354,12 +353,7 @@ async def _shaped_events(
     """The stream of a reply read as ReplyShape reads it: an output item opens when its first piece
     comes (reasoning, then the message, then each function call) and closes when the next opens or
     the reply ends; a call's arguments go out as they come."""
-    seq = 0
-
-    def event(kind: str, **fields: Any) -> bytes:
-        nonlocal seq
-        seq += 1
-        return f"event: {kind}\n".encode() + sse({"type": kind, "sequence_number": seq - 1, **fields})
+    event = _Numbered()
 
     items: list[dict[str, Any]] = []  # as they will read when done
     texts: dict[int, str] = {}  # an open reasoning or message item's text so far, by output index
@@ -446,10 +440,8 @@ async def _shaped_events(
                         yield event("response.function_call_arguments.delta", item_id=items[at]["id"],
                                     output_index=at, delta=d["function"]["arguments"])  # fmt: skip
     except ServeError as exc:
-        yield event("error", code=str(exc.status), message=exc.message, param=exc.param)
-        failed = reply.response("failed", [], _usage(gen, tokens, cached))
-        failed["error"] = {"code": "server_error", "message": exc.message}
-        yield event("response.failed", response=failed)
+        for e in event.failed(exc, reply, _usage(gen, tokens, cached)):
+            yield e
         return
     finally:
         request.state.completion_tokens = tokens

@@ -474,7 +474,8 @@ class ResponseFunctionCallOutput(Body):
 
 
 class ResponseFunctionTool(Body):
-    """A function tool in the Responses API's flat shape ({"type": "function", "name": ...})."""
+    """A function tool in the Responses API's flat shape ({"type": "function", "name": ...}): chat's
+    FunctionDefinition with the type beside it. Its own class, so a wrong type is the error named first."""
 
     type: Literal["function"] = "function"
     name: str = Field(pattern=r"^\S{1,256}$")

@@ -278,7 +278,7 @@ class ToolStream:
         if not finished:
             return content, []
         start = self.sent
-        rest_content, calls = self.plan.extract(self.text if mode == "required" else self.text[start:])
+        rest_content, calls = self.plan.extract(self.text[start:])  # required sends nothing first: start is 0
         if not calls:  # what was held back is content after all
             self.sent = len(self.text)
             return content + self.text[start:], []

@@ -102,3 +102,11 @@ def subprocess_server(argv: list[str], port: int, log: Path, env: dict | None = 
         if proc.poll() is None:
             proc.kill()
         proc.wait(STOP_S)
+
+
+def cut_anywhere(data, text: str) -> list[str]:
+    """`text` cut at up to six places hypothesis draws from `data` (st.data()): a stream's pieces."""
+    from hypothesis import strategies as st
+
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]

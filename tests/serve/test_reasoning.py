@@ -6,6 +6,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from serve_helpers import cut_anywhere
 
 from fastpath.runtime.serve.chat_reply import ReplyShape
 from fastpath.runtime.serve.reasoning import ReasoningStream, split
@@ -44,8 +45,7 @@ WORDS = st.sampled_from(["<think>", "</think>", "<", "</", "think", ">", "a", " 
 @given(parser=st.sampled_from(["deepseek_r1", "qwen3"]), words=st.lists(WORDS, max_size=12), data=st.data())
 def test_a_stream_cut_anywhere_sends_what_the_whole_reply_gives(parser, words, data):
     text = "".join(words)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    pieces = cut_anywhere(data, text)
     stream, reasoning, answer = ReasoningStream(parser), "", ""
     for i, piece in enumerate(pieces):
         r, a = stream.feed(piece, i == len(pieces) - 1)
@@ -118,8 +118,7 @@ REPLY_WORDS = st.sampled_from(
 )
 def test_a_streamed_reply_reads_as_the_whole_one(thinking, tools, words, data):
     text = "".join(words)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)] or [""]
+    pieces = cut_anywhere(data, text) or [""]
     shape = ReplyShape(ToolPlan("auto", parser=tools) if tools else ToolPlan(), thinking)
     message, finish = shape.message(text, "stop")
     stream, got = shape.stream(), {"reasoning": "", "content": "", "calls": []}

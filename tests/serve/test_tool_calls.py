@@ -7,6 +7,7 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from serve_helpers import cut_anywhere
 
 from fastpath.runtime.serve.errors import RequestInvalid
 from fastpath.runtime.serve.protocol import ChatRequest
@@ -197,8 +198,7 @@ PIECES = st.sampled_from(
 @given(parser=st.sampled_from(["hermes", "llama3_json"]), words=st.lists(PIECES, max_size=10), data=st.data())
 def test_an_auto_stream_cut_anywhere_gives_the_whole_replys_calls(parser, words, data):
     text = "".join(words)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    pieces = cut_anywhere(data, text)
     p = ToolPlan("auto", parser=parser)
     content, deltas = _stream(p, pieces or [""])
     want_content, want_calls = p.extract(text)
