@@ -26,6 +26,8 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   in its epilogue: one launch for cuBLAS's and the SiLU-mul's, and the PDL chain unbroken;
 - "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": the same with round 22's ring (one chunk a
   slot, four slots);
+- "PDL, MLP half in one persistent launch": 1-16 rows' o_proj, MLP norm, gate_up_proj, SiLU-mul and
+  down_proj in one launch (mlp_block.cu, triton_ops.MLP_BLOCK), five launches' ramps and tails gone;
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
   rows' linears on the tensor-core GEMV (mma_gemv.cu), gate_up_proj on cuBLAS and the SiLU-mul.
@@ -73,6 +75,7 @@ class Variant:
     # kernel (the engine's), or on the gated build (FASTPATH_MMA_GATED=1)
     gated_max_weight: int = 1 << 24
     gated_ring: tuple[int, int] = (1, 4)
+    mlp_block: bool = False  # triton_ops.MLP_BLOCK (FASTPATH_MLP_BLOCK=1)
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
@@ -85,7 +88,7 @@ class Variant:
         triton_decode.PDL, triton_decode.EARLY_KV = self.pdl_attention, self.early_kv
         triton_ops.FUSE_QKV_ROPE, triton_ops.GEMV_CONFIG = self.rope_in_gemv, self.gemv_config
         triton_ops.EARLY_ROPE, triton_ops.MMA_SMALL_M = self.early_rope, self.mma_small_m
-        triton_ops.MMA_ROPE = self.mma_rope
+        triton_ops.MMA_ROPE, triton_ops.MLP_BLOCK = self.mma_rope, self.mlp_block
         mma_gemv.GATED_MAX_WEIGHT = self.gated_max_weight
         mma_gemv.GATED_UNROLL, mma_gemv.GATED_STAGES = self.gated_ring
 
@@ -104,6 +107,7 @@ VARIANTS = {
     "PDL, q|k|v RoPE in the tensor-core GEMV": Variant(mma_rope=True),
     "PDL, gate_up gated on the tensor-core GEMV": Variant(gated_max_weight=1 << 26, gated_ring=(2, 2)),
     "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_max_weight=1 << 26),
+    "PDL, MLP half in one persistent launch": Variant(mlp_block=True),
     "PDL": Variant(),
 }
 

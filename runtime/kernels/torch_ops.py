@@ -52,6 +52,13 @@ class TorchOps:
     def gated_linear(self, x, weight):
         return self.silu_mul(self.linear(x, weight))
 
+    def mlp_block(self, attn, residual, o_weight, o_bias, norm_weight, eps, gate_up_weight, down_weight):
+        """(down_proj of silu(gate) * up of norm(o + residual), o + residual), o = o_proj(attn): a decoder
+        layer's half after attention, on one GPU and without adapters."""
+        o = self.linear(attn, o_weight, o_bias)
+        act, summed = self.add_rms_norm_gated_linear(o, residual, norm_weight, eps, gate_up_weight)
+        return self.linear(act, down_weight), summed
+
     def lora_add(self, x, out, a, b, slots, width):
         """`out` plus the LoRA deltas of rows `x` through the slots' A [K, C] and B [C, N] side by side,
         row i on slot `slots[i]` (-1: none), each slot `width` columns (model/lora_table.py); `out` is

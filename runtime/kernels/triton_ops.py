@@ -9,7 +9,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import lora_kernels, mma_gemv
+from . import lora_kernels, mlp_block, mma_gemv
 from . import triton_kernels as K
 from .guided_mask_triton import guided_mask
 from .torch_ops import TorchOps
@@ -35,6 +35,9 @@ MMA_SMALL_M = True
 # not yet run); the GPU tests and bench/ab_step.py's "PDL, q|k|v RoPE in the tensor-core GEMV" variant
 # turn it on to check and time it.
 MMA_ROPE = os.environ.get("FASTPATH_MMA_ROPE") == "1"
+# 1-16 rows' o_proj, MLP norm, gate_up_proj, SiLU-mul and down_proj as one persistent launch
+# (mlp_block.cu). Off unless FASTPATH_MLP_BLOCK=1 until bench/ab_step.py has timed it on a GPU.
+MLP_BLOCK = os.environ.get("FASTPATH_MLP_BLOCK") == "1"
 # LoRA's deltas as the shrink and expand kernels (lora_kernels.py); False keeps round 27's three torch
 # ops, for bench/lora.py to compare.
 LORA_KERNELS = True
@@ -86,9 +89,15 @@ class TritonOps(TorchOps):
         if not MMA_SMALL_M:
             mma, mma_why = False, "triton_ops.MMA_SMALL_M is False"
         rope = "; q|k|v RoPE in its epilogue" if mma and MMA_ROPE else ""
+        block = ""
+        if MLP_BLOCK:
+            ok, block_why = (
+                mlp_block.available(device.index or 0) if device.type == "cuda" else (False, "not CUDA")
+            )
+            block = f"; 1-16 rows' MLP half in one persistent launch {'on' if ok else 'off: ' + block_why}"
         return (
             f"fused Triton kernels; programmatic dependent launch {'on' if on else 'off: ' + why}; "
-            f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}{rope}"
+            f"2-16 rows on the tensor-core GEMV {'on' if mma else 'off: ' + mma_why}{rope}{block}"
         )
 
     def _pdl(self, x: torch.Tensor) -> dict:
@@ -161,6 +170,26 @@ class TritonOps(TorchOps):
             rows = triton_cdiv(lora_kernels.MAX_ROWS, lora_kernels.BLOCK_M)
             counts = self._counts[key] = torch.zeros(rows, device=a.device, dtype=torch.int32)
         return lora_kernels.lora_add(x, out, a, b, slots, width, counts, self._pdl(x))
+
+    def mlp_block(self, attn, residual, o_weight, o_bias, norm_weight, eps, gate_up_weight, down_weight):
+        # One launch for five where it builds (mlp_block.cu); a first layer (no residual yet) never comes here.
+        if (
+            MLP_BLOCK
+            and residual is not None
+            and mlp_block.fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_weight)
+            and mlp_block.available(attn.device.index or 0)[0]
+        ):
+            key = ("mlp_block", down_weight.data_ptr(), attn.device)
+            arrivals = self._counts.get(key)
+            if arrivals is None:
+                arrivals = self._counts[key] = torch.zeros(1, device=attn.device, dtype=torch.int64)
+            return mlp_block.mlp_block(
+                attn, residual, o_weight, norm_weight, eps, gate_up_weight, down_weight, arrivals,
+                pdl=bool(self._pdl(attn)),
+            )  # fmt: skip
+        return super().mlp_block(
+            attn, residual, o_weight, o_bias, norm_weight, eps, gate_up_weight, down_weight
+        )
 
     guided_mask = staticmethod(guided_mask)
 

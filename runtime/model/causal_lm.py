@@ -42,6 +42,15 @@ class Attention(nn.Module):
     def forward(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops, lora=None):
         """Normed hidden states -> attention output projected back to the hidden size. `lora`: the
         forward's LoRAPass (lora_table.py), whose deltas join the projections unfused."""
+        out = self.attend(x, positions, rope, kv, meta, fmha, ops, lora)
+        # Row-parallel: each rank's heads give a partial sum (o_proj's bias is held by rank 0 alone).
+        o = ops.linear(out, self.o_proj.weight, self.o_proj.bias)
+        if lora is not None:
+            o = lora.add(self.layer, "o", out, o)
+        return self.tp.all_reduce(o)
+
+    def attend(self, x, positions, rope, kv, meta: AttentionMetadata, fmha: FmhaManager, ops, lora=None):
+        """Normed hidden states -> the heads' attention outputs [tokens, q_size], before o_proj."""
         cfg = self.cfg
         k_cache, v_cache = kv.k[self.layer], kv.v[self.layer]
         rest = (
@@ -62,12 +71,7 @@ class Attention(nn.Module):
             qkv = lora.add(self.layer, "qkv", x, ops.linear(x, self.qkv_proj.weight, self.qkv_proj.bias))
             q = ops.qkv_rope_cache(qkv, *rest)
         shapes = meta.decode_shapes() if meta.phase == "decode" else meta.prefill_shapes()
-        out = fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale).reshape(-1, cfg.q_size)
-        # Row-parallel: each rank's heads give a partial sum (o_proj's bias is held by rank 0 alone).
-        o = ops.linear(out, self.o_proj.weight, self.o_proj.bias)
-        if lora is not None:
-            o = lora.add(self.layer, "o", out, o)
-        return self.tp.all_reduce(o)
+        return fmha.forward(shapes, q, k_cache, v_cache, meta, self.scale).reshape(-1, cfg.q_size)
 
 
 class MLP(nn.Module):
@@ -103,6 +107,14 @@ class DecoderLayer(nn.Module):
         """(layer input, residual so far) -> (MLP output, residual); the add is fused into the next norm."""
         eps, attn = self.input_layernorm.eps, self.self_attn
         normed, residual = ops.add_rms_norm(x, residual, self.input_layernorm.weight, eps)
+        # One GPU and no adapters: no all-reduce after o_proj, so the half after attention is one op.
+        if lora is None and attn.tp.world == 1:
+            out = attn.attend(normed, positions, rope, kv, meta, fmha, ops)
+            mlp = self.mlp
+            return ops.mlp_block(
+                out, residual, attn.o_proj.weight, attn.o_proj.bias, self.post_attention_layernorm.weight, eps,
+                mlp.gate_up_proj.weight, mlp.down_proj.weight,
+            )  # fmt: skip
         h = attn(normed, positions, rope, kv, meta, fmha, ops, lora)
         if lora is None:
             act, residual = ops.add_rms_norm_gated_linear(

@@ -1,0 +1,404 @@
+// A decoder layer's second half for 1-8 (ROW_TILES 2: 16) decode rows in one persistent launch:
+//
+//   o        = attn @ wo^T                      phase 0: wo [H, Q]
+//   summed   = o + residual                     (written to residual_out: the layer's new residual)
+//   act      = silu(gate) * up of rms_norm(summed) @ wgu^T    phase 1: wgu [2I, H], gate rows then up
+//   out      = act @ wd^T                       phase 2: wd [H, I]
+//
+// Compiled at run time by NVRTC (mlp_block.py). Why one launch: at these rows each linear is one pass
+// over its weight, and the five launches it replaces (o_proj, the norm, gate_up, the SiLU-mul,
+// down_proj) each pay a ramp while their first bytes arrive and a tail while their last blocks finish
+// (docs/performance.md, rounds 21, 25 and 29: neither an L2 prefetch nor a norm in a prologue removed
+// it). Here one block an SM streams every weight of the three phases through one ring that never
+// drains: the requests for the next phase's weights go out while this phase's last products run, since
+// weights depend on nothing the phase computes. Only the activations wait, on a grid barrier between
+// phases (all blocks are resident: one block an SM, grid = SM count).
+//
+// Each warp streams 16 rows of a weight (the gated phase: 16 of the gate and the 16 matching of the up)
+// over its share of K, lane (g, c) copying (cp.async) exactly the 16-byte pieces that make its own
+// mma.sync A fragments into a private slot of the ring, as mma_gemv.cu does; the decode rows are the B
+// fragments, held in registers as far ahead as the weights. A slot is 8 pieces a lane: 4 chunks of 32
+// columns by 2 rows, or in the gated phase 2 chunks by 4 rows. The warps' partial sums of a tile meet in
+// shared memory and warp 0 adds them in warp order, so no result depends on timing or on the rows beside
+// it (deterministic).
+//
+// The norm: phase 0's tiles write each row's sum of squares over their 16 columns; after the barrier every
+// block adds the tiles' sums in tile order. Phase 1's B fragments are summed * norm weight (rounded to
+// bf16), and 1/rms scales the products in the epilogue: the same value as the norm applied first, rounded
+// in another place.
+//
+// Needs (mlp_block.fits): Q, H and I multiples of 1024 (every warp's share of K whole groups), contiguous
+// rows, no o_proj bias.
+
+#ifndef ROW_TILES
+#define ROW_TILES 1  // 8-row tiles of the decode rows: 1 for M <= 8, 2 for M <= 16
+#endif
+#ifndef WARPS
+#define WARPS 8
+#endif
+#ifndef STAGES
+#define STAGES 4  // slots of a warp's ring
+#endif
+#define PIECES 8  // 16-byte pieces a lane copies into a slot
+#define SLOT_BYTES (PIECES * 32 * 16)
+#define PHASES 3
+#if WARPS < 8
+#error "the 1/rms sums take 256 threads"
+#endif
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ uint4 load_rows(const u16* p) {  // written in this launch or the one before: L2
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u16 load_half(const u16* p) {  // the residual: from the kernels before, through L2
+    u16 v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint4 load_constant(const u16* p) {  // the norm weight: never written
+    uint4 v;
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void copy_weight(u32 dst, const u16* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ uint4 load_shared(u32 src) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(src));
+    return v;
+}
+
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void mma(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// Two bf16 products of a word of x and a word of the norm weight, each rounded to bf16, packed.
+__device__ __forceinline__ u32 scale_pair(u32 x, u32 w) {
+    const float lo = __uint_as_float(x << 16) * __uint_as_float(w << 16);
+    const float hi = __uint_as_float(x & 0xffff0000u) * __uint_as_float(w & 0xffff0000u);
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+struct Dims {
+    int M, Q, H, I;
+};
+
+__device__ __forceinline__ int tiles_of(const Dims& d, int p) { return (p == 1 ? d.I : d.H) / 16; }
+__device__ __forceinline__ int k_of(const Dims& d, int p) { return p == 0 ? d.Q : p == 1 ? d.H : d.I; }
+// Chunks of 32 columns a warp streams of each tile, and groups (slots) they make: 4 chunks a slot, 2 gated.
+__device__ __forceinline__ int groups_of(const Dims& d, int p) { return k_of(d, p) / 32 / WARPS / (p == 1 ? 2 : 4); }
+
+// Where a block is in its stream: phase p (PHASES: done), the tile, the group of this warp's share of it.
+// The same in every warp of the block.
+struct Cursor {
+    int p, tile, group;
+};
+
+__device__ __forceinline__ void skip_empty(Cursor& c, const Dims& d) {
+    while (c.p < PHASES && c.tile >= tiles_of(d, c.p)) {
+        ++c.p;
+        c.tile = blockIdx.x;
+    }
+}
+
+__device__ __forceinline__ Cursor first(const Dims& d) {
+    Cursor c{0, (int)blockIdx.x, 0};
+    skip_empty(c, d);
+    return c;
+}
+
+__device__ __forceinline__ void advance(Cursor& c, const Dims& d) {
+    if (++c.group < groups_of(d, c.p)) return;
+    c.group = 0;
+    c.tile += gridDim.x;
+    skip_empty(c, d);
+}
+
+// First column of the group's first chunk that lane (g, c) reads.
+__device__ __forceinline__ int column(const Cursor& cur, const Dims& d, int warp, int c) {
+    const int per = k_of(d, cur.p) / 32 / WARPS;  // chunks a warp
+    return (warp * per + cur.group * (cur.p == 1 ? 2 : 4)) * 32 + 8 * c;
+}
+
+// The group's weight pieces into the lane's slot: one commit group a call, empty past the end, so the
+// count cp.async.wait_group keeps is the same in every lane and every step.
+__device__ __forceinline__ void request(u32 slot, const Cursor& cur, const Dims& d, const u16* wo, const u16* wgu,
+                                        const u16* wd, int warp, int g, int c) {
+    if (cur.p < PHASES) {
+        const int k = column(cur, d, warp, c);
+        const int n = cur.tile * 16 + g;
+        if (cur.p == 1) {
+            const u16* base = wgu + (long long)n * d.H + k;
+#pragma unroll
+            for (int u = 0; u < 2; ++u)
+#pragma unroll
+                for (int r = 0; r < 4; ++r)  // gate g, gate g + 8, up g, up g + 8
+                    copy_weight(slot + (u * 4 + r) * 512, base + ((r & 1) * 8 + (r >> 1) * d.I) * (long long)d.H + u * 32);
+        } else {
+            const int K = k_of(d, cur.p);
+            const u16* base = (cur.p == 0 ? wo : wd) + (long long)n * K + k;
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int r = 0; r < 2; ++r) copy_weight(slot + (u * 2 + r) * 512, base + r * 8 * (long long)K + u * 32);
+        }
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
+// The group's B fragments: decode rows 8t + g of attn (phase 0), of summed times the norm weight (1), of
+// act (2); zeros past M.
+__device__ __forceinline__ void load_x(uint4 (&dst)[4][ROW_TILES], const Cursor& cur, const Dims& d,
+                                       const u16* attn, const u16* summed, const u16* norm_w, const u16* act, int warp,
+                                       int g, int c) {
+    const int k = column(cur, d, warp, c);
+#pragma unroll
+    for (int t = 0; t < ROW_TILES; ++t) {
+        const int m = 8 * t + g;
+        const bool live = m < d.M;
+        if (cur.p == 1) {
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                if (!live) {
+                    dst[u][t] = make_uint4(0, 0, 0, 0);
+                    continue;
+                }
+                const uint4 x = load_rows(summed + (long long)m * d.H + k + u * 32);
+                const uint4 w = load_constant(norm_w + k + u * 32);
+                dst[u][t] = make_uint4(scale_pair(x.x, w.x), scale_pair(x.y, w.y), scale_pair(x.z, w.z), scale_pair(x.w, w.w));
+            }
+        } else {
+            const int K = k_of(d, cur.p);
+            const u16* row = (cur.p == 0 ? attn : act) + (long long)m * K + k;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) dst[u][t] = live ? load_rows(row + u * 32) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// The group's products: the slot's weight pieces against its B fragments, into acc[set][row tile].
+__device__ __forceinline__ void multiply(float (&acc)[2][ROW_TILES][4], u32 slot, const uint4 (&x)[4][ROW_TILES], int p) {
+    uint4 w[PIECES];
+#pragma unroll
+    for (int i = 0; i < PIECES; ++i) w[i] = load_shared(slot + i * 512);
+    if (p == 1) {
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+                for (int s = 0; s < 2; ++s) {
+                    const uint4 lo = w[u * 4 + 2 * s], hi = w[u * 4 + 2 * s + 1], b = x[u][t];
+                    mma(acc[s][t], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+                    mma(acc[s][t], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+                }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int t = 0; t < ROW_TILES; ++t) {
+                const uint4 lo = w[u * 2], hi = w[u * 2 + 1], b = x[u][t];
+                mma(acc[0][t], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+                mma(acc[0][t], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+            }
+    }
+}
+
+// Every block of the grid has arrived. `arrivals` only grows (64 bits: it never wraps), each launch adding
+// two barriers' worth of the grid, so one counter serves every launch and graph replay.
+__device__ __forceinline__ void grid_barrier(u64* arrivals) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const u64 old = atomicAdd(arrivals, 1ull);
+        const u64 target = (old / gridDim.x + 1) * gridDim.x;
+        u64 now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(arrivals) : "memory");
+        } while (now < target);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+#define VALUES (2 * ROW_TILES * 4)
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
+mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* __restrict__ residual,
+          const u16* __restrict__ norm_w, const u16* __restrict__ wgu, const u16* __restrict__ wd,
+          u16* __restrict__ summed, u16* __restrict__ act, u16* __restrict__ out, float* __restrict__ squares,
+          u64* __restrict__ arrivals, int M, int Q, int H, int I, float eps) {
+    extern __shared__ uint4 ring[];  // [WARPS][STAGES][PIECES][32 lanes]
+    __shared__ float partial[2][WARPS][VALUES][32];  // a tile's sums by warp, two tiles in turn
+    __shared__ float inv_rms[16];
+    const Dims d{M, Q, H, I};
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    const u32 mine = shared_address(ring) + warp * (STAGES * SLOT_BYTES) + lane * 16;
+
+    Cursor ahead = first(d);  // the next group to request
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+        request(mine + s * SLOT_BYTES, ahead, d, wo, wgu, wd, warp, g, c);
+        advance(ahead, d);
+    }
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // attn and residual come from the kernels before
+#endif
+    Cursor at = first(d);  // the next group to multiply
+    int ready = 0;         // the phase whose B fragments can be loaded: barriers passed
+    uint4 xv[STAGES][4][ROW_TILES];
+    {
+        Cursor t = at;
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            if (t.p == 0) load_x(xv[s], t, d, attn, summed, norm_w, act, warp, g, c);
+            advance(t, d);
+        }
+    }
+    float acc[2][ROW_TILES][4] = {};
+    int parity = 0;
+    bool done = false;
+    while (!done) {
+#pragma unroll
+        for (int j = 0; j < STAGES; ++j) {
+            if (at.p == PHASES) {
+                done = true;
+                break;
+            }
+            if (at.p != ready) {  // the block's first tile of a later phase: its inputs after the barrier(s)
+                while (ready < at.p) {
+                    grid_barrier(arrivals);
+                    ++ready;
+                }
+                if (ready == 1) {  // 1 / rms of each row: phase 0's tile sums, added in tile order
+                    const int i = threadIdx.x, m = i & 15, part = i >> 4, tiles = H / 16, per = (tiles + 15) / 16;
+                    float* sums = reinterpret_cast<float*>(partial);  // free: no tile is open
+                    if (i < 256) {
+                        float a = 0.0f;
+                        for (int t = part * per; t < min(tiles, part * per + per); ++t) a += __ldcg(squares + t * 16 + m);
+                        sums[part * 16 + m] = a;
+                    }
+                    __syncthreads();
+                    if (i < 16) {
+                        float a = 0.0f;
+                        for (int q = 0; q < 16; ++q) a += sums[q * 16 + i];
+                        inv_rms[i] = rsqrtf(a / H + eps);
+                    }
+                    __syncthreads();
+                }
+#if __CUDA_ARCH__ >= 900
+                if (ready == 2) asm volatile("griddepcontrol.launch_dependents;");
+#endif
+                Cursor t = at;
+#pragma unroll
+                for (int s = 0; s < STAGES; ++s) {
+                    if (t.p == ready) load_x(xv[(j + s) % STAGES], t, d, attn, summed, norm_w, act, warp, g, c);
+                    advance(t, d);
+                }
+            }
+            const u32 slot = mine + j * SLOT_BYTES;
+            asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
+            multiply(acc, slot, xv[j], at.p);
+            // The slot is read (its values are in the products): refill it STAGES groups ahead.
+            request(slot, ahead, d, wo, wgu, wd, warp, g, c);
+            if (ahead.p == ready) load_x(xv[j], ahead, d, attn, summed, norm_w, act, warp, g, c);
+            advance(ahead, d);
+            if (at.group == groups_of(d, at.p) - 1) {  // the tile's last group: its epilogue
+                const int p = at.p, n0 = at.tile * 16;
+#pragma unroll
+                for (int s = 0; s < 2; ++s)
+#pragma unroll
+                    for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            partial[parity][warp][(s * ROW_TILES + t) * 4 + e][lane] = acc[s][t][e];
+                            acc[s][t][e] = 0.0f;
+                        }
+                __syncthreads();
+                if (warp == 0) {
+                    float squared[ROW_TILES][2] = {};
+#pragma unroll
+                    for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            // C fragment: element e of lane (g, c) is output row g (+8 for e >= 2), decode
+                            // row 2c (+1 if e is odd).
+                            const int n = n0 + g + 8 * (e >> 1), m = 8 * t + 2 * c + (e & 1);
+                            float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+                            for (int s = 0; s < 2; ++s)
+                                for (int v = 0; v < WARPS; ++v) sum[s] += partial[parity][v][(s * ROW_TILES + t) * 4 + e][lane];
+                            if (m >= M) continue;
+                            if (p == 0) {  // rounded as o_proj and the add before the norm round it
+                                const float h = round_bf16(round_bf16(sum[0]) + bf16_to_f32(load_half(residual + (long long)m * H + n)));
+                                summed[(long long)m * H + n] = f32_to_bf16(h);
+                                squared[t][e & 1] += h * h;
+                            } else if (p == 1) {  // rounded as the gated epilogues round it
+                                const float r = inv_rms[m];
+                                const float gate = round_bf16(sum[0] * r);
+                                const float silu = round_bf16(gate / (1.0f + __expf(-gate)));
+                                act[(long long)m * I + n] = f32_to_bf16(silu * round_bf16(sum[1] * r));
+                            } else {
+                                out[(long long)m * H + n] = f32_to_bf16(sum[0]);
+                            }
+                        }
+                    if (p == 0) {  // the tile's squares by decode row, over its 16 columns: lanes g = 0..7 added
+#pragma unroll
+                        for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+                            for (int q = 0; q < 2; ++q) {
+                                float v = squared[t][q];
+                                v += __shfl_xor_sync(0xffffffffu, v, 4);
+                                v += __shfl_xor_sync(0xffffffffu, v, 8);
+                                v += __shfl_xor_sync(0xffffffffu, v, 16);
+                                if (g == 0) squares[at.tile * 16 + 8 * t + 2 * c + q] = v;
+                            }
+                    }
+                }
+                parity ^= 1;
+            }
+            advance(at, d);
+        }
+    }
+    // A block with no tile in the last phases still takes their barriers.
+    while (ready < PHASES - 1) {
+        grid_barrier(arrivals);
+        ++ready;
+#if __CUDA_ARCH__ >= 900
+        if (ready == 2) asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    }
+    asm volatile("cp.async.wait_all;");
+}

@@ -1,0 +1,135 @@
+"""A decoder layer's o_proj, residual add, MLP norm, gate_up_proj, SiLU-mul and down_proj for 1-16 decode
+rows in one persistent launch: mlp_block.cu, compiled by NVRTC.
+
+One block an SM streams the three weights through one ring of shared memory that never drains, so the
+launches' ramps and tails between the five kernels it replaces go; grid barriers order the activations
+between its phases (mlp_block.cu). The barrier needs every block resident at once, which one block an SM
+and a grid of the SM count give, on a GPU this process has to itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import nvrtc
+
+SOURCE = Path(__file__).with_name("mlp_block.cu")
+MAX_ROWS = 16
+_MULTIPLE = 1024  # Q, H and I: every warp's share of K is whole groups of four (gated: two) 32-wide chunks
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One build of mlp_block.cu: its macros."""
+
+    row_tiles: int  # 8-row tiles of the decode rows
+    warps: int = 8
+    stages: int = 4  # slots of each warp's ring
+
+    def options(self) -> list[str]:
+        return [f"-DROW_TILES={self.row_tiles}", f"-DWARPS={self.warps}", f"-DSTAGES={self.stages}"]
+
+    @property
+    def ring_bytes(self) -> int:
+        """Dynamic shared memory: 8 pieces of 16 bytes a lane a slot."""
+        return self.warps * self.stages * 8 * 32 * 16
+
+
+def variant_for(m: int) -> Variant:
+    return Variant(row_tiles=1 if m <= 8 else 2)
+
+
+def fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_weight) -> bool:
+    """Whether this layer's second half runs here: CUDA, bf16, 1-16 rows, no o_proj bias, every tensor
+    contiguous and 16-byte aligned, and Q, H and I multiples of 1024 (the 1.24B and 8B Llamas)."""
+    tensors = (attn, residual, o_weight, norm_weight, gate_up_weight, down_weight)
+    if o_bias is not None or attn.dim() != 2 or residual.dim() != 2:
+        return False
+    m, q = attn.shape
+    h = o_weight.shape[0]
+    i = down_weight.shape[1]
+    return (
+        attn.is_cuda
+        and 1 <= m <= MAX_ROWS
+        and all(t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+        and q % _MULTIPLE == 0
+        and h % _MULTIPLE == 0
+        and i % _MULTIPLE == 0
+        and residual.shape == (m, h)
+        and o_weight.shape == (h, q)
+        and norm_weight.shape == (h,)
+        and gate_up_weight.shape == (2 * i, h)
+        and down_weight.shape == (h, i)
+    )
+
+
+def mlp_block(
+    attn,
+    residual,
+    o_weight,
+    norm_weight,
+    eps: float,
+    gate_up_weight,
+    down_weight,
+    arrivals,
+    *,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(down_proj(silu(gate) * up of rms_norm(o + residual)), o + residual) with o = attn @ o_weight^T, for
+    `fits` inputs. `arrivals`: a zeroed int64 on the device that only this call site uses (the grid
+    barrier's count, which every launch leaves at a multiple of the grid)."""
+    m, q = attn.shape
+    h, i = down_weight.shape
+    device = attn.device
+    summed = torch.empty(m, h, device=device, dtype=attn.dtype)
+    act = torch.empty(m, i, device=device, dtype=attn.dtype)
+    out = torch.empty(m, h, device=device, dtype=attn.dtype)
+    squares = torch.empty(h // 16, 16, device=device, dtype=torch.float32)
+    variant = variant_for(m)
+    index = device.index or 0
+    args = (
+        attn, o_weight, residual, norm_weight, gate_up_weight, down_weight, summed, act, out, squares, arrivals,
+        m, q, h, i, ctypes.c_float(eps),
+    )  # fmt: skip
+    grid = (sms(index), 1, 1)
+    stream = torch.cuda.current_stream(device)
+    nvrtc.launch(
+        _function(index, variant), grid, (variant.warps * 32, 1, 1), variant.ring_bytes, args, stream, pdl
+    )
+    return out, summed
+
+
+@functools.cache
+def sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.cache
+def available(device_index: int) -> tuple[bool, str]:
+    """Whether the kernel builds and loads on this device, and why not (for the engine's info)."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA"
+    if torch.cuda.get_device_capability(device_index) < (8, 0):
+        return False, "needs compute capability 8.0 or newer (bf16 mma.sync)"
+    try:
+        _function(device_index, variant_for(8))
+    except (OSError, RuntimeError, AttributeError) as e:  # no NVRTC, a failed build, an old driver
+        return False, f"NVRTC: {e}"
+    return True, "on"
+
+
+@functools.cache
+def _function(device_index: int, variant: Variant) -> ctypes.c_void_p:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin = nvrtc.compile_source(_source(), SOURCE.name, f"sm_{major}{minor}", tuple(variant.options()))
+    return nvrtc.load_function(device_index, cubin, "mlp_block", dynamic_shared=variant.ring_bytes)
+
+
+@functools.cache
+def _source() -> str:
+    return SOURCE.read_text()

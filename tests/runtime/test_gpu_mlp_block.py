@@ -1,0 +1,142 @@
+"""The half of a decoder layer after attention in one persistent launch (mlp_block.cu) on a CUDA device:
+against the five ops it replaces, bit for bit across launches, PDL, graph replay and the rows beside a
+row, and in the engine."""
+
+import pytest
+import torch
+
+from fastpath.runtime import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+# (Q, H, I): the 1.24B Llama's, and a smaller one with another ratio.
+SHAPES = [(2048, 2048, 8192), (1024, 2048, 3072)]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, bound: float = 1e-2) -> bool:
+    return float((got.float() - want.float()).norm() / want.float().norm()) < bound
+
+
+@pytest.fixture(autouse=True)
+def _needs_the_kernel():
+    from fastpath.runtime.kernels import mlp_block
+
+    if torch.cuda.get_device_capability(0) < (8, 0):
+        pytest.skip("the kernel needs compute capability 8.0 or newer")
+    on, why = mlp_block.available(0)
+    if not on:
+        pytest.fail(f"mlp_block.cu did not build on this GPU: {why}")
+
+
+def _layer(q: int, h: int, i: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g) * scale
+
+    weights = (
+        rand(h, q, scale=q**-0.5),
+        1 + 0.1 * rand(h),
+        rand(2 * i, h, scale=h**-0.5),
+        rand(h, i, scale=i**-0.5),
+    )
+    return g, rand, weights
+
+
+def _run(attn, residual, weights, pdl=False):
+    from fastpath.runtime.kernels import mlp_block
+
+    wo, norm, wgu, wd = weights
+    arrivals = torch.zeros(1, device="cuda", dtype=torch.int64)
+    assert mlp_block.fits(attn, residual, wo, None, norm, wgu, wd)
+    return mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, arrivals, pdl=pdl)
+
+
+@pytest.mark.parametrize("q,h,i", SHAPES)
+def test_close_to_the_five_ops_and_the_same_bits_every_launch(q, h, i):
+    from fastpath.runtime.kernels.torch_ops import TorchOps
+
+    _, rand, weights = _layer(q, h, i, q + h + i)
+    wo, norm, wgu, wd = weights
+    for m in (1, 2, 8, 9, 16):
+        attn, residual = rand(m, q), rand(m, h)
+        runs = [_run(attn, residual, weights, pdl) for pdl in (False, True, False)]
+        out, summed = runs[0]
+        want_out, want_summed = TorchOps().mlp_block(attn, residual, wo, None, norm, 1e-5, wgu, wd)
+        assert out.shape == (m, h) and summed.shape == (m, h)
+        assert _close(summed, want_summed), m
+        assert _close(out, want_out, 2e-2), m
+        assert all(torch.equal(out, o) and torch.equal(summed, s) for o, s in runs[1:]), m
+
+
+def test_a_row_gets_the_same_bits_whatever_rows_sit_beside_it():
+    """Every output is one fixed sum, and each row's norm its own: batch composition changes no bit."""
+    _, rand, weights = _layer(*SHAPES[0], 7)
+    attn, residual = rand(16, SHAPES[0][0]), rand(16, SHAPES[0][1])
+    full, full_summed = _run(attn, residual, weights)
+    for lo, hi in ((0, 1), (0, 2), (0, 8), (3, 12), (7, 9), (15, 16)):
+        out, summed = _run(attn[lo:hi].contiguous(), residual[lo:hi].contiguous(), weights)
+        assert torch.equal(out, full[lo:hi]) and torch.equal(summed, full_summed[lo:hi]), (lo, hi)
+
+
+def test_graph_replay_gives_the_eager_bits_under_pdl_with_launches_around_it():
+    """Two layers' halves and the ops between them captured once and replayed with new inputs: each
+    launch reads what the one before it wrote, and the grid barrier's count stays in step."""
+    from fastpath.runtime.kernels import mlp_block
+    from fastpath.runtime.kernels.triton_ops import TritonOps
+
+    q, h, i = SHAPES[0]
+    _, rand, weights = _layer(q, h, i, 11)
+    wo, norm, wgu, wd = weights
+    ops = TritonOps()
+    attn, residual = rand(8, q), rand(8, h)
+    counters = [torch.zeros(1, device="cuda", dtype=torch.int64) for _ in range(2)]
+
+    def two_layers():
+        out, summed = residual, residual
+        for counter in counters:
+            x, summed = ops.add_rms_norm(out, summed, norm, 1e-5)
+            out, summed = mlp_block.mlp_block(
+                attn * x[:, :1], summed, wo, norm, 1e-5, wgu, wd, counter, pdl=True
+            )
+        return out, summed
+
+    eager = two_layers()
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        captured = two_layers()
+    torch.cuda.current_stream().wait_stream(stream)
+    for k in range(3):
+        if k:
+            attn.copy_(rand(8, q))
+            residual.copy_(rand(8, h))
+            eager = two_layers()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(captured, eager, strict=True)), k
+    assert all(int(c) % mlp_block.sms(0) == 0 for c in counters)
+
+
+def test_the_engine_takes_it_when_switched_on(monkeypatch):
+    """With triton_ops.MLP_BLOCK on: the engine says so; a prompt's logits stay close to the five ops';
+    and graph-replayed decode gives the eager engine's tokens."""
+    from fastpath.runtime.kernels import triton_ops
+
+    kw = dict(device="cuda", dtype="bfloat16", max_seq_len=128, max_batch_size=8)
+    prompt = list(range(5, 17))  # 12 tokens: a prefill of 12 rows, which the kernel takes too
+    with LLM("random:llama-1b", **kw) as off:
+        want = off.prompt_logits(prompt)
+    monkeypatch.setattr(triton_ops, "MLP_BLOCK", True)
+    prompts = [list(range(3, 3 + n)) for n in (1, 17, 5, 9, 33, 2)]
+    params = [SamplingParams(max_tokens=16, ignore_eos=True, temperature=t, seed=2) for t in (0, 0.9) * 3]
+    outs = []
+    for graphs in (False, True):
+        with LLM("random:llama-1b", cuda_graphs=graphs, graph_batch_sizes=list(range(1, 9)), **kw) as llm:
+            assert "MLP half in one persistent launch on" in llm.executor.runner.model.ops.describe(
+                torch.device("cuda", 0)
+            )
+            if not graphs:
+                assert _close(llm.prompt_logits(prompt), want, 2e-2)
+            outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+    assert outs[0] == outs[1]
