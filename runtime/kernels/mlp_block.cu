@@ -56,12 +56,6 @@ __device__ __forceinline__ uint4 load_rows(const u16* p) {  // written in this l
     return v;
 }
 
-__device__ __forceinline__ u16 load_half(const u16* p) {  // the residual: from the kernels before, through L2
-    u16 v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ uint4 load_constant(const u16* p) {  // the norm weight: never written
     uint4 v;
     asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -254,11 +248,29 @@ __device__ __forceinline__ void grid_barrier(u64* arrivals) {
 
 #define VALUES (2 * ROW_TILES * 4)
 
+#ifndef STAMPS
+#define STAMPS 0  // bench/mlp_block.py: each block's clock at 7 points (start, waited, barriers in and out, end)
+#endif
+#if STAMPS
+#define STAMP(i)                                                                   \
+    if (threadIdx.x == 0) {                                                        \
+        u64 t;                                                                     \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));                      \
+        stamps[blockIdx.x * 7 + (i)] = t;                                          \
+    }
+#else
+#define STAMP(i)
+#endif
+
 extern "C" __global__ void __launch_bounds__(WARPS * 32, 1)
 mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* __restrict__ residual,
           const u16* __restrict__ norm_w, const u16* __restrict__ wgu, const u16* __restrict__ wd,
           u16* __restrict__ summed, u16* __restrict__ act, u16* __restrict__ out, float* __restrict__ squares,
-          u64* __restrict__ arrivals, int M, int Q, int H, int I, float eps) {
+          u64* __restrict__ arrivals, int M, int Q, int H, int I, float eps
+#if STAMPS
+          , u64* __restrict__ stamps
+#endif
+) {
     extern __shared__ uint4 ring[];  // [WARPS][STAGES][PIECES][32 lanes]
     __shared__ float partial[2][WARPS][VALUES][32];  // a tile's sums by warp, two tiles in turn
     __shared__ float inv_rms[16];
@@ -267,6 +279,7 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
     const int g = lane >> 2, c = lane & 3;
     const u32 mine = shared_address(ring) + warp * (STAGES * SLOT_BYTES) + lane * 16;
 
+    STAMP(0);
     Cursor ahead = first(d);  // the next group to request
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -276,6 +289,7 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");  // attn and residual come from the kernels before
 #endif
+    STAMP(1);
     Cursor at = first(d);  // the next group to multiply
     int ready = 0;         // the phase whose B fragments can be loaded: barriers passed
     uint4 xv[STAGES][4][ROW_TILES];
@@ -299,8 +313,10 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
             }
             if (at.p != ready) {  // the block's first tile of a later phase: its inputs after the barrier(s)
                 while (ready < at.p) {
+                    STAMP(2 + 2 * ready);
                     grid_barrier(arrivals);
                     ++ready;
+                    STAMP(1 + 2 * ready);
                 }
                 if (ready == 1) {  // 1 / rms of each row: phase 0's tile sums, added in tile order
                     const int i = threadIdx.x, m = i & 15, part = i >> 4, tiles = H / 16, per = (tiles + 15) / 16;
@@ -348,6 +364,16 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
                         }
                 __syncthreads();
                 if (warp == 0) {
+                    // The residual's values first, all loads in flight at once: one trip to L2, not one
+                    // an element.
+                    u16 res[ROW_TILES][4];
+#pragma unroll
+                    for (int t = 0; t < ROW_TILES; ++t)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int n = n0 + g + 8 * (e >> 1), m = 8 * t + 2 * c + (e & 1);
+                            res[t][e] = p == 0 && m < M ? __ldcg(residual + (long long)m * H + n) : (u16)0;
+                        }
                     float squared[ROW_TILES][2] = {};
 #pragma unroll
                     for (int t = 0; t < ROW_TILES; ++t)
@@ -362,7 +388,7 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
                                 for (int v = 0; v < WARPS; ++v) sum[s] += partial[parity][v][(s * ROW_TILES + t) * 4 + e][lane];
                             if (m >= M) continue;
                             if (p == 0) {  // rounded as o_proj and the add before the norm round it
-                                const float h = round_bf16(round_bf16(sum[0]) + bf16_to_f32(load_half(residual + (long long)m * H + n)));
+                                const float h = round_bf16(round_bf16(sum[0]) + bf16_to_f32(res[t][e]));
                                 summed[(long long)m * H + n] = f32_to_bf16(h);
                                 squared[t][e & 1] += h * h;
                             } else if (p == 1) {  // rounded as the gated epilogues round it
@@ -394,11 +420,14 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
     }
     // A block with no tile in the last phases still takes their barriers.
     while (ready < PHASES - 1) {
+        STAMP(2 + 2 * ready);
         grid_barrier(arrivals);
         ++ready;
+        STAMP(1 + 2 * ready);
 #if __CUDA_ARCH__ >= 900
         if (ready == 2) asm volatile("griddepcontrol.launch_dependents;");
 #endif
     }
     asm volatile("cp.async.wait_all;");
+    STAMP(6);
 }

@@ -30,9 +30,11 @@ class Variant:
     row_tiles: int  # 8-row tiles of the decode rows
     warps: int = 8
     stages: int = 4  # slots of each warp's ring
+    stamps: bool = False  # each block's clock at 7 points into an extra argument (bench/mlp_block.py)
 
     def options(self) -> list[str]:
-        return [f"-DROW_TILES={self.row_tiles}", f"-DWARPS={self.warps}", f"-DSTAGES={self.stages}"]
+        stamps = ["-DSTAMPS=1"] if self.stamps else []
+        return [f"-DROW_TILES={self.row_tiles}", f"-DWARPS={self.warps}", f"-DSTAGES={self.stages}", *stamps]
 
     @property
     def ring_bytes(self) -> int:
@@ -40,8 +42,8 @@ class Variant:
         return self.warps * self.stages * 8 * 32 * 16
 
 
-def variant_for(m: int) -> Variant:
-    return Variant(row_tiles=1 if m <= 8 else 2)
+def variant_for(m: int, stages: int = 4, stamps: bool = False) -> Variant:
+    return Variant(row_tiles=1 if m <= 8 else 2, stages=stages, stamps=stamps)
 
 
 def fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_weight) -> bool:
@@ -79,10 +81,13 @@ def mlp_block(
     arrivals,
     *,
     pdl: bool = False,
+    stages: int = 4,
+    stamps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(down_proj(silu(gate) * up of rms_norm(o + residual)), o + residual) with o = attn @ o_weight^T, for
     `fits` inputs. `arrivals`: a zeroed int64 on the device that only this call site uses (the grid
-    barrier's count, which every launch leaves at a multiple of the grid)."""
+    barrier's count, which every launch leaves at a multiple of the grid). `stamps`: an int64 [grid, 7]
+    for the stamped build's clocks (bench/mlp_block.py)."""
     m, q = attn.shape
     h, i = down_weight.shape
     device = attn.device
@@ -90,11 +95,11 @@ def mlp_block(
     act = torch.empty(m, i, device=device, dtype=attn.dtype)
     out = torch.empty(m, h, device=device, dtype=attn.dtype)
     squares = torch.empty(h // 16, 16, device=device, dtype=torch.float32)
-    variant = variant_for(m)
+    variant = variant_for(m, stages, stamps is not None)
     index = device.index or 0
     args = (
         attn, o_weight, residual, norm_weight, gate_up_weight, down_weight, summed, act, out, squares, arrivals,
-        m, q, h, i, ctypes.c_float(eps),
+        m, q, h, i, ctypes.c_float(eps), *(() if stamps is None else (stamps,)),
     )  # fmt: skip
     grid = (sms(index), 1, 1)
     stream = torch.cuda.current_stream(device)

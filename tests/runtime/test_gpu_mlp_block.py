@@ -131,8 +131,10 @@ def test_the_engine_takes_it_when_switched_on(monkeypatch):
     prompts = [list(range(3, 3 + n)) for n in (1, 17, 5, 9, 33, 2)]
     params = [SamplingParams(max_tokens=16, ignore_eos=True, temperature=t, seed=2) for t in (0, 0.9) * 3]
     outs = []
+    # Prefill graphs off: a padded prefill runs other kernels (at 17-64 rows) than the eager one.
     for graphs in (False, True):
-        with LLM("random:llama-1b", cuda_graphs=graphs, graph_batch_sizes=list(range(1, 9)), **kw) as llm:
+        graph_kw = dict(graph_batch_sizes=list(range(1, 9)), prefill_graphs=False) if graphs else {}
+        with LLM("random:llama-1b", cuda_graphs=graphs, **graph_kw, **kw) as llm:
             assert "MLP half in one persistent launch on" in llm.executor.runner.model.ops.describe(
                 torch.device("cuda", 0)
             )
