@@ -16,9 +16,12 @@
 //
 // Each warp streams 16 rows of a weight (the gated phase: 16 of the gate and the 16 matching of the up)
 // over its share of K, lane (g, c) copying (cp.async) exactly the 16-byte pieces that make its own
-// mma.sync A fragments into a private slot of the ring, as mma_gemv.cu does; the decode rows are the B
-// fragments, held in registers as far ahead as the weights. A slot is 8 pieces a lane: 4 chunks of 32
-// columns by 2 rows, or in the gated phase 2 chunks by 4 rows. The warps' partial sums of a tile meet in
+// mma.sync A fragments into a private slot of the ring, as mma_gemv.cu does; the decode rows' pieces (the
+// B fragments) go into the same slot in the same commit group, so they are as far ahead as the weights.
+// A slot is 8 weight pieces a lane (4 chunks of 32 columns by 2 rows, or in the gated phase 2 chunks by 4
+// rows) and 4 x pieces a row tile. The loop runs one body with the slot an index: round 30's first build
+// kept x in registers, which needs the loop unrolled over the slots, and its 165 KB of code ran the H100's
+// instruction cache dry (bench/mlp_block.py: the deeper the ring, the slower). The warps' partial sums of a tile meet in
 // shared memory and warp 0 adds them in warp order, so no result depends on timing or on the rows beside
 // it (deterministic).
 //
@@ -39,8 +42,9 @@
 #ifndef STAGES
 #define STAGES 4  // slots of a warp's ring
 #endif
-#define PIECES 8  // 16-byte pieces a lane copies into a slot
-#define SLOT_BYTES (PIECES * 32 * 16)
+#define PIECES 8  // 16-byte weight pieces a lane copies into a slot
+#define X_PIECES (4 * ROW_TILES)  // and its x pieces: 4 chunks (gated: 2) of each row tile
+#define SLOT_BYTES ((PIECES + X_PIECES) * 32 * 16)
 #define PHASES 3
 #if WARPS < 8
 #error "the 1/rms sums take 256 threads"
@@ -64,6 +68,15 @@ __device__ __forceinline__ uint4 load_constant(const u16* p) {  // the norm weig
 
 __device__ __forceinline__ void copy_weight(u32 dst, const u16* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
+}
+
+// 16 bytes of x, or zeros (nothing read) for a row past M.
+__device__ __forceinline__ void copy_x(u32 dst, const u16* src, bool live) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(live ? 16 : 0));
+}
+
+__device__ __forceinline__ void store_shared(u32 dst, uint4 v) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
 }
 
 __device__ __forceinline__ uint4 load_shared(u32 src) {
@@ -145,13 +158,24 @@ __device__ __forceinline__ int column(const Cursor& cur, const Dims& d, int warp
     return (warp * per + cur.group * (cur.p == 1 ? 2 : 4)) * 32 + 8 * c;
 }
 
-// The group's weight pieces into the lane's slot: one commit group a call, empty past the end, so the
-// count cp.async.wait_group keeps is the same in every lane and every step.
+// Where the x pieces of a group start: decode row 8t + g of attn (phase 0), summed (1) or act (2), at the
+// lane's columns of chunk 0.
+__device__ __forceinline__ const u16* x_row(const Cursor& cur, const Dims& d, const u16* attn, const u16* summed,
+                                            const u16* act, int t, int g, int k) {
+    const u16* base = cur.p == 0 ? attn : cur.p == 1 ? summed : act;
+    return base + (long long)(8 * t + g) * k_of(d, cur.p) + k;
+}
+
+// The group's weight pieces into the lane's slot, and with `with_x` its x pieces (chunk u of row tile t at
+// piece PIECES + u * ROW_TILES + t): one commit group a call, empty past the end, so the count
+// cp.async.wait_group keeps is the same in every lane and every step.
 __device__ __forceinline__ void request(u32 slot, const Cursor& cur, const Dims& d, const u16* wo, const u16* wgu,
-                                        const u16* wd, int warp, int g, int c) {
+                                        const u16* wd, const u16* attn, const u16* summed, const u16* act,
+                                        bool with_x, int warp, int g, int c) {
     if (cur.p < PHASES) {
         const int k = column(cur, d, warp, c);
         const int n = cur.tile * 16 + g;
+        const int chunks = cur.p == 1 ? 2 : 4;
         if (cur.p == 1) {
             const u16* base = wgu + (long long)n * d.H + k;
 #pragma unroll
@@ -167,62 +191,71 @@ __device__ __forceinline__ void request(u32 slot, const Cursor& cur, const Dims&
 #pragma unroll
                 for (int r = 0; r < 2; ++r) copy_weight(slot + (u * 2 + r) * 512, base + r * 8 * (long long)K + u * 32);
         }
+        if (with_x) {
+#pragma unroll
+            for (int t = 0; t < ROW_TILES; ++t) {
+                const u16* row = x_row(cur, d, attn, summed, act, t, g, k);
+                const bool live = 8 * t + g < d.M;
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    if (u < chunks) copy_x(slot + (PIECES + u * ROW_TILES + t) * 512, live ? row + u * 32 : wo, live);
+            }
+        }
     }
     asm volatile("cp.async.commit_group;");
 }
 
-// The group's B fragments: decode rows 8t + g of attn (phase 0), of summed times the norm weight (1), of
-// act (2); zeros past M.
-__device__ __forceinline__ void load_x(uint4 (&dst)[4][ROW_TILES], const Cursor& cur, const Dims& d,
-                                       const u16* attn, const u16* summed, const u16* norm_w, const u16* act, int warp,
-                                       int g, int c) {
+// A requested group's x pieces, copied now: its weights went out before x was written (before the barrier
+// or the wait for the kernels before). Only this lane reads them back, so no barrier.
+__device__ __forceinline__ void fill_x(u32 slot, const Cursor& cur, const Dims& d, const u16* attn, const u16* summed,
+                                       const u16* act, int warp, int g, int c) {
     const int k = column(cur, d, warp, c);
+    const int chunks = cur.p == 1 ? 2 : 4;
 #pragma unroll
     for (int t = 0; t < ROW_TILES; ++t) {
-        const int m = 8 * t + g;
-        const bool live = m < d.M;
-        if (cur.p == 1) {
+        const u16* row = x_row(cur, d, attn, summed, act, t, g, k);
+        const bool live = 8 * t + g < d.M;
+        uint4 v[4];
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                if (!live) {
-                    dst[u][t] = make_uint4(0, 0, 0, 0);
-                    continue;
-                }
-                const uint4 x = load_rows(summed + (long long)m * d.H + k + u * 32);
-                const uint4 w = load_constant(norm_w + k + u * 32);
-                dst[u][t] = make_uint4(scale_pair(x.x, w.x), scale_pair(x.y, w.y), scale_pair(x.z, w.z), scale_pair(x.w, w.w));
-            }
-        } else {
-            const int K = k_of(d, cur.p);
-            const u16* row = (cur.p == 0 ? attn : act) + (long long)m * K + k;
+        for (int u = 0; u < 4; ++u) v[u] = live && u < chunks ? load_rows(row + u * 32) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int u = 0; u < 4; ++u) dst[u][t] = live ? load_rows(row + u * 32) : make_uint4(0, 0, 0, 0);
-        }
+        for (int u = 0; u < 4; ++u)
+            if (u < chunks) store_shared(slot + (PIECES + u * ROW_TILES + t) * 512, v[u]);
     }
 }
 
-// The group's products: the slot's weight pieces against its B fragments, into acc[set][row tile].
-__device__ __forceinline__ void multiply(float (&acc)[2][ROW_TILES][4], u32 slot, const uint4 (&x)[4][ROW_TILES], int p) {
+// The group's products: the slot's weight pieces against its x pieces, into acc[set][row tile]. Phase 1's x
+// is summed: times the norm weight here, each product rounded to bf16.
+__device__ __forceinline__ void multiply(float (&acc)[2][ROW_TILES][4], u32 slot, const Cursor& cur, const Dims& d,
+                                         const u16* norm_w, int warp, int c) {
     uint4 w[PIECES];
 #pragma unroll
     for (int i = 0; i < PIECES; ++i) w[i] = load_shared(slot + i * 512);
-    if (p == 1) {
+    if (cur.p == 1) {
+        const int k = column(cur, d, warp, c);
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
+        for (int u = 0; u < 2; ++u) {
+            const uint4 nw = load_constant(norm_w + k + u * 32);
 #pragma unroll
-            for (int t = 0; t < ROW_TILES; ++t)
+            for (int t = 0; t < ROW_TILES; ++t) {
+                const uint4 x = load_shared(slot + (PIECES + u * ROW_TILES + t) * 512);
+                const uint4 b = make_uint4(scale_pair(x.x, nw.x), scale_pair(x.y, nw.y), scale_pair(x.z, nw.z),
+                                           scale_pair(x.w, nw.w));
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
-                    const uint4 lo = w[u * 4 + 2 * s], hi = w[u * 4 + 2 * s + 1], b = x[u][t];
+                    const uint4 lo = w[u * 4 + 2 * s], hi = w[u * 4 + 2 * s + 1];
                     mma(acc[s][t], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
                     mma(acc[s][t], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
                 }
+            }
+        }
     } else {
 #pragma unroll
         for (int u = 0; u < 4; ++u)
 #pragma unroll
             for (int t = 0; t < ROW_TILES; ++t) {
-                const uint4 lo = w[u * 2], hi = w[u * 2 + 1], b = x[u][t];
+                const uint4 lo = w[u * 2], hi = w[u * 2 + 1];
+                const uint4 b = load_shared(slot + (PIECES + u * ROW_TILES + t) * 512);
                 mma(acc[0][t], lo.x, hi.x, lo.y, hi.y, b.x, b.y);
                 mma(acc[0][t], lo.z, hi.z, lo.w, hi.w, b.z, b.w);
             }
@@ -271,7 +304,7 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
           , u64* __restrict__ stamps
 #endif
 ) {
-    extern __shared__ uint4 ring[];  // [WARPS][STAGES][PIECES][32 lanes]
+    extern __shared__ uint4 ring[];  // [WARPS][STAGES][PIECES + X_PIECES][32 lanes]
     __shared__ float partial[2][WARPS][VALUES][32];  // a tile's sums by warp, two tiles in turn
     __shared__ float inv_rms[16];
     const Dims d{M, Q, H, I};
@@ -281,9 +314,8 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
 
     STAMP(0);
     Cursor ahead = first(d);  // the next group to request
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-        request(mine + s * SLOT_BYTES, ahead, d, wo, wgu, wd, warp, g, c);
+    for (int s = 0; s < STAGES; ++s) {  // weights only: x comes from the kernels before
+        request(mine + s * SLOT_BYTES, ahead, d, wo, wgu, wd, attn, summed, act, false, warp, g, c);
         advance(ahead, d);
     }
 #if __CUDA_ARCH__ >= 900
@@ -291,33 +323,22 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
 #endif
     STAMP(1);
     Cursor at = first(d);  // the next group to multiply
-    int ready = 0;         // the phase whose B fragments can be loaded: barriers passed
-    uint4 xv[STAGES][4][ROW_TILES];
-    {
-        Cursor t = at;
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            if (t.p == 0) load_x(xv[s], t, d, attn, summed, norm_w, act, warp, g, c);
-            advance(t, d);
-        }
-    }
+    int ready = -1;        // the phase whose x can be read: -1 until the first pending fill
+    int slot_index = 0;    // at's slot
     float acc[2][ROW_TILES][4] = {};
     int parity = 0;
-    bool done = false;
-    while (!done) {
-#pragma unroll
-        for (int j = 0; j < STAGES; ++j) {
-            if (at.p == PHASES) {
-                done = true;
-                break;
-            }
-            if (at.p != ready) {  // the block's first tile of a later phase: its inputs after the barrier(s)
-                while (ready < at.p) {
-                    STAMP(2 + 2 * ready);
-                    grid_barrier(arrivals);
-                    ++ready;
-                    STAMP(1 + 2 * ready);
-                }
+#pragma unroll 1
+    while (at.p < PHASES) {
+        if (at.p != ready) {  // the block's first group of a phase: its x after the barrier(s)
+            if (ready < 0) ready = 0;
+            while (ready < at.p) {
+                STAMP(2 + 2 * ready);
+                grid_barrier(arrivals);
+                ++ready;
+                STAMP(1 + 2 * ready);
+#if __CUDA_ARCH__ >= 900
+                if (ready == 2) asm volatile("griddepcontrol.launch_dependents;");
+#endif
                 if (ready == 1) {  // 1 / rms of each row: phase 0's tile sums, added in tile order
                     const int i = threadIdx.x, m = i & 15, part = i >> 4, tiles = H / 16, per = (tiles + 15) / 16;
                     float* sums = reinterpret_cast<float*>(partial);  // free: no tile is open
@@ -334,23 +355,20 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
                     }
                     __syncthreads();
                 }
-#if __CUDA_ARCH__ >= 900
-                if (ready == 2) asm volatile("griddepcontrol.launch_dependents;");
-#endif
-                Cursor t = at;
-#pragma unroll
-                for (int s = 0; s < STAGES; ++s) {
-                    if (t.p == ready) load_x(xv[(j + s) % STAGES], t, d, attn, summed, norm_w, act, warp, g, c);
-                    advance(t, d);
-                }
             }
-            const u32 slot = mine + j * SLOT_BYTES;
-            asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
-            multiply(acc, slot, xv[j], at.p);
-            // The slot is read (its values are in the products): refill it STAGES groups ahead.
-            request(slot, ahead, d, wo, wgu, wd, warp, g, c);
-            if (ahead.p == ready) load_x(xv[j], ahead, d, attn, summed, norm_w, act, warp, g, c);
-            advance(ahead, d);
+            Cursor t = at;
+            for (int s = 0; s < STAGES; ++s) {  // the requested groups of this phase
+                if (t.p == ready) fill_x(mine + ((slot_index + s) % STAGES) * SLOT_BYTES, t, d, attn, summed, act, warp, g, c);
+                advance(t, d);
+            }
+        }
+        const u32 slot = mine + slot_index * SLOT_BYTES;
+        asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
+        multiply(acc, slot, at, d, norm_w, warp, c);
+        // The slot is read (its values are in the products): refill it STAGES groups ahead.
+        request(slot, ahead, d, wo, wgu, wd, attn, summed, act, ahead.p == ready, warp, g, c);
+        advance(ahead, d);
+        {
             if (at.group == groups_of(d, at.p) - 1) {  // the tile's last group: its epilogue
                 const int p = at.p, n0 = at.tile * 16;
 #pragma unroll
@@ -416,9 +434,11 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
                 parity ^= 1;
             }
             advance(at, d);
+            slot_index = slot_index + 1 == STAGES ? 0 : slot_index + 1;
         }
     }
     // A block with no tile in the last phases still takes their barriers.
+    if (ready < 0) ready = 0;
     while (ready < PHASES - 1) {
         STAMP(2 + 2 * ready);
         grid_barrier(arrivals);

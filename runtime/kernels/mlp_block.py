@@ -23,6 +23,9 @@ MAX_ROWS = 16
 _MULTIPLE = 1024  # Q, H and I: every warp's share of K is whole groups of four (gated: two) 32-wide chunks
 
 
+_SHARED_LIMIT = 227 * 1024  # an H100's or H200's shared memory a block, dynamic and static
+
+
 @dataclass(frozen=True, slots=True)
 class Variant:
     """One build of mlp_block.cu: its macros."""
@@ -38,12 +41,18 @@ class Variant:
 
     @property
     def ring_bytes(self) -> int:
-        """Dynamic shared memory: 8 pieces of 16 bytes a lane a slot."""
-        return self.warps * self.stages * 8 * 32 * 16
+        """Dynamic shared memory: a slot holds 8 weight pieces and 4 x pieces a row tile, 16 bytes a lane each."""
+        return self.warps * self.stages * (8 + 4 * self.row_tiles) * 32 * 16
+
+    def fits_shared(self) -> bool:
+        static = 2 * self.warps * 8 * self.row_tiles * 32 * 4 + 64  # the tile sums, 1/rms
+        return self.ring_bytes + static <= _SHARED_LIMIT
 
 
-def variant_for(m: int, stages: int = 4, stamps: bool = False) -> Variant:
-    return Variant(row_tiles=1 if m <= 8 else 2, stages=stages, stamps=stamps)
+def variant_for(m: int, stages: int | None = None, stamps: bool = False) -> Variant:
+    """4 slots a warp at 1-8 rows, 3 at 9-16 (whose slots are a third larger): what shared memory holds."""
+    row_tiles = 1 if m <= 8 else 2
+    return Variant(row_tiles=row_tiles, stages=stages or (4 if row_tiles == 1 else 3), stamps=stamps)
 
 
 def fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_weight) -> bool:
@@ -81,7 +90,7 @@ def mlp_block(
     arrivals,
     *,
     pdl: bool = False,
-    stages: int = 4,
+    stages: int | None = None,
     stamps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(down_proj(silu(gate) * up of rms_norm(o + residual)), o + residual) with o = attn @ o_weight^T, for
