@@ -262,6 +262,19 @@ __device__ __forceinline__ void multiply(float (&acc)[2][ROW_TILES][4], u32 slot
     }
 }
 
+// Named barriers 1-4 (0 is __syncthreads'): FULL + b, warp 0 waits until every warp has written tile sums
+// buffer b; FREE + b, a warp waits until warp 0 has read it. Each counts the whole block.
+#define FULL 1
+#define FREE 3
+
+__device__ __forceinline__ void named_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(WARPS * 32) : "memory");
+}
+
+__device__ __forceinline__ void named_sync(int id) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(WARPS * 32) : "memory");
+}
+
 // Every block of the grid has arrived. `arrivals` only grows (64 bits: it never wraps), each launch adding
 // two barriers' worth of the grid, so one counter serves every launch and graph replay.
 __device__ __forceinline__ void grid_barrier(u64* arrivals) {
@@ -326,7 +339,7 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
     int ready = -1;        // the phase whose x can be read: -1 until the first pending fill
     int slot_index = 0;    // at's slot
     float acc[2][ROW_TILES][4] = {};
-    int parity = 0;
+    int parity = 0, tiles_done = 0;
 #pragma unroll 1
     while (at.p < PHASES) {
         if (at.p != ready) {  // the block's first group of a phase: its x after the barrier(s)
@@ -371,6 +384,9 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
         {
             if (at.group == groups_of(d, at.p) - 1) {  // the tile's last group: its epilogue
                 const int p = at.p, n0 = at.tile * 16;
+                // Named barriers, not __syncthreads: a warp hands its sums over and streams on; only warp 0,
+                // which adds them, waits for all, and a warp waits only to reuse a buffer warp 0 has not read.
+                if (warp != 0 && tiles_done >= 2) named_sync(FREE + parity);
 #pragma unroll
                 for (int s = 0; s < 2; ++s)
 #pragma unroll
@@ -380,8 +396,9 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
                             partial[parity][warp][(s * ROW_TILES + t) * 4 + e][lane] = acc[s][t][e];
                             acc[s][t][e] = 0.0f;
                         }
-                __syncthreads();
+                if (warp != 0) named_arrive(FULL + parity);
                 if (warp == 0) {
+                    named_sync(FULL + parity);
                     // The residual's values first, all loads in flight at once: one trip to L2, not one
                     // an element.
                     u16 res[ROW_TILES][4];
@@ -430,8 +447,10 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
                                 if (g == 0) squares[at.tile * 16 + 8 * t + 2 * c + q] = v;
                             }
                     }
+                    named_arrive(FREE + parity);  // the buffer is read
                 }
                 parity ^= 1;
+                ++tiles_done;
             }
             advance(at, d);
             slot_index = slot_index + 1 == STAGES ? 0 : slot_index + 1;
