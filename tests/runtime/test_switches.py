@@ -43,3 +43,15 @@ def test_the_untested_gated_ring_is_off_unless_asked_for():
             [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
         )
         assert done.stdout.strip() == expected, value
+
+
+def test_the_slower_persistent_mlp_half_is_off_unless_asked_for():
+    """mlp_block.cu (FASTPATH_MLP_BLOCK=1) measured slower than the five ops on an H100 (round 30): off."""
+    probe = "from fastpath.runtime.kernels import triton_ops; print(triton_ops.MLP_BLOCK)"
+    env = {k: v for k, v in os.environ.items() if k != "FASTPATH_MLP_BLOCK"}
+    for value, expected in ((None, "False"), ("1", "True"), ("0", "False")):
+        run_env = env if value is None else {**env, "FASTPATH_MLP_BLOCK": value}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip() == expected, value
