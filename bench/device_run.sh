@@ -68,7 +68,7 @@ for step in "$@"; do
     mlp-block-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_mlp_block.py 2>&1 | tee "$OUT/gpu_mlp_block_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     ab-mlp-block)  # round 30: 1-16 rows' half after attention in one persistent launch (mlp_block.cu) against the engine, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mlp_block --batch ${AB_BATCH:-1 2 8 16} --rounds ${AB_ROUNDS:-2} \
-        --variants "PDL" "PDL, MLP half in one persistent launch" 2>&1 | tail -20 ;;
+        --variants "PDL" "PDL, MLP half in one persistent launch" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -20 ;;
     mlp-block) timeout 300 python3 bench/mlp_block.py --out "$OUT" 2>&1 | tail -16 ;;
     mma-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_mma_gemv.py 2>&1 | tee "$OUT/gpu_mma_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     kernel-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_runtime.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 | tee "$OUT/gpu_kernel_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;

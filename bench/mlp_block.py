@@ -83,6 +83,22 @@ def main() -> None:
                     )
 
             variants[f"one launch, {stages} slots"] = one
+        if m <= 8:  # 16 warps of 2 slots: the same bytes in flight an SM as 8 of 4, twice the warps issuing
+
+            def wide(attn=attn, residual=residual):
+                for (wo, norm, wgu, wd), counter in zip(layers, counters, strict=True):
+                    mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=True, warps=16)
+
+            variants["one launch, 16 warps, 2 slots"] = wide
+            # The 16-warp build splits K otherwise: close to the 8-warp one, not equal.
+            wo, norm, wgu, wd = layers[0]
+            eight = mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counters[0])[0].float()
+            sixteen = mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counters[0], warps=16)[
+                0
+            ].float()
+            gap = float((sixteen - eight).norm() / eight.norm())
+            payload["rows"].append({"rows": m, "sixteen_warps_relative_gap": gap})
+            print(f"rows {m}: 16 warps against 8, relative gap {gap:.2e}", flush=True)
         times = {name: [] for name in variants}
         graphs = {name: graph_of(fn) for name, fn in variants.items()}
         for _ in range(3):  # alternating

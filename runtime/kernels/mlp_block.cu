@@ -30,8 +30,8 @@
 // bf16), and 1/rms scales the products in the epilogue: the same value as the norm applied first, rounded
 // in another place.
 //
-// Needs (mlp_block.fits): Q, H and I multiples of 1024 (every warp's share of K whole groups), contiguous
-// rows, no o_proj bias.
+// Needs (mlp_block.fits): every warp's share of K whole groups (Q and I multiples of 128 a warp, H of 64),
+// contiguous rows, no o_proj bias.
 
 #ifndef ROW_TILES
 #define ROW_TILES 1  // 8-row tiles of the decode rows: 1 for M <= 8, 2 for M <= 16

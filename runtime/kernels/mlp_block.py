@@ -20,7 +20,6 @@ from . import nvrtc
 
 SOURCE = Path(__file__).with_name("mlp_block.cu")
 MAX_ROWS = 16
-_MULTIPLE = 1024  # Q, H and I: every warp's share of K is whole groups of four (gated: two) 32-wide chunks
 
 
 _SHARED_LIMIT = 227 * 1024  # an H100's or H200's shared memory a block, dynamic and static
@@ -49,28 +48,39 @@ class Variant:
         return self.ring_bytes + static <= _SHARED_LIMIT
 
 
-def variant_for(m: int, stages: int | None = None, stamps: bool = False) -> Variant:
-    """4 slots a warp at 1-8 rows, 3 at 9-16 (whose slots are a third larger): what shared memory holds."""
+# Warps a block at 1-8 rows; bench/mlp_block.py and bench/ab_step.py try 16 (two slots each, so the same
+# bytes in flight an SM, with twice the warps issuing). 9-16 rows keep 8: 16 would not fit shared memory.
+WARPS = 8
+
+
+def variant_for(m: int, stages: int | None = None, stamps: bool = False, warps: int | None = None) -> Variant:
+    """4 slots a warp at 1-8 rows, 3 at 9-16 (whose slots are a third larger), 2 with 16 warps: what shared
+    memory holds."""
     row_tiles = 1 if m <= 8 else 2
-    return Variant(row_tiles=row_tiles, stages=stages or (4 if row_tiles == 1 else 3), stamps=stamps)
+    warps = warps or (WARPS if row_tiles == 1 else 8)
+    default = 2 if warps > 8 else 4 if row_tiles == 1 else 3
+    return Variant(row_tiles=row_tiles, warps=warps, stages=stages or default, stamps=stamps)
 
 
 def fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_weight) -> bool:
     """Whether this layer's second half runs here: CUDA, bf16, 1-16 rows, no o_proj bias, every tensor
-    contiguous and 16-byte aligned, and Q, H and I multiples of 1024 (the 1.24B and 8B Llamas)."""
+    contiguous and 16-byte aligned, and Q and I multiples of 128 a warp, H of 64 a warp (with 8 warps, the
+    1.24B and 8B Llamas)."""
     tensors = (attn, residual, o_weight, norm_weight, gate_up_weight, down_weight)
     if o_bias is not None or attn.dim() != 2 or residual.dim() != 2:
         return False
     m, q = attn.shape
     h = o_weight.shape[0]
     i = down_weight.shape[1]
+    warps = variant_for(m).warps
     return (
         attn.is_cuda
         and 1 <= m <= MAX_ROWS
         and all(t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
-        and q % _MULTIPLE == 0
-        and h % _MULTIPLE == 0
-        and i % _MULTIPLE == 0
+        # Every warp's share of K is whole groups of four 32-wide chunks (gate_up: two).
+        and q % (128 * warps) == 0
+        and h % (64 * warps) == 0
+        and i % (128 * warps) == 0
         and residual.shape == (m, h)
         and o_weight.shape == (h, q)
         and norm_weight.shape == (h,)
@@ -91,6 +101,7 @@ def mlp_block(
     *,
     pdl: bool = False,
     stages: int | None = None,
+    warps: int | None = None,
     stamps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(down_proj(silu(gate) * up of rms_norm(o + residual)), o + residual) with o = attn @ o_weight^T, for
@@ -104,7 +115,7 @@ def mlp_block(
     act = torch.empty(m, i, device=device, dtype=attn.dtype)
     out = torch.empty(m, h, device=device, dtype=attn.dtype)
     squares = torch.empty(h // 16, 16, device=device, dtype=torch.float32)
-    variant = variant_for(m, stages, stamps is not None)
+    variant = variant_for(m, stages, stamps is not None, warps)
     index = device.index or 0
     args = (
         attn, o_weight, residual, norm_weight, gate_up_weight, down_weight, summed, act, out, squares, arrivals,
