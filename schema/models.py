@@ -284,8 +284,8 @@ class ServeSpec(Section):
     )
     tool_call_parser: Literal[TOOL_CALL_PARSERS] | None = spec(
         None,
-        doc="The format the model writes tool calls in: `hermes` (Hermes, Qwen2.5/3) or `llama3_json` "
-        "(Llama 3.1/3.2).",
+        doc="The format the model writes tool calls in: `hermes` (Hermes, Qwen2.5/3), `llama3_json` "
+        "(Llama 3.1/3.2's JSON template) or `pythonic` (Llama 3.2's and Llama 4's pythonic templates).",
     )
     reasoning_parser: Literal[REASONING_PARSERS] | None = spec(
         None,
@@ -297,7 +297,7 @@ class ServeSpec(Section):
     def _auto_needs_a_parser(self) -> ServeSpec:
         if self.enable_auto_tool_choice and self.tool_call_parser is None:
             raise FieldError(
-                f"needs tool_call_parser ({' or '.join(TOOL_CALL_PARSERS)}): the format the model writes "
+                f"needs tool_call_parser ({', '.join(TOOL_CALL_PARSERS)}): the format the model writes "
                 "its calls in",
                 ("enable_auto_tool_choice",),
             )

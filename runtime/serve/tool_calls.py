@@ -5,8 +5,9 @@
   model then gives a call that parses (not necessarily a good one).
 - `"auto"` lets the model write freely and reads the calls out of its text with a parser for the
   model's format, chosen when the server starts (`--enable-auto-tool-choice --tool-call-parser`):
-  `hermes` (Hermes, Qwen2.5/3: `<tool_call>{...}</tool_call>`) or `llama3_json` (Llama 3.1/3.2:
-  `{"name": ..., "parameters": {...}}`, several joined by `;`).
+  `hermes` (Hermes, Qwen2.5/3: `<tool_call>{...}</tool_call>`), `llama3_json` (Llama 3.1/3.2:
+  `{"name": ..., "parameters": {...}}`, several joined by `;`) or `pythonic` (Llama 3.2's and Llama 4's
+  pythonic templates: `[get_weather(city="Oslo"), now()]`, read with `ast`, never run).
 - `"none"`, or no tools: the tools reach the chat template only.
 
 A call's finish_reason is "tool_calls" where the model chose to call (auto, required), and the
@@ -15,6 +16,7 @@ engine's where the request named the tool, as OpenAI reports them.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -41,6 +43,9 @@ def _no_constants(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 _HERMES_CALL = re.compile(re.escape(_HERMES_OPEN) + r"(.*?)(?:" + re.escape(_HERMES_CLOSE) + r"|$)", re.S)
 _PYTHON_TAG = "<|python_tag|>"
+_PYTHON_START, _PYTHON_END = "<|python_start|>", "<|python_end|>"  # Llama 4 around pythonic calls
+# What a reply that calls starts with, after whitespace, where its calls must come first.
+_LEADS = {"llama3_json": ("{", _PYTHON_TAG), "pythonic": ("[", _PYTHON_START)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +201,8 @@ def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
         return _parse_hermes(text)
     if parser == "llama3_json":
         return _parse_llama3_json(text)
+    if parser == "pythonic":
+        return _parse_pythonic(text)
     raise ValueError(f"unknown tool-call parser {parser!r}; known: {', '.join(PARSERS)}")
 
 
@@ -241,6 +248,42 @@ def _parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
     return None, calls
 
 
+def _parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
+    """A Python list of calls with keyword arguments whose values are literals: parsed, never evaluated."""
+    body = text.strip()
+    if body.startswith(_PYTHON_START):
+        body = body[len(_PYTHON_START) :].removesuffix(_PYTHON_END).strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return text, []
+    try:
+        tree = ast.parse(body, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return text, []
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return text, []
+    calls = []
+    for node in tree.elts:
+        name = _dotted(node.func) if isinstance(node, ast.Call) and not node.args else None
+        if name is None or any(k.arg is None for k in node.keywords):  # positional or **kwargs: no call
+            return text, []
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
+        except (*_BAD_JSON, TypeError, SyntaxError, MemoryError):  # not a literal, or not JSON (a set, bytes)
+            return text, []
+    return None, calls
+
+
+def _dotted(node: ast.expr) -> str | None:
+    """`name` or `module.name` of a call; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return None
+
+
 class ToolStream:
     """One streamed choice's text turned into what its chunks carry: content, tool-call deltas, or
     nothing yet. Content that may be the start of a call is held back until it is known which (auto);
@@ -251,7 +294,7 @@ class ToolStream:
         self.text = ""  # all of the choice's text so far
         self.sent = 0  # how much of it went out as content
         self.in_calls = False  # auto: a call has begun, the rest waits for the end
-        self.decided = False  # llama3_json: the reply's start showed whether it calls
+        self.decided = False  # llama3_json, pythonic: the reply's start showed whether it calls
         self.calls: list[ToolCall] = []
         self.spoke = False  # auto: content other than whitespace went out
 
@@ -296,13 +339,14 @@ class ToolStream:
                 out = pending[:at]
             else:
                 out = pending if finished else pending[: len(pending) - held_back(pending, _HERMES_OPEN)]
-        else:  # llama3_json: a reply that calls starts with its first call
+        else:  # llama3_json, pythonic: a reply that calls starts with its first call
             if not self.decided:
                 head = pending.lstrip()
-                if not finished and len(head) < len(_PYTHON_TAG) and _PYTHON_TAG.startswith(head):
+                lead, tag = _LEADS[self.plan.parser or ""]
+                if not finished and len(head) < len(tag) and tag.startswith(head):
                     return ""  # "", "<", "<|py": not known yet
                 self.decided = True
-                if head.startswith(("{", _PYTHON_TAG)):
+                if head.startswith((lead, tag)):
                     self.in_calls = True
                     return ""
             out = pending

@@ -53,8 +53,8 @@ def test_the_lock_carries_what_the_section_says():
         ("drain_timeout_s: -1", "greater than or equal to 0"),
         ("stream_interval: 65", "less than or equal to 64"),
         ("api_server_count: 0", "greater than 0"),
-        ("enable_auto_tool_choice: true", "needs tool_call_parser (hermes or llama3_json)"),
-        ("tool_call_parser: mistral", "'hermes' or 'llama3_json'"),
+        ("enable_auto_tool_choice: true", "needs tool_call_parser (hermes, llama3_json, pythonic)"),
+        ("tool_call_parser: mistral", "'hermes', 'llama3_json' or 'pythonic'"),
         ("reasoning_parser: r1", "'deepseek_r1' or 'qwen3'"),
         ("api_key: sesame", "did you mean 'api_key_env'"),  # a secret never sits in a manifest
     ],

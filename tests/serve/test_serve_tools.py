@@ -1,6 +1,6 @@
 """Tool calls through the server, with the official openai client: a named tool and "required" held to
-the tools' schemas by guided decoding (whole and streamed), "auto" read by the hermes and llama3_json
-parsers (the tiny model's text forced with vLLM's guided_regex, so the parse is what is tested), and an
+the tools' schemas by guided decoding (whole and streamed), "auto" read by the hermes, llama3_json and
+pythonic parsers (the tiny model's text forced with vLLM's guided_regex, so the parse is what is tested), and an
 earlier reply's calls reaching the chat template."""
 
 import json
@@ -168,6 +168,34 @@ def test_auto_reads_llama3_json_calls(llm):
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
     assert [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls] == [
+        ("now", {}),
+        ("get_weather", {"unit": "c", "rain": True}),
+    ]
+
+
+PYTHONIC_REPLY = r'\[now\(\), get_weather\(unit="c", rain=True\)\]'
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_auto_reads_pythonic_calls(llm, stream):
+    with running(llm, enable_auto_tool_choice=True, tool_call_parser="pythonic") as url:
+        r = client(url).chat.completions.create(
+            model="tiny", messages=ASK, tools=[WEATHER, CLOCK], tool_choice="auto", max_tokens=200,
+            temperature=0, stream=stream, extra_body={"guided_regex": PYTHONIC_REPLY},
+        )  # fmt: skip
+        chunks = list(r) if stream else None
+    if stream:
+        content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+        calls = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        content, calls, finish = (
+            r.choices[0].message.content,
+            r.choices[0].message.tool_calls,
+            r.choices[0].finish_reason,
+        )
+    assert not content and finish == "tool_calls"
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in calls] == [
         ("now", {}),
         ("get_weather", {"unit": "c", "rain": True}),
     ]

@@ -1,5 +1,5 @@
 """Tool calls without a server: which plan a request's tools make, the schemas named and required calls
-are held to, the hermes and llama3_json parsers, and a stream read piece by piece."""
+are held to, the hermes, llama3_json and pythonic parsers, and a stream read piece by piece."""
 
 import json
 
@@ -123,6 +123,31 @@ def test_llama3_json_reads_calls_at_the_start_only():
         assert parse("llama3_json", text) == (text, [])
 
 
+def test_pythonic_reads_a_list_of_calls_and_runs_nothing():
+    content, calls = parse("pythonic", ' [get_weather(city="Oslo", days=[1, 2], opts={"a": None}), now()] ')
+    assert content is None and [c.name for c in calls] == ["get_weather", "now"]
+    assert json.loads(calls[0].arguments) == {"city": "Oslo", "days": [1, 2], "opts": {"a": None}}
+    assert json.loads(calls[1].arguments) == {}
+    # Llama 4 wraps its calls in tags; a dotted name is a name
+    tagged = parse("pythonic", "<|python_start|>[tools.now(tz='UTC')]<|python_end|>")[1]
+    assert [(c.name, json.loads(c.arguments)) for c in tagged] == [("tools.now", {"tz": "UTC"})]
+    for text in (
+        "Sure, [now()] is what I would call",  # calls must come first
+        "[now()] and more",
+        "[]",
+        "[now]",  # a name, not a call
+        "[now(1)]",  # positional arguments have no names to send
+        "[now(**opts)]",
+        "[now(x=open('f'))]",  # not a literal: never evaluated
+        "[now(x={1, 2})]",  # a set is not JSON
+        "[now(x=float('nan'))]",
+        "[now(x=" + "[" * 300 + "]" * 300 + ")]",
+        "[now(",
+        "[1, 2]",
+    ):
+        assert parse("pythonic", text) == (text, []), text
+
+
 def _stream(p: ToolPlan, pieces: list[str]) -> tuple[str, list[dict]]:
     s, content, deltas = ToolStream(p), "", []
     for i, piece in enumerate(pieces):
@@ -155,6 +180,17 @@ def test_a_llama3_stream_decides_at_its_first_character():
     content, deltas = _stream(p, ["  ", '{"name": "now", ', '"parameters": {}}'])
     assert content == "" and [d["function"]["name"] for d in deltas] == ["now"]
     assert _stream(p, ["  ", "Hello", " there"]) == ("  Hello there", [])
+
+
+def test_a_pythonic_stream_decides_at_its_first_character():
+    p = ToolPlan("auto", parser="pythonic")
+    content, deltas = _stream(p, ["  ", "[now(", "tz='UTC'", ")]"])
+    assert content == "" and [(d["function"]["name"], d["function"]["arguments"]) for d in deltas] == [
+        ("now", '{"tz": "UTC"}')
+    ]
+    assert _stream(p, ["<|python", "_start|>[now()]<|python_end|>"])[1][0]["function"]["name"] == "now"
+    assert _stream(p, ["Hello", " [there]"]) == ("Hello [there]", [])
+    assert _stream(p, ["[a link](x)"]) == ("[a link](x)", [])  # looked like a call, was content
 
 
 def test_named_and_required_streams():
@@ -190,12 +226,17 @@ def test_an_earlier_calls_arguments_reach_the_template_as_an_object():
 
 PIECES = st.sampled_from(
     ["<tool_call>", "</tool_call>", "<tool", "_call>", '{"name": "now", "arguments": {}}', '{"name": "a", ',
-     '"parameters": {"x": 1}}', ";", " ", "\n", "hi", "{", "}", "<|python_tag|>"]
+     '"parameters": {"x": 1}}', ";", " ", "\n", "hi", "{", "}", "<|python_tag|>", "[", "]", "now()",
+     'a(x=1)', ", ", "<|python_start|>", "<|python_end|>"]
 )  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
-@given(parser=st.sampled_from(["hermes", "llama3_json"]), words=st.lists(PIECES, max_size=10), data=st.data())
+@given(
+    parser=st.sampled_from(["hermes", "llama3_json", "pythonic"]),
+    words=st.lists(PIECES, max_size=10),
+    data=st.data(),
+)
 def test_an_auto_stream_cut_anywhere_gives_the_whole_replys_calls(parser, words, data):
     text = "".join(words)
     pieces = cut_anywhere(data, text)
