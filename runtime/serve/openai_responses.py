@@ -26,6 +26,7 @@ from .protocol import (
     ResponseReasoning,
     ResponsesRequest,
 )
+from .reasoning import reasoning_tokens
 from .responses import chat_logprobs, prefix_caching, sse, worth_sending
 from .sse import SSEResponse, unless_disconnected
 from .state import ServerState
@@ -244,13 +245,13 @@ class _Reply:
         }
 
 
-def _usage(gen: Generation, output_tokens: int, cached: int) -> dict[str, Any]:
+def _usage(gen: Generation, output_tokens: int, cached: int, reasoning: int = 0) -> dict[str, Any]:
     cached = cached if prefix_caching(gen.state.llm) else 0
     return {
         "input_tokens": gen.prompt_tokens,
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": gen.prompt_tokens + output_tokens,
     }
 
@@ -288,8 +289,16 @@ async def _respond(gen: Generation, reply: _Reply, request: Request, shape: Repl
         items = [reply.item(c.text, done, reply.logprobs(c))]
     else:
         items = reply.items(shape.message(c.text, c.finish_reason)[0], done, reply.logprobs(c))
-    usage = _usage(gen, len(c.token_ids), out.num_cached_tokens or 0)
+    thought = _thought(gen, shape, c.token_ids, c.text)
+    usage = _usage(gen, len(c.token_ids), out.num_cached_tokens or 0, thought)
     return JSONResponse(reply.response(status, items, usage, incomplete))
+
+
+def _thought(gen: Generation, shape: ReplyShape, token_ids, text: str) -> int:
+    """The reply's reasoning tokens: none unless the server splits reasoning and this reply was split."""
+    if shape.reasoning is None:
+        return 0
+    return reasoning_tokens(shape.reasoning, gen.state.llm.get_tokenizer(), token_ids, text)
 
 
 class _Numbered:
@@ -409,11 +418,14 @@ async def _shaped_events(
     yield event("response.created", response=reply.response("in_progress", []))
     yield event("response.in_progress", response=reply.response("in_progress", []))
     tokens, cached, finish, held = 0, 0, None, []
+    ids, whole = [], []  # the reply's tokens and text, for its reasoning tokens
     try:
         async for _, out in gen.outputs():
             cached = out.num_cached_tokens or 0
             for c in out.outputs:
                 tokens += len(c.token_ids)
+                ids += c.token_ids
+                whole.append(c.text)
                 finish = c.finish_reason or finish
                 delta = stream.feed(c.text, c.finish_reason is not None)
                 held += reply.logprobs(c)  # a chunk held back sends its logprobs with the text after it
@@ -457,6 +469,5 @@ async def _shaped_events(
         yield event("response.function_call_arguments.done", item_id=items[at]["id"], output_index=at,
                     arguments=items[at]["arguments"])  # fmt: skip
         yield event("response.output_item.done", output_index=at, item=items[at])
-    yield event(
-        f"response.{status}", response=reply.response(status, items, _usage(gen, tokens, cached), incomplete)
-    )
+    usage = _usage(gen, tokens, cached, _thought(gen, shape, ids, "".join(whole)))
+    yield event(f"response.{status}", response=reply.response(status, items, usage, incomplete))

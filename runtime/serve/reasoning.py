@@ -12,6 +12,9 @@ named or required tool) is not split: its first token is already the answer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from .tool_calls import held_back
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -33,6 +36,32 @@ def split(parser: str, text: str) -> tuple[str | None, str]:
         reasoning, found, answer = text.partition(CLOSE)
         return reasoning, answer if found else ""
     raise ValueError(f"unknown reasoning parser {parser!r}")
+
+
+def reasoning_tokens(parser: str, tokenizer: Any, token_ids: Sequence[int], text: str) -> int:
+    """How many of a reply's tokens were its thinking (the `<think>` markers not counted), for usage's
+    `reasoning_tokens`: counted in the token ids where `</think>` is one token, else the reasoning's text
+    encoded again."""
+    reasoning, _ = split(parser, text)
+    if not reasoning or tokenizer is None:
+        return 0
+    ids = list(token_ids)
+    opened = _marker_tokens(tokenizer, OPEN) if text.lstrip().startswith(OPEN) else 0
+    if CLOSE not in text:  # the whole reply is thinking (cut by max_tokens, or its template opened it)
+        return max(0, len(ids) - opened)
+    close = _single_token(tokenizer, CLOSE)
+    if close is not None and close in ids:
+        return max(0, ids.index(close) - opened)
+    return len(tokenizer.encode(reasoning, add_special_tokens=False))
+
+
+def _single_token(tokenizer: Any, marker: str) -> int | None:
+    ids = tokenizer.encode(marker, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def _marker_tokens(tokenizer: Any, marker: str) -> int:
+    return len(tokenizer.encode(marker, add_special_tokens=False))
 
 
 class ReasoningStream:

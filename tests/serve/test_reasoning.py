@@ -135,3 +135,41 @@ def test_a_streamed_reply_reads_as_the_whole_one(thinking, tools, words, data):
         (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", ())
     ]
     assert stream.finish_reason("stop") == finish
+
+
+class _Tokens:
+    """A tokenizer whose markers are one token each (ids 1 and 2) and every other character one token."""
+
+    def __init__(self, markers: bool = True) -> None:
+        self.markers = markers
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids, at = [], 0
+        while at < len(text):
+            for marker, i in (("<think>", 1), ("</think>", 2)):
+                if self.markers and text.startswith(marker, at):
+                    ids.append(i)
+                    at += len(marker)
+                    break
+            else:
+                ids.append(100 + ord(text[at]))
+                at += 1
+        return ids
+
+
+@pytest.mark.parametrize("markers", [True, False], ids=["marker tokens", "markers spelled out"])
+def test_reasoning_tokens_are_those_inside_the_think_block(markers):
+    from fastpath.runtime.serve.reasoning import reasoning_tokens
+
+    tok = _Tokens(markers)
+    for parser, text, want in (
+        ("deepseek_r1", "<think>hmm</think>4", 3),
+        ("deepseek_r1", "hm</think>4", 2),  # the template opened the block
+        ("deepseek_r1", "<think>cut off", 7),  # max_tokens came first: all thinking
+        ("deepseek_r1", "no markers", 10),
+        ("qwen3", "<think>ab</think>cd", 2),
+        ("qwen3", "no think", 0),
+        ("deepseek_r1", "<think></think>4", 0),
+    ):
+        assert reasoning_tokens(parser, tok, tok.encode(text), text) == want, (parser, text)
+    assert reasoning_tokens("deepseek_r1", None, [5, 6], "ab") == 0

@@ -56,6 +56,21 @@ def test_qwen3_sends_a_reply_without_think_as_content(llm, plain_text):
     assert (reasoning, content) == ("", plain_text)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_responses_count_the_reasoning_tokens(llm, stream):
+    """The tiny model's reply is all reasoning under deepseek_r1 (no </think>), none under qwen3."""
+    ask = dict(model="tiny", input="think", max_output_tokens=8, temperature=0)
+    for parser, all_of_it in (("deepseek_r1", True), ("qwen3", False), (None, False)):
+        with running(llm, reasoning_parser=parser) as url:
+            if stream:
+                with client(url).responses.stream(**ask) as events:
+                    usage = list(events)[-1].response.usage  # response.incomplete: cut at 8 tokens
+            else:
+                usage = client(url).responses.create(**ask).usage
+        assert usage.output_tokens == 8
+        assert usage.output_tokens_details.reasoning_tokens == (8 if all_of_it else 0), parser
+
+
 def test_an_unknown_parser_is_refused_when_the_server_is_configured():
     from fastpath.runtime.serve.config import ServeConfig
 
