@@ -4,7 +4,7 @@ launches (o_proj, the add and norm with gate_up_proj and the SiLU-mul, down_proj
 one persistent launch at each ring depth, each captured 16 times in a CUDA graph (a step's layers) and
 replayed; then one stamped launch (the default slots) of the kernel, each block's clock at its phases' edges.
 
-    python bench/mlp_block.py --out DIR [--rows 1 8 16] [--stages 2 4 6]
+    python bench/mlp_block.py --out DIR [--rows 1 8 16] [--stages 2 3 4]   (rings past shared memory skipped)
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def main() -> None:
     ]
     counters = [torch.zeros(1, device="cuda", dtype=torch.int64) for _ in range(LAYERS)]
     rows, table, payload = [], [], {"env": environment(), "rows": []}
+    pdl = bool(ops._pdl(layers[0][0]))  # as the five ops launch (FASTPATH_PDL)
     for m in args.rows:
         attn, residual = rand(m, Q), rand(m, H)
 
@@ -79,7 +80,7 @@ def main() -> None:
             def one(stages=stages, attn=attn, residual=residual):
                 for (wo, norm, wgu, wd), counter in zip(layers, counters, strict=True):
                     mlp_block.mlp_block(
-                        attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=True, stages=stages
+                        attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=pdl, stages=stages
                     )
 
             variants[f"one launch, {stages} slots"] = one
@@ -87,7 +88,7 @@ def main() -> None:
 
             def wide(attn=attn, residual=residual):
                 for (wo, norm, wgu, wd), counter in zip(layers, counters, strict=True):
-                    mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=True, warps=16)
+                    mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=pdl, warps=16)
 
             variants["one launch, 16 warps, 2 slots"] = wide
             # The 16-warp build splits K otherwise: close to the 8-warp one, not equal.

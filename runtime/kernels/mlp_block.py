@@ -43,9 +43,13 @@ class Variant:
         """Dynamic shared memory: a slot holds 8 weight pieces and 4 x pieces a row tile, 16 bytes a lane each."""
         return self.warps * self.stages * (8 + 4 * self.row_tiles) * 32 * 16
 
-    def fits_shared(self) -> bool:
-        static = 2 * self.warps * 8 * self.row_tiles * 32 * 4 + 64  # the tile sums, 1/rms
-        return self.ring_bytes + static <= _SHARED_LIMIT
+    @property
+    def shared_bytes(self) -> int:
+        """The ring and the static arrays (the tile sums, 1/rms)."""
+        return self.ring_bytes + 2 * self.warps * 8 * self.row_tiles * 32 * 4 + 64
+
+    def fits_shared(self, limit: int = _SHARED_LIMIT) -> bool:
+        return self.shared_bytes <= limit
 
 
 # Warps a block at 1-8 rows; bench/mlp_block.py and bench/ab_step.py try 16 (two slots each, so the same
@@ -74,8 +78,7 @@ def fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_wei
     i = down_weight.shape[1]
     warps = variant_for(m).warps
     return (
-        attn.is_cuda
-        and 1 <= m <= MAX_ROWS
+        1 <= m <= MAX_ROWS
         and all(t.dtype == torch.bfloat16 and t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
         # Every warp's share of K is whole groups of four 32-wide chunks (gate_up: two).
         and q % (128 * warps) == 0
@@ -86,6 +89,7 @@ def fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_wei
         and norm_weight.shape == (h,)
         and gate_up_weight.shape == (2 * i, h)
         and down_weight.shape == (h, i)
+        and attn.is_cuda
     )
 
 
@@ -141,6 +145,11 @@ def available(device_index: int) -> tuple[bool, str]:
         return False, "no CUDA"
     if torch.cuda.get_device_capability(device_index) < (8, 0):
         return False, "needs compute capability 8.0 or newer (bf16 mma.sync)"
+    # One block an SM holds the whole ring: Hopper's 227 KB a block, not an A100's 163 or a consumer card's 99.
+    optin = getattr(torch.cuda.get_device_properties(device_index), "shared_memory_per_block_optin", 0)
+    need = max(variant_for(m).shared_bytes for m in (8, 16))
+    if optin < need:
+        return False, f"needs {need // 1024} KB of shared memory a block; this GPU gives {optin // 1024} KB"
     try:
         _function(device_index, variant_for(8))
     except (OSError, RuntimeError, AttributeError) as e:  # no NVRTC, a failed build, an old driver

@@ -172,10 +172,9 @@ class TritonOps(TorchOps):
         return lora_kernels.lora_add(x, out, a, b, slots, width, counts, self._pdl(x))
 
     def mlp_block(self, attn, residual, o_weight, o_bias, norm_weight, eps, gate_up_weight, down_weight):
-        # One launch for five where it builds (mlp_block.cu); a first layer (no residual yet) never comes here.
+        # One launch for five where it builds (mlp_block.cu).
         if (
             MLP_BLOCK
-            and residual is not None
             and mlp_block.fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_weight)
             and mlp_block.available(attn.device.index or 0)[0]
         ):

@@ -37,12 +37,38 @@ def test_the_default_builds_fit_shared_memory_and_the_deepest_rings_do_not():
 
 
 def test_fits_refuses_what_the_kernel_does_not_take():
+    """Checked on CPU tensors: the shape rules come before the device's, which alone refuses here."""
+
     def layer(m=8, q=2048, h=2048, i=8192, dtype=torch.bfloat16):
         t = lambda *s: torch.empty(*s, dtype=dtype)  # noqa: E731
-        return t(m, q), t(m, h), t(h, q), None, t(h), t(2 * i, h), t(h, i)
+        return [t(m, q), t(m, h), t(h, q), None, t(h), t(2 * i, h), t(h, i)]
 
-    # Tensors on the CPU: never (the kernel is CUDA's); the shape checks come after, and are tested on
-    # the GPU (test_gpu_mlp_block.py).
-    assert not mlp_block.fits(*layer())
-    attn, residual, wo, _, norm, wgu, wd = layer()
-    assert not mlp_block.fits(attn, residual, wo, torch.empty(2048, dtype=torch.bfloat16), norm, wgu, wd)
+    def refused_for_a_rule(args) -> bool:
+        # With is_cuda the last condition, a CPU layer that passes every other rule reaches it: patch the
+        # device check away to see which rule refused.
+        class Cuda(torch.Tensor):
+            is_cuda = True
+
+        cuda_args = [a.as_subclass(Cuda) if isinstance(a, torch.Tensor) else a for a in args]
+        return not mlp_block.fits(*cuda_args)
+
+    assert not mlp_block.fits(*layer())  # a CPU tensor: the kernel is CUDA's
+    assert (
+        not refused_for_a_rule(layer())
+        and not refused_for_a_rule(layer(m=1))
+        and not refused_for_a_rule(layer(m=16))
+    )
+    assert not refused_for_a_rule(layer(q=4096, h=4096, i=14336))  # the 8B Llama
+    assert refused_for_a_rule(layer(m=17))
+    assert refused_for_a_rule(layer(q=1536))  # a warp's share of K would not be whole groups
+    assert refused_for_a_rule(layer(i=8000))
+    assert refused_for_a_rule(layer(dtype=torch.float16))
+    with_bias = layer()
+    with_bias[3] = torch.empty(2048, dtype=torch.bfloat16)
+    assert refused_for_a_rule(with_bias)  # o_proj's bias: not in the kernel
+    strided = layer()
+    strided[0] = torch.empty(8, 4096, dtype=torch.bfloat16)[:, ::2]
+    assert refused_for_a_rule(strided)
+    mismatched = layer()
+    mismatched[1] = torch.empty(8, 1024, dtype=torch.bfloat16)
+    assert refused_for_a_rule(mismatched)
