@@ -285,7 +285,7 @@ class ServeSpec(Section):
     tool_call_parser: Literal[TOOL_CALL_PARSERS] | None = spec(
         None,
         doc="The format the model writes tool calls in: `hermes` (Hermes, Qwen2.5/3), `llama3_json` "
-        "(Llama 3.1/3.2's JSON template) or `pythonic` (Llama 3.2's and Llama 4's pythonic templates).",
+        "(Llama 3.1/3.2's JSON template) or `pythonic` (Llama 3.2's and Llama 4's pythonic templates; `llama4_pythonic` is the same).",
     )
     reasoning_parser: Literal[REASONING_PARSERS] | None = spec(
         None,

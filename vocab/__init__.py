@@ -123,7 +123,7 @@ GUIDED_BACKENDS: tuple[str, ...] = ("none", "xgrammar", "llguidance")
 # --- the server's readers of model output ---------------------------------------------------------
 
 # The formats `auto` tool choice reads a model's calls in (vLLM's --tool-call-parser names).
-TOOL_CALL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "pythonic")
+TOOL_CALL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "pythonic", "llama4_pythonic")
 # The formats reasoning models write their thinking in (vLLM's --reasoning-parser names).
 REASONING_PARSERS: tuple[str, ...] = ("deepseek_r1", "qwen3")
 

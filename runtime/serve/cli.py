@@ -148,7 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         choices=TOOL_CALL_PARSERS,
         default=d["tool_call_parser"],
         help="the format the model writes tool calls in: hermes (Hermes, Qwen2.5/3), llama3_json "
-        "(Llama 3.1/3.2's JSON template) or pythonic (Llama 3.2's and Llama 4's pythonic templates)",
+        "(Llama 3.1/3.2's JSON template) or pythonic (Llama 3.2's and Llama 4's pythonic templates; llama4_pythonic is the same)",
     )
     s.add_argument(
         "--reasoning-parser",

@@ -7,7 +7,8 @@
   model's format, chosen when the server starts (`--enable-auto-tool-choice --tool-call-parser`):
   `hermes` (Hermes, Qwen2.5/3: `<tool_call>{...}</tool_call>`), `llama3_json` (Llama 3.1/3.2:
   `{"name": ..., "parameters": {...}}`, several joined by `;`) or `pythonic` (Llama 3.2's and Llama 4's
-  pythonic templates: `[get_weather(city="Oslo"), now()]`, read with `ast`, never run).
+  pythonic templates: `[get_weather(city="Oslo"), now()]`, read with `ast`, never run;
+  `llama4_pythonic`, vLLM's name for it with Llama 4, is the same parser).
 - `"none"`, or no tools: the tools reach the chat template only.
 
 A call's finish_reason is "tool_calls" where the model chose to call (auto, required), and the
@@ -45,7 +46,11 @@ _HERMES_CALL = re.compile(re.escape(_HERMES_OPEN) + r"(.*?)(?:" + re.escape(_HER
 _PYTHON_TAG = "<|python_tag|>"
 _PYTHON_START, _PYTHON_END = "<|python_start|>", "<|python_end|>"  # Llama 4 around pythonic calls
 # What a reply that calls starts with, after whitespace, where its calls must come first.
-_LEADS = {"llama3_json": ("{", _PYTHON_TAG), "pythonic": ("[", _PYTHON_START)}
+_LEADS = {
+    "llama3_json": ("{", _PYTHON_TAG),
+    "pythonic": ("[", _PYTHON_START),
+    "llama4_pythonic": ("[", _PYTHON_START),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +206,7 @@ def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
         return _parse_hermes(text)
     if parser == "llama3_json":
         return _parse_llama3_json(text)
-    if parser == "pythonic":
+    if parser in ("pythonic", "llama4_pythonic"):
         return _parse_pythonic(text)
     raise ValueError(f"unknown tool-call parser {parser!r}; known: {', '.join(PARSERS)}")
 

@@ -53,8 +53,11 @@ def test_the_lock_carries_what_the_section_says():
         ("drain_timeout_s: -1", "greater than or equal to 0"),
         ("stream_interval: 65", "less than or equal to 64"),
         ("api_server_count: 0", "greater than 0"),
-        ("enable_auto_tool_choice: true", "needs tool_call_parser (hermes, llama3_json, pythonic)"),
-        ("tool_call_parser: mistral", "'hermes', 'llama3_json' or 'pythonic'"),
+        (
+            "enable_auto_tool_choice: true",
+            "needs tool_call_parser (hermes, llama3_json, pythonic, llama4_pythonic)",
+        ),
+        ("tool_call_parser: mistral", "'hermes', 'llama3_json', 'pythonic' or 'llama4_pythonic'"),
         ("reasoning_parser: r1", "'deepseek_r1' or 'qwen3'"),
         ("api_key: sesame", "did you mean 'api_key_env'"),  # a secret never sits in a manifest
     ],

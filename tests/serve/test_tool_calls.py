@@ -128,9 +128,10 @@ def test_pythonic_reads_a_list_of_calls_and_runs_nothing():
     assert content is None and [c.name for c in calls] == ["get_weather", "now"]
     assert json.loads(calls[0].arguments) == {"city": "Oslo", "days": [1, 2], "opts": {"a": None}}
     assert json.loads(calls[1].arguments) == {}
-    # Llama 4 wraps its calls in tags; a dotted name is a name
-    tagged = parse("pythonic", "<|python_start|>[tools.now(tz='UTC')]<|python_end|>")[1]
-    assert [(c.name, json.loads(c.arguments)) for c in tagged] == [("tools.now", {"tz": "UTC"})]
+    # Llama 4 wraps its calls in tags (vLLM's llama4_pythonic is the same parser); a dotted name is a name
+    for parser in ("pythonic", "llama4_pythonic"):
+        tagged = parse(parser, "<|python_start|>[tools.now(tz='UTC')]<|python_end|>")[1]
+        assert [(c.name, json.loads(c.arguments)) for c in tagged] == [("tools.now", {"tz": "UTC"})]
     for text in (
         "Sure, [now()] is what I would call",  # calls must come first
         "[now()] and more",
