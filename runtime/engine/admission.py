@@ -146,15 +146,41 @@ class GuidedAdmission:
         self.hint = backend_hint
         self._lock = threading.Lock()
 
-    def state(self, guided: Any) -> Any:
+    def state(self, guided: Any, prompt_ids: list[int] | None = None, tokenizer: Any = None) -> Any:
         from ..guided.backends import off_message
         from ..guided.spec import parse_spec
 
         if self.decoder is None:
             raise ValueError(off_message(self.hint))
         spec = parse_spec(guided)
+        gate = reasoning_gate(spec.after_reasoning, prompt_ids or [], tokenizer)
         with self._lock:
-            return self.decoder.state_for(spec)
+            return self.decoder.state_for(spec, gate)
+
+
+def reasoning_gate(markers: tuple[str, str] | None, prompt_ids: list[int], tokenizer: Any) -> int | None:
+    """The token after which a grammar holds a reasoning model's reply: its close marker, one token of
+    the tokenizer; None (the grammar from the first token) without markers or where the prompt already
+    closed the thinking (a template that turned it off), as vLLM judges a prompt's reasoning ended."""
+    if markers is None:
+        return None
+    if tokenizer is None:
+        raise ValueError("guided: after_reasoning needs the model's tokenizer, and this engine has none")
+    opening, closing = (_one_token(tokenizer, m) for m in markers)
+    if closing is None:
+        raise ValueError(
+            f"guided: after_reasoning: {markers[1]!r} is not one token of this model's tokenizer"
+        )
+    last_close = max((i for i, t in enumerate(prompt_ids) if t == closing), default=-1)
+    last_open = (
+        max((i for i, t in enumerate(prompt_ids) if t == opening), default=-1) if opening is not None else -1
+    )
+    return None if last_close > last_open else closing
+
+
+def _one_token(tokenizer: Any, marker: str) -> int | None:
+    ids = tokenizer.encode(marker, add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
 
 
 def make_sequences(

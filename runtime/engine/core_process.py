@@ -375,7 +375,7 @@ class LinkServer:
         try:
             guided = None
             if params.guided is not None:
-                guided = [llm._guided_state(params.guided) for _ in range(params.n)]
+                guided = [llm._guided_state(params.guided, prompt_ids) for _ in range(params.n)]
             plp = None
             if params.prompt_logprobs is not None:
                 plp = prompt_logprobs_when_room(

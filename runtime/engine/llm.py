@@ -343,7 +343,7 @@ class LLM:
             handle.engine_token, handle.prompt_logprobs = self.core.prepare(prompt_ids, params, lora)
             return guided
         if params.guided is not None:
-            guided = [self._guided_state(params.guided) for _ in range(params.n)]
+            guided = [self._guided_state(params.guided, prompt_ids) for _ in range(params.n)]
         if params.prompt_logprobs is not None:
             handle.prompt_logprobs = prompt_logprobs_when_room(
                 self.core,
@@ -355,9 +355,9 @@ class LLM:
             )
         return guided
 
-    def _guided_state(self, guided: Any) -> Any:
+    def _guided_state(self, guided: Any, prompt_ids: list[int] | None = None) -> Any:
         try:
-            return self._guided.state(guided)
+            return self._guided.state(guided, prompt_ids, self.tokenizer)
         except ValueError:
             raise
         except Exception as exc:  # a constraint a backend chokes on fails its request alone

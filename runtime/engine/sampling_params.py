@@ -113,6 +113,16 @@ class GuidedDecodingParams:
         default=False,
         metadata=doc("Accepted for vLLM compatibility: this engine never falls back to another backend."),
     )
+    after_reasoning: tuple[str, str] | None = field(
+        default=None,
+        metadata=doc(
+            "A reasoning model's thinking markers, like ('<think>', '</think>'), each one token of its "
+            "tokenizer: the model thinks freely, and the constraint holds the reply from the token after "
+            "the close marker it writes (from the first token where the prompt already closed the "
+            "thinking), as vLLM applies structured outputs after the reasoning. The server sets it under "
+            "--reasoning-parser."
+        ),
+    )
 
     def __post_init__(self) -> None:
         from ..guided.spec import backend_name
@@ -136,6 +146,18 @@ class GuidedDecodingParams:
             raise ValueError(
                 f"GuidedDecodingParams.whitespace_pattern must be a string, got {reprlib.repr(pattern)}"
             )
+        markers = self.after_reasoning
+        if markers is not None:
+            if (
+                not isinstance(markers, (list, tuple))
+                or len(markers) != 2
+                or not all(isinstance(m, str) and m for m in markers)
+            ):
+                raise ValueError(
+                    "GuidedDecodingParams.after_reasoning must be two thinking markers, like "
+                    f"('<think>', '</think>'), got {reprlib.repr(markers)}"
+                )
+            object.__setattr__(self, "after_reasoning", tuple(markers))
 
     def __hash__(self) -> int:
         # A schema or tag given as a dict cannot be hashed: equal params still hash equal without it.
@@ -151,6 +173,7 @@ class GuidedDecodingParams:
             "disable_any_whitespace": self.disable_any_whitespace,
             "whitespace_pattern": self.whitespace_pattern,
             "disable_additional_properties": self.disable_additional_properties or None,
+            "after_reasoning": list(self.after_reasoning) if self.after_reasoning else None,
         }
         return {**self._constraint(), **{k: v for k, v in options.items() if v is not None}}
 

@@ -133,8 +133,9 @@ class GuidedDecoder:
 
     # --- requests ---------------------------------------------------------------------------------
 
-    def state_for(self, spec: GuidedSpec | Any) -> GuidedState:
-        """A fresh matcher for a GuidedSpec or a request's raw constraint dict.
+    def state_for(self, spec: GuidedSpec | Any, gate: int | None = None) -> GuidedState:
+        """A fresh matcher for a GuidedSpec or a request's raw constraint dict; with `gate` (a reasoning
+        model's end-of-thinking token) the grammar holds the request only after the model writes it.
 
         Raises ValueError for a malformed constraint and GrammarError (a ValueError) for one that
         does not compile: either is the request's own error.
@@ -148,9 +149,20 @@ class GuidedDecoder:
                 f"(available: 'auto', {own!r}); build the LLM with guided_backend={spec.backend!r} for it"
             )
         matcher = self.cache.matcher(spec)
+        gate = -1 if gate is None else gate
         if self._api is not None:
-            return GuidedState(spec, matcher, self._extension.GuidedRow(self._api, matcher_handle(matcher)))
-        return GuidedState(spec, matcher, PythonRow(matcher, self.calls))
+            if gate >= 0 and not hasattr(self._extension.GuidedRow, "open"):
+                raise ValueError(
+                    "guided: after_reasoning needs this package's extension rebuilt with this fastpath"
+                )
+            handle = matcher_handle(matcher)
+            row = (
+                self._extension.GuidedRow(self._api, handle, gate)
+                if gate >= 0
+                else self._extension.GuidedRow(self._api, handle)
+            )
+            return GuidedState(spec, matcher, row)
+        return GuidedState(spec, matcher, PythonRow(matcher, self.calls, gate))
 
     # --- each step ----------------------------------------------------------------------------------
 

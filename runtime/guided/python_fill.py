@@ -18,11 +18,14 @@ import torch
 class PythonRow:
     """A request's matcher driven from Python."""
 
-    __slots__ = ("accepted", "calls", "error", "matcher", "terminated")
+    __slots__ = ("accepted", "calls", "error", "gate", "matcher", "open", "terminated")
 
-    def __init__(self, matcher: Any, calls: Any) -> None:  # MatcherCalls or LLGuidanceCalls
+    def __init__(self, matcher: Any, calls: Any, gate: int = -1) -> None:  # MatcherCalls or LLGuidanceCalls
         self.matcher, self.calls = matcher, calls
         self.accepted, self.error, self.terminated = 0, None, False
+        # gate >= 0: a reasoning model's end-of-thinking token; the grammar holds the row from the token
+        # after it (GuidedRow in guided_fill.hpp says the same).
+        self.gate, self.open = gate, gate < 0
 
     @property
     def live(self) -> bool:
@@ -30,6 +33,9 @@ class PythonRow:
 
     def accept(self, token: int) -> None:
         self.accepted += 1
+        if not self.open:  # still thinking: the gate token opens the grammar and is not its input
+            self.open = token == self.gate
+            return
         if not self.live:
             return
         if not self.calls.accept(self.matcher, token):
@@ -78,7 +84,7 @@ class PythonFill:
         """Row r constrained <=> flags[r] == 1; a free row's mask words are stale and ignored."""
         constrained = []
         for r, row in enumerate(plan):
-            live = row is not None and row.live
+            live = row is not None and row.live and row.open
             self._flags[r] = live
             if live:
                 constrained.append(r)

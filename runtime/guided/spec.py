@@ -14,7 +14,13 @@ from typing import Any
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "grammar", "structural_tag")
 # Keys a constraint's dict may hold beside its one kind, with vLLM's names and meanings.
-OPTIONS = ("backend", "disable_any_whitespace", "whitespace_pattern", "disable_additional_properties")
+OPTIONS = (
+    "backend",
+    "disable_any_whitespace",
+    "whitespace_pattern",
+    "disable_additional_properties",
+    "after_reasoning",
+)
 BACKENDS = ("auto", "xgrammar", "llguidance")
 _BACKEND_ALIASES = {"guidance": "llguidance"}  # vLLM's name for llguidance
 JSON_KINDS = ("json_schema", "json_object")  # the kinds whitespace options apply to
@@ -41,6 +47,9 @@ class GuidedSpec:
     backend: str = "auto"  # the backend the request asks for: "auto" is the engine's
     any_whitespace: bool = False  # JSON kinds: free whitespace between tokens (vLLM's default)
     whitespace_pattern: str | None = None  # JSON kinds: the whitespace allowed between tokens
+    # A reasoning model's (open, close) thinking markers: the grammar holds the reply from the token after
+    # the close marker (admission.reasoning_gate). Not part of the key: the grammar is the same.
+    after_reasoning: tuple[str, str] | None = None
 
     @property
     def key(self) -> tuple[str, str, bool, str | None]:
@@ -110,14 +119,26 @@ def _options(guided: dict[str, Any], kind: str) -> dict[str, Any]:
             "may hold; set one"
         )
     backend = backend_name(guided.get("backend"))
+    markers = guided.get("after_reasoning")
+    if markers is not None and (
+        not isinstance(markers, (list, tuple))
+        or len(markers) != 2
+        or not all(isinstance(m, str) and m for m in markers)
+    ):
+        raise ValueError(
+            "guided: after_reasoning must be a reasoning model's two thinking markers, "
+            f"like ['<think>', '</think>'], got {_short.repr(markers)}"
+        )
+    after = {"after_reasoning": tuple(markers)} if markers is not None else {}
     if kind not in JSON_KINDS:  # whitespace is JSON's: other kinds ignore it, as in vLLM
-        return {"backend": backend}
+        return {"backend": backend, **after}
     # None: this engine's compact JSON (a random-weight model may otherwise emit whitespace for
     # ever); False, said outright, is vLLM's default: any whitespace.
     return {
         "backend": backend,
         "any_whitespace": disable is False and pattern is None,
         "whitespace_pattern": pattern,
+        **after,
     }
 
 

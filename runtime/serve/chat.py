@@ -11,9 +11,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..engine.sampling_params import SamplingParams
+from ..engine.sampling_params import GuidedDecodingParams, SamplingParams
 from ..engine.token_bytes import token_bytes
-from . import tool_calls
+from . import reasoning, tool_calls
 from .beam import BeamGeneration, beam_params
 from .chat_reply import ReplyShape, ReplyStream
 from .errors import RequestInvalid, ServeError, error_body
@@ -182,11 +182,29 @@ def chat_run(state: ServerState, body: ChatRequest) -> ChatRun:
         body, state.config.max_tokens, defaults=state.llm.generation_defaults, tool_schema=tools.schema
     )
     params = _keep_call_tags(state, tools, params)
-    # A reply held to a grammar starts with its answer: nothing to split off.
-    thinking = state.config.reasoning_parser if params.guided_decoding is None else None
+    params, thinking = _after_reasoning(state, params)
     return ChatRun(
         params, request_keys(body, tools.schema), ReplyShape(tools, thinking, body.include_reasoning)
     )
+
+
+def _after_reasoning(state: ServerState, params: SamplingParams) -> tuple[SamplingParams, str | None]:
+    """(params, the reasoning parser that reads the reply). Under --reasoning-parser a grammar (a
+    response_format, a named or required tool) holds the reply from the token after `</think>`, the
+    thinking free before it, as vLLM applies structured outputs after the reasoning; where `</think>`
+    is not one token of the tokenizer, the grammar holds the reply from its first token, which is then
+    all answer."""
+    parser = state.config.reasoning_parser
+    guided = params.guided_decoding
+    if parser is None or guided is None:
+        return params, parser
+    tokenizer = state.llm.get_tokenizer()
+    if tokenizer is None or len(tokenizer.encode(reasoning.CLOSE, add_special_tokens=False)) != 1:
+        return params, None
+    if isinstance(guided, dict):
+        guided = GuidedDecodingParams(**guided)
+    guided = dataclasses.replace(guided, after_reasoning=(reasoning.OPEN, reasoning.CLOSE))
+    return dataclasses.replace(params, guided_decoding=guided, guided=None), parser
 
 
 def _keep_call_tags(state: ServerState, tools: ToolPlan, params: SamplingParams) -> SamplingParams:

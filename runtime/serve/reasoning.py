@@ -6,8 +6,10 @@
 - `qwen3` (Qwen3, whose thinking is switched by `chat_template_kwargs.enable_thinking`): a reply that
   opens with `<think>` reasons until `</think>`; one that does not is all answer.
 
-The answer then goes to the tool-call parser, if any. A reply held to a grammar (response_format, a
-named or required tool) is not split: its first token is already the answer.
+The answer then goes to the tool-call parser, if any. Under a grammar (response_format, a named or
+required tool) the model thinks freely and the grammar holds the reply from the token after `</think>`
+(chat._after_reasoning; GuidedDecodingParams.after_reasoning), so the reply splits the same way; where
+`</think>` is not one token, the grammar holds the reply from its first token and nothing is split.
 """
 
 from __future__ import annotations

@@ -173,3 +173,34 @@ def test_reasoning_tokens_are_those_inside_the_think_block(markers):
     ):
         assert reasoning_tokens(parser, tok, tok.encode(text), text) == want, (parser, text)
     assert reasoning_tokens("deepseek_r1", None, [5, 6], "ab") == 0
+
+
+def test_under_a_reasoning_parser_a_grammar_waits_for_the_close_marker():
+    """chat_run's choice: with </think> one token, the grammar holds the reply after it and the reply is
+    split; without, the grammar holds it from the first token and it is all answer (no split)."""
+    from types import SimpleNamespace
+
+    from fastpath.runtime import SamplingParams
+    from fastpath.runtime.engine.sampling_params import GuidedDecodingParams
+    from fastpath.runtime.serve.chat import _after_reasoning
+
+    class Tokens:
+        def __init__(self, one: bool) -> None:
+            self.one = one
+
+        def encode(self, text, add_special_tokens=False):
+            return [7] if self.one else [7, 8, 9]
+
+    def state(parser, one=True):
+        llm = SimpleNamespace(get_tokenizer=lambda: Tokens(one))
+        return SimpleNamespace(config=SimpleNamespace(reasoning_parser=parser), llm=llm)
+
+    guided = SamplingParams(guided_decoding=GuidedDecodingParams(json={"type": "object"}))
+    params, thinking = _after_reasoning(state("qwen3"), guided)
+    assert thinking == "qwen3" and params.guided["after_reasoning"] == ["<think>", "</think>"]
+    assert params.guided["json_schema"] == {"type": "object"}
+    params, thinking = _after_reasoning(state("deepseek_r1", one=False), guided)
+    assert thinking is None and "after_reasoning" not in params.guided
+    plain = SamplingParams()
+    assert _after_reasoning(state("qwen3"), plain) == (plain, "qwen3")  # no grammar: split as before
+    assert _after_reasoning(state(None), guided) == (guided, None)

@@ -59,8 +59,11 @@ struct MatcherApi {
 // One guided request: its matcher (a reference held) and what the fills did with it.
 class GuidedRow {
  public:
-  GuidedRow(std::shared_ptr<const MatcherApi> api, std::uintptr_t matcher)
-      : api_(std::move(api)), matcher_(reinterpret_cast<void*>(matcher)) {
+  // `gate` >= 0: a reasoning model's end-of-thinking token; the grammar holds the row only from the
+  // token after it (the row is free until the model writes it), as vLLM applies structured outputs
+  // after the reasoning.
+  GuidedRow(std::shared_ptr<const MatcherApi> api, std::uintptr_t matcher, std::int64_t gate = -1)
+      : api_(std::move(api)), matcher_(reinterpret_cast<void*>(matcher)), gate_(gate), open_(gate < 0) {
     api_->inc_ref(matcher_);
   }
   ~GuidedRow() {
@@ -72,6 +75,10 @@ class GuidedRow {
   // Takes one output token. A token the grammar refuses marks the row failed; it is then free.
   void accept(std::int64_t token) {
     accepted_.fetch_add(1);
+    if (!open_.load()) {  // still thinking: the gate token opens the grammar and is not its input
+      if (token == gate_) open_.store(true);
+      return;
+    }
     if (!live()) return;
     tvm_ffi_abi::Any args[] = {tvm_ffi_abi::object_arg(matcher_), tvm_ffi_abi::int_arg(token),
                                tvm_ffi_abi::bool_arg(false)};
@@ -104,6 +111,8 @@ class GuidedRow {
   std::int64_t last_fill_ns() const { return last_fill_ns_.load(); }
 
   bool live() const { return !failed_.load() && !terminated_.load(); }
+  // Whether the grammar holds the row yet (always, without a gate).
+  bool open() const { return open_.load(); }
   bool terminated() const { return terminated_.load(); }
   std::int64_t accepted() const { return accepted_.load(); }
   std::string error() const {
@@ -130,6 +139,8 @@ class GuidedRow {
 
   std::shared_ptr<const MatcherApi> api_;
   void* matcher_;
+  const std::int64_t gate_;
+  std::atomic<bool> open_;
   std::atomic<std::int64_t> accepted_{0};
   std::atomic<std::int64_t> last_fill_ns_{0};
   std::atomic<bool> terminated_{false};
@@ -320,7 +331,7 @@ class GuidedFill {
     const std::function<void(std::size_t)> row = [&](std::size_t r) {
       const auto& g = plan[r];
       if (g && accept_first && g->live()) g->accept(tokens_[r]);
-      const bool constrained = g && g->live() && g->fill(&tensor_, static_cast<std::int64_t>(r));
+      const bool constrained = g && g->live() && g->open() && g->fill(&tensor_, static_cast<std::int64_t>(r));
       flags_[r] = constrained ? 1 : 0;
       std::string why;
       if (g && g->take_internal_error(&why)) {

@@ -44,15 +44,16 @@ inline void define_matcher(py::module_& m) {
 
   py::class_<GuidedRow, std::shared_ptr<GuidedRow>>(m, "GuidedRow", py::module_local(),
                                                     "A guided request's xgrammar matcher, driven without the GIL.")
-      .def(py::init([](std::shared_ptr<MatcherApi> api, std::uintptr_t matcher) {
+      .def(py::init([](std::shared_ptr<MatcherApi> api, std::uintptr_t matcher, std::int64_t gate) {
              if (matcher == 0) throw py::value_error("GuidedRow: the matcher handle is null");
-             return std::make_shared<GuidedRow>(std::move(api), matcher);
+             return std::make_shared<GuidedRow>(std::move(api), matcher, gate);
            }),
-           py::arg("api"), py::arg("matcher"))
+           py::arg("api"), py::arg("matcher"), py::arg("gate") = -1)
       .def("accept", &GuidedRow::accept, py::arg("token"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("accepted", &GuidedRow::accepted)
       .def_property_readonly("terminated", &GuidedRow::terminated)
       .def_property_readonly("live", &GuidedRow::live)
+      .def_property_readonly("open", &GuidedRow::open)
       .def_property_readonly("error", [](const GuidedRow& r) -> py::object {
         std::string e = r.error();
         return e.empty() ? py::object(py::none()) : py::object(py::str(e));
