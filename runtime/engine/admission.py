@@ -171,11 +171,17 @@ def reasoning_gate(markers: tuple[str, str] | None, prompt_ids: list[int], token
         raise ValueError(
             f"guided: after_reasoning: {markers[1]!r} is not one token of this model's tokenizer"
         )
-    last_close = max((i for i, t in enumerate(prompt_ids) if t == closing), default=-1)
-    last_open = (
-        max((i for i, t in enumerate(prompt_ids) if t == opening), default=-1) if opening is not None else -1
-    )
-    return None if last_close > last_open else closing
+    return None if _last(prompt_ids, closing) > _last(prompt_ids, opening) else closing
+
+
+def _last(ids: list[int], token: int | None) -> int:
+    """Where `token` last occurs in `ids`, -1 if nowhere (a scan in C, from the end)."""
+    if token is None:
+        return -1
+    try:
+        return len(ids) - 1 - ids[::-1].index(token)
+    except ValueError:
+        return -1
 
 
 def _one_token(tokenizer: Any, marker: str) -> int | None:

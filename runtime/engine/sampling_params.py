@@ -116,11 +116,12 @@ class GuidedDecodingParams:
     after_reasoning: tuple[str, str] | None = field(
         default=None,
         metadata=doc(
-            "A reasoning model's thinking markers, like ('<think>', '</think>'), each one token of its "
-            "tokenizer: the model thinks freely, and the constraint holds the reply from the token after "
-            "the close marker it writes (from the first token where the prompt already closed the "
-            "thinking), as vLLM applies structured outputs after the reasoning. The server sets it under "
-            "--reasoning-parser."
+            "A reasoning model's thinking markers, like ('<think>', '</think>'): the model thinks freely, "
+            "and the constraint holds the reply from the token after the close marker it writes, as vLLM "
+            "applies structured outputs after the reasoning; from the first token where the prompt "
+            "already closed the thinking (its last close marker after its last open one). The close "
+            "marker must be one token of the tokenizer; an open marker that is not one is not looked "
+            "for. The server sets it under --reasoning-parser."
         ),
     )
 

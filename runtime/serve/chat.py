@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..engine.admission import reasoning_gate
 from ..engine.sampling_params import GuidedDecodingParams, SamplingParams
 from ..engine.token_bytes import token_bytes
 from . import reasoning, tool_calls
@@ -75,8 +76,8 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     run = chat_run(state, body)
     if run.shape.tools.mode != "none" and body.use_beam_search:
         raise RequestInvalid("use_beam_search: tool calls are not made with beam search", "use_beam_search")
-    params, shape = run.params, run.shape
-    prompts = chat_prompts(state, body)
+    params = run.params
+    prompts = run.judging(state, chat_prompts(state, body))
 
     client = client_request_id(request.headers.get("x-request-id"))
     rid = request_id("chatcmpl", client)
@@ -91,6 +92,7 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
         gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys, lora)
     request.state.prompt_tokens = gen.prompt_tokens
     request.state.timeline = gen.timeline
+    shape = run.reply_shape()
     if body.stream:
         env = Envelope(rid, "chat.completion.chunk", int(time.time()), state.reply_name(body.model, lora))
         return SSEResponse(_events(gen, env, body, request, shape), gen)
@@ -172,6 +174,29 @@ class ChatRun:
     params: SamplingParams
     keys: RequestKeys
     shape: ReplyShape
+    # Set by `judging` once the prompt is rendered: it already closed the thinking (a template that turned
+    # it off), so the grammar holds the reply from its first token and nothing is to be split off.
+    closed: list[bool] = dataclasses.field(default_factory=lambda: [False])
+
+    def judging(self, state: ServerState, prompts: Callable[[], list[Any]]) -> Callable[[], list[Any]]:
+        """`prompts`, which also judges the rendered prompt where the grammar waits for the thinking's end
+        (the engine's own rule, admission.reasoning_gate)."""
+        guided = self.params.guided or {}
+        markers = guided.get("after_reasoning")
+        if not markers:
+            return prompts
+
+        def judged() -> list[Any]:
+            rendered = prompts()
+            ids = rendered[0].get("prompt_token_ids") or []
+            self.closed[0] = reasoning_gate(tuple(markers), list(ids), state.llm.get_tokenizer()) is None
+            return rendered
+
+        return judged
+
+    def reply_shape(self) -> ReplyShape:
+        """How the reply is read, once `judging` has run (before the engine's first output)."""
+        return dataclasses.replace(self.shape, reasoning=None) if self.closed[0] else self.shape
 
 
 def chat_run(state: ServerState, body: ChatRequest) -> ChatRun:

@@ -55,7 +55,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     prompts = chat_prompts(state, chat, refuse_no_room=False)
     try:
         run = chat_run(state, chat)
-        gen = await Generation.start(state, prompts, 1, run.params, rid, body.stream, run.keys, lora)
+        gen = await Generation.start(
+            state, run.judging(state, prompts), 1, run.params, rid, body.stream, run.keys, lora
+        )
     except ServeError as exc:  # named in chat's fields: respelled in this request's
         mine = _respelled(exc.param)
         if mine != exc.param:
@@ -66,14 +68,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     reply = _Reply(rid, int(time.time()), state.reply_name(body.model, lora), body)
     if logprobs:
         reply.top, reply.raw = body.top_logprobs or 0, token_bytes(state.llm.get_tokenizer())
+    shape = run.reply_shape()
     if body.stream:
-        events = (
-            _events(gen, reply, request)
-            if run.shape.plain
-            else _shaped_events(gen, reply, request, run.shape)
-        )
+        events = _events(gen, reply, request) if shape.plain else _shaped_events(gen, reply, request, shape)
         return SSEResponse(events, gen)
-    return await unless_disconnected(request.receive, gen, _respond(gen, reply, request, run.shape))
+    return await unless_disconnected(request.receive, gen, _respond(gen, reply, request, shape))
 
 
 async def stored_response(response_id: str) -> Response:

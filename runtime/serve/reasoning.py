@@ -9,7 +9,8 @@
 The answer then goes to the tool-call parser, if any. Under a grammar (response_format, a named or
 required tool) the model thinks freely and the grammar holds the reply from the token after `</think>`
 (chat._after_reasoning; GuidedDecodingParams.after_reasoning), so the reply splits the same way; where
-`</think>` is not one token, the grammar holds the reply from its first token and nothing is split.
+`</think>` is not one token, or the prompt already closed the thinking (ChatRun.judging), the grammar
+holds the reply from its first token and nothing is split.
 """
 
 from __future__ import annotations
@@ -48,22 +49,24 @@ def reasoning_tokens(parser: str, tokenizer: Any, token_ids: Sequence[int], text
     if not reasoning or tokenizer is None:
         return 0
     ids = list(token_ids)
-    opened = _marker_tokens(tokenizer, OPEN) if text.lstrip().startswith(OPEN) else 0
+    start = 0  # the thinking's first token: past a leading <think> and what came before it
+    if text.lstrip().startswith(OPEN):
+        opening = _single_token(tokenizer, OPEN)
+        if opening is not None and opening in ids:
+            start = ids.index(opening) + 1
+        else:
+            start = len(tokenizer.encode(text[: text.index(OPEN) + len(OPEN)], add_special_tokens=False))
     if CLOSE not in text:  # the whole reply is thinking (cut by max_tokens, or its template opened it)
-        return max(0, len(ids) - opened)
+        return max(0, len(ids) - start)
     close = _single_token(tokenizer, CLOSE)
     if close is not None and close in ids:
-        return max(0, ids.index(close) - opened)
+        return max(0, ids.index(close) - start)
     return len(tokenizer.encode(reasoning, add_special_tokens=False))
 
 
 def _single_token(tokenizer: Any, marker: str) -> int | None:
     ids = tokenizer.encode(marker, add_special_tokens=False)
     return ids[0] if len(ids) == 1 else None
-
-
-def _marker_tokens(tokenizer: Any, marker: str) -> int:
-    return len(tokenizer.encode(marker, add_special_tokens=False))
 
 
 class ReasoningStream:

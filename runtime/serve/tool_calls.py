@@ -194,9 +194,17 @@ def _call(item: Any, *argument_keys: str) -> ToolCall | None:
     if isinstance(arguments, str):  # already JSON text (some models write it so)
         return ToolCall(item["name"], arguments)
     try:
-        return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False, allow_nan=False))
+        return ToolCall(item["name"], _json_text(arguments))
     except _BAD_JSON:
         return None
+
+
+def _json_text(value: Any) -> str:
+    """JSON text a response can carry: no NaN, and UTF-8 (a lone surrogate such as "\\ud800" is not:
+    UnicodeEncodeError, a ValueError)."""
+    text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    text.encode("utf-8")
+    return text
 
 
 def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
@@ -273,20 +281,22 @@ def _parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
             return text, []
         try:
             arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-            calls.append(ToolCall(name, json.dumps(arguments, ensure_ascii=False, allow_nan=False)))
+            calls.append(ToolCall(name, _json_text(arguments)))
         except (*_BAD_JSON, TypeError, SyntaxError, MemoryError):  # not a literal, or not JSON (a set, bytes)
             return text, []
     return None, calls
 
 
 def _dotted(node: ast.expr) -> str | None:
-    """`name` or `module.name` of a call; None for anything else."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
-        return None if head is None else f"{head}.{node.attr}"
-    return None
+    """`name` or `module.name` of a call; None for anything else. A loop: a model's chain of attributes
+    may be thousands long."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
 
 
 class ToolStream:
@@ -309,6 +319,8 @@ class ToolStream:
         if mode == "none":
             return text, []
         if mode == "named":
+            if not self.calls and not text and not finished:
+                return "", []  # nothing of the answer yet (a reasoning model still thinking): no call opened
             if not self.calls:
                 assert self.plan.name is not None
                 self.calls.append(ToolCall(self.plan.name, ""))

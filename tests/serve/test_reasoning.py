@@ -170,6 +170,7 @@ def test_reasoning_tokens_are_those_inside_the_think_block(markers):
         ("qwen3", "<think>ab</think>cd", 2),
         ("qwen3", "no think", 0),
         ("deepseek_r1", "<think></think>4", 0),
+        ("qwen3", "  <think>ab</think>c", 2),  # whitespace before <think> is not thinking
     ):
         assert reasoning_tokens(parser, tok, tok.encode(text), text) == want, (parser, text)
     assert reasoning_tokens("deepseek_r1", None, [5, 6], "ab") == 0
@@ -204,3 +205,47 @@ def test_under_a_reasoning_parser_a_grammar_waits_for_the_close_marker():
     plain = SamplingParams()
     assert _after_reasoning(state("qwen3"), plain) == (plain, "qwen3")  # no grammar: split as before
     assert _after_reasoning(state(None), guided) == (guided, None)
+
+
+def test_a_named_tool_opens_its_call_only_when_the_answer_begins():
+    """Streamed as the whole reply reads: the reasoning first, then one call, its arguments whole."""
+    shape = ReplyShape(ToolPlan("named", name="now", schema={}), "deepseek_r1")
+    stream = shape.stream()
+    deltas = [
+        stream.feed(piece, i == 3)
+        for i, piece in enumerate(["hm, ", "the time", "</think>", '{"tz": "UTC"}'])
+    ]
+    assert [set(d) for d in deltas[:3]] == [{"reasoning", "reasoning_content"}] * 2 + [set()]
+    (call,) = deltas[3]["tool_calls"]
+    assert call["function"] == {"name": "now", "arguments": '{"tz": "UTC"}'}
+    whole, _ = shape.message('hm, the time</think>{"tz": "UTC"}', "stop")
+    assert (
+        whole["reasoning"] == "hm, the time"
+        and whole["tool_calls"][0]["function"]["arguments"] == '{"tz": "UTC"}'
+    )
+
+
+def test_a_prompt_that_closed_the_thinking_is_read_unsplit():
+    """ChatRun.judging: where the rendered prompt already closed the thinking, the grammar holds the reply
+    from its first token (the engine's rule), so a deepseek_r1 reply without </think> is answer."""
+    from types import SimpleNamespace
+
+    from fastpath.runtime import SamplingParams
+    from fastpath.runtime.engine.sampling_params import GuidedDecodingParams
+    from fastpath.runtime.serve.chat import ChatRun
+
+    class Tokens:
+        def encode(self, text, add_special_tokens=False):
+            return {"<think>": [1], "</think>": [2]}[text]
+
+    state = SimpleNamespace(llm=SimpleNamespace(get_tokenizer=Tokens))
+    guided = GuidedDecodingParams(json={"type": "object"}, after_reasoning=("<think>", "</think>"))
+    for prompt_ids, splits in (([5, 1, 6, 2, 7], False), ([5, 1, 6], True), ([5, 6], True)):
+        run = ChatRun(SamplingParams(guided_decoding=guided), None, ReplyShape(ToolPlan(), "deepseek_r1"))
+        assert run.judging(state, lambda ids=prompt_ids: [{"prompt_token_ids": ids}])() == [
+            {"prompt_token_ids": prompt_ids}
+        ]
+        assert (run.reply_shape().reasoning == "deepseek_r1") is splits, prompt_ids
+    plain = ChatRun(SamplingParams(), None, ReplyShape(ToolPlan(), "deepseek_r1"))
+    prompts = lambda: [{"prompt_token_ids": [2]}]  # noqa: E731
+    assert plain.judging(state, prompts) is prompts and plain.reply_shape().reasoning == "deepseek_r1"

@@ -145,8 +145,12 @@ def test_pythonic_reads_a_list_of_calls_and_runs_nothing():
         "[now(x=" + "[" * 300 + "]" * 300 + ")]",
         "[now(",
         "[1, 2]",
+        '[f(x="\\ud800")]',  # a lone surrogate: no UTF-8 to send
     ):
         assert parse("pythonic", text) == (text, []), text
+    # A chain of attributes past the recursion limit is a name, read without recursion.
+    deep = parse("pythonic", "[a" + ".b" * 1500 + "()]")[1]
+    assert [c.name for c in deep] == ["a" + ".b" * 1500]
 
 
 def _stream(p: ToolPlan, pieces: list[str]) -> tuple[str, list[dict]]:
@@ -234,7 +238,7 @@ PIECES = st.sampled_from(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    parser=st.sampled_from(["hermes", "llama3_json", "pythonic"]),
+    parser=st.sampled_from(["hermes", "llama3_json", "pythonic", "llama4_pythonic"]),
     words=st.lists(PIECES, max_size=10),
     data=st.data(),
 )
