@@ -126,7 +126,7 @@ class GuidedDecodingParams:
     )
 
     def __post_init__(self) -> None:
-        from ..guided.spec import backend_name
+        from ..guided.spec import backend_name, reasoning_markers
 
         given = [k for k in GUIDED_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
@@ -147,18 +147,9 @@ class GuidedDecodingParams:
             raise ValueError(
                 f"GuidedDecodingParams.whitespace_pattern must be a string, got {reprlib.repr(pattern)}"
             )
-        markers = self.after_reasoning
-        if markers is not None:
-            if (
-                not isinstance(markers, (list, tuple))
-                or len(markers) != 2
-                or not all(isinstance(m, str) and m for m in markers)
-            ):
-                raise ValueError(
-                    "GuidedDecodingParams.after_reasoning must be two thinking markers, like "
-                    f"('<think>', '</think>'), got {reprlib.repr(markers)}"
-                )
-            object.__setattr__(self, "after_reasoning", tuple(markers))
+        if self.after_reasoning is not None:
+            markers = reasoning_markers(self.after_reasoning, "GuidedDecodingParams.after_reasoning")
+            object.__setattr__(self, "after_reasoning", markers)
 
     def __hash__(self) -> int:
         # A schema or tag given as a dict cannot be hashed: equal params still hash equal without it.

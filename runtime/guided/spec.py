@@ -67,6 +67,20 @@ def backend_name(value: Any, field: str = "guided: backend") -> str:
     return name
 
 
+def reasoning_markers(value: Any, field: str = "guided: after_reasoning") -> tuple[str, str]:
+    """A reasoning model's (open, close) thinking markers, checked: two non-empty strings."""
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) != 2
+        or not all(isinstance(m, str) and m for m in value)
+    ):
+        raise ValueError(
+            f"{field} must be a reasoning model's two thinking markers, like ('<think>', '</think>'), "
+            f"got {_short.repr(value)}"
+        )
+    return tuple(value)
+
+
 def parse_spec(guided: Any) -> GuidedSpec:
     """{'json_schema': schema} | {'json_object': True} | {'regex': pattern} | {'choice': [str, ...]}
     | {'grammar': ebnf or lark} | {'structural_tag': tag} -> GuidedSpec, with any of OPTIONS beside
@@ -120,16 +134,7 @@ def _options(guided: dict[str, Any], kind: str) -> dict[str, Any]:
         )
     backend = backend_name(guided.get("backend"))
     markers = guided.get("after_reasoning")
-    if markers is not None and (
-        not isinstance(markers, (list, tuple))
-        or len(markers) != 2
-        or not all(isinstance(m, str) and m for m in markers)
-    ):
-        raise ValueError(
-            "guided: after_reasoning must be a reasoning model's two thinking markers, "
-            f"like ['<think>', '</think>'], got {_short.repr(markers)}"
-        )
-    after = {"after_reasoning": tuple(markers)} if markers is not None else {}
+    after = {"after_reasoning": reasoning_markers(markers)} if markers is not None else {}
     if kind not in JSON_KINDS:  # whitespace is JSON's: other kinds ignore it, as in vLLM
         return {"backend": backend, **after}
     # None: this engine's compact JSON (a random-weight model may otherwise emit whitespace for

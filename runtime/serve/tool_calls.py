@@ -46,11 +46,8 @@ _HERMES_CALL = re.compile(re.escape(_HERMES_OPEN) + r"(.*?)(?:" + re.escape(_HER
 _PYTHON_TAG = "<|python_tag|>"
 _PYTHON_START, _PYTHON_END = "<|python_start|>", "<|python_end|>"  # Llama 4 around pythonic calls
 # What a reply that calls starts with, after whitespace, where its calls must come first.
-_LEADS = {
-    "llama3_json": ("{", _PYTHON_TAG),
-    "pythonic": ("[", _PYTHON_START),
-    "llama4_pythonic": ("[", _PYTHON_START),
-}
+_LEADS = {"llama3_json": ("{", _PYTHON_TAG), "pythonic": ("[", _PYTHON_START)}
+_ALIASES = {"llama4_pythonic": "pythonic"}  # vLLM's other names for a parser here
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,11 +207,12 @@ def _json_text(value: Any) -> str:
 def parse(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a free reply in `parser`'s format. A reply whose calls do not all parse is
     content, whole: half a call is no call."""
+    parser = _ALIASES.get(parser, parser)
     if parser == "hermes":
         return _parse_hermes(text)
     if parser == "llama3_json":
         return _parse_llama3_json(text)
-    if parser in ("pythonic", "llama4_pythonic"):
+    if parser == "pythonic":
         return _parse_pythonic(text)
     raise ValueError(f"unknown tool-call parser {parser!r}; known: {', '.join(PARSERS)}")
 
@@ -359,7 +357,8 @@ class ToolStream:
         else:  # llama3_json, pythonic: a reply that calls starts with its first call
             if not self.decided:
                 head = pending.lstrip()
-                lead, tag = _LEADS[self.plan.parser or ""]
+                parser = self.plan.parser or ""
+                lead, tag = _LEADS[_ALIASES.get(parser, parser)]
                 if not finished and len(head) < len(tag) and tag.startswith(head):
                     return ""  # "", "<", "<|py": not known yet
                 self.decided = True
