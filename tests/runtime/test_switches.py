@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,38 +21,38 @@ def test_every_fastpath_variable_the_runtime_reads_is_documented():
     assert sorted(v for v in read if v not in readme) == []
 
 
-def test_the_unmeasured_rope_epilogue_is_off_unless_asked_for():
-    probe = "from fastpath.runtime.kernels import triton_ops; print(triton_ops.MMA_ROPE)"
-    env = {k: v for k, v in os.environ.items() if k != "FASTPATH_MMA_ROPE"}
-    for value, expected in ((None, "False"), ("1", "True"), ("0", "False")):
-        run_env = env if value is None else {**env, "FASTPATH_MMA_ROPE": value}
-        done = subprocess.run(
-            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
-        )
-        assert done.stdout.strip() == expected, value
-
-
-def test_the_untested_gated_ring_is_off_unless_asked_for():
-    """gate_up_proj's gated build (FASTPATH_MMA_GATED=1) is off by default: its gain was a few µs a step."""
-    probe = (
+# (variable, probe printing what it switches, printed when unset or "0", printed when "1")
+SWITCHES = [
+    # the q|k|v RoPE epilogue on the tensor-core GEMV: measured too small a gain to turn on
+    (
+        "FASTPATH_MMA_ROPE",
+        "from fastpath.runtime.kernels import triton_ops; print(triton_ops.MMA_ROPE)",
+        "False",
+        "True",
+    ),
+    # gate_up_proj's gated build: its gain was a few µs a step
+    (
+        "FASTPATH_MMA_GATED",
         "from fastpath.runtime.kernels import mma_gemv as m; "
-        "print(m.GATED_MAX_WEIGHT > m.MAX_WEIGHT, m.GATED_UNROLL, m.GATED_STAGES)"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "FASTPATH_MMA_GATED"}
-    for value, expected in ((None, "False 1 4"), ("1", "True 2 2"), ("0", "False 1 4")):
-        run_env = env if value is None else {**env, "FASTPATH_MMA_GATED": value}
-        done = subprocess.run(
-            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
-        )
-        assert done.stdout.strip() == expected, value
+        "print(m.GATED_MAX_WEIGHT > m.MAX_WEIGHT, m.GATED_UNROLL, m.GATED_STAGES)",
+        "False 1 4",
+        "True 2 2",
+    ),
+    # mlp_block.cu measured slower than the five ops on an H100 (round 30)
+    (
+        "FASTPATH_MLP_BLOCK",
+        "from fastpath.runtime.kernels import triton_ops; print(triton_ops.MLP_BLOCK)",
+        "False",
+        "True",
+    ),
+]
 
 
-def test_the_slower_persistent_mlp_half_is_off_unless_asked_for():
-    """mlp_block.cu (FASTPATH_MLP_BLOCK=1) measured slower than the five ops on an H100 (round 30): off."""
-    probe = "from fastpath.runtime.kernels import triton_ops; print(triton_ops.MLP_BLOCK)"
-    env = {k: v for k, v in os.environ.items() if k != "FASTPATH_MLP_BLOCK"}
-    for value, expected in ((None, "False"), ("1", "True"), ("0", "False")):
-        run_env = env if value is None else {**env, "FASTPATH_MLP_BLOCK": value}
+@pytest.mark.parametrize(("variable", "probe", "off", "on"), SWITCHES, ids=[v for v, *_ in SWITCHES])
+def test_a_path_not_worth_its_cost_is_off_unless_asked_for(variable, probe, off, on):
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    for value, expected in ((None, off), ("1", on), ("0", off)):
+        run_env = env if value is None else {**env, variable: value}
         done = subprocess.run(
             [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
         )

@@ -124,6 +124,15 @@ def test_required_streams_each_call_whole(url):
     assert finals == ["tool_calls"] and chunks[-1].usage.completion_tokens > 0
 
 
+def _read(r, chunks):
+    """(content, tool calls, finish_reason) of a whole reply, or of its chunks when it streamed."""
+    if chunks is not None:
+        content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+        calls = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
+        return content, calls, chunks[-1].choices[0].finish_reason
+    return r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason
+
+
 HERMES_REPLY = r'Sure\. <tool_call>\{"name": "get_weather", "arguments": \{"unit": "(c|f)", "rain": (true|false)\}\}</tool_call>'
 LLAMA_REPLY = r'\{"name": "now", "parameters": \{\}\}; \{"name": "get_weather", "parameters": \{"unit": "c", "rain": true\}\}'
 
@@ -140,16 +149,7 @@ def test_auto_reads_hermes_calls_out_of_the_text(llm, stream):
             model="tiny", messages=ASK, tools=[WEATHER], max_tokens=8, temperature=0,
             extra_body={"guided_regex": "[a-z ]{4}"},
         )  # fmt: skip
-    if stream:
-        content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
-        calls = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
-        finish = chunks[-1].choices[0].finish_reason
-    else:
-        content, calls, finish = (
-            r.choices[0].message.content,
-            r.choices[0].message.tool_calls,
-            r.choices[0].finish_reason,
-        )
+    content, calls, finish = _read(r, chunks)
     assert content == "Sure. " and finish == "tool_calls"
     (call,) = calls
     assert call.function.name == "get_weather" and call.id.startswith("call_")
@@ -184,16 +184,7 @@ def test_auto_reads_pythonic_calls(llm, stream):
             temperature=0, stream=stream, extra_body={"guided_regex": PYTHONIC_REPLY},
         )  # fmt: skip
         chunks = list(r) if stream else None
-    if stream:
-        content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
-        calls = [d for ch in chunks for d in (ch.choices[0].delta.tool_calls or [])]
-        finish = chunks[-1].choices[0].finish_reason
-    else:
-        content, calls, finish = (
-            r.choices[0].message.content,
-            r.choices[0].message.tool_calls,
-            r.choices[0].finish_reason,
-        )
+    content, calls, finish = _read(r, chunks)
     assert not content and finish == "tool_calls"
     assert [(t.function.name, json.loads(t.function.arguments)) for t in calls] == [
         ("now", {}),
