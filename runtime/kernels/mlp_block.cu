@@ -339,19 +339,24 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
     int ready = -1;        // the phase whose x can be read: -1 until the first pending fill
     int slot_index = 0;    // at's slot
     float acc[2][ROW_TILES][4] = {};
+    // The next grid barrier: every block's phase `ready` is written. Past the last one every block is
+    // resident, so the kernels after this one may launch.
+    auto cross_barrier = [&]() {
+        STAMP(2 + 2 * ready);
+        grid_barrier(arrivals);
+        ++ready;
+        STAMP(1 + 2 * ready);
+#if __CUDA_ARCH__ >= 900
+        if (ready == PHASES - 1) asm volatile("griddepcontrol.launch_dependents;");
+#endif
+    };
     int parity = 0, tiles_done = 0;
 #pragma unroll 1
     while (at.p < PHASES) {
         if (at.p != ready) {  // the block's first group of a phase: its x after the barrier(s)
             if (ready < 0) ready = 0;
             while (ready < at.p) {
-                STAMP(2 + 2 * ready);
-                grid_barrier(arrivals);
-                ++ready;
-                STAMP(1 + 2 * ready);
-#if __CUDA_ARCH__ >= 900
-                if (ready == 2) asm volatile("griddepcontrol.launch_dependents;");
-#endif
+                cross_barrier();
                 if (ready == 1) {  // 1 / rms of each row: phase 0's tile sums, added in tile order
                     const int i = threadIdx.x, m = i & 15, part = i >> 4, tiles = H / 16, per = (tiles + 15) / 16;
                     float* sums = reinterpret_cast<float*>(partial);  // free: no tile is open
@@ -459,13 +464,7 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
     // A block with no tile in the last phases still takes their barriers.
     if (ready < 0) ready = 0;
     while (ready < PHASES - 1) {
-        STAMP(2 + 2 * ready);
-        grid_barrier(arrivals);
-        ++ready;
-        STAMP(1 + 2 * ready);
-#if __CUDA_ARCH__ >= 900
-        if (ready == 2) asm volatile("griddepcontrol.launch_dependents;");
-#endif
+        cross_barrier();
     }
     asm volatile("cp.async.wait_all;");
     STAMP(6);

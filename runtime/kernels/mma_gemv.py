@@ -212,14 +212,7 @@ def available(device_index: int) -> tuple[bool, str]:
     return True, "on"
 
 
-@functools.cache
+@functools.cache  # a launch's lookup: the options are built once a variant
 def _function(device_index: int, variant: Variant) -> ctypes.c_void_p:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    cubin = nvrtc.compile_source(_source(), SOURCE.name, f"sm_{major}{minor}", tuple(variant.options()))
     # Past 48 KB of dynamic shared memory a kernel has to ask for it.
-    return nvrtc.load_function(device_index, cubin, "mma_gemv", dynamic_shared=variant.ring_bytes)
-
-
-@functools.cache
-def _source() -> str:
-    return SOURCE.read_text()
+    return nvrtc.kernel(device_index, SOURCE, "mma_gemv", tuple(variant.options()), variant.ring_bytes)

@@ -11,6 +11,7 @@ import functools
 import glob
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -42,6 +43,17 @@ def compile_source(source: str, name: str, arch: str, options: tuple[str, ...]) 
         return cubin.raw
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
+
+
+@functools.cache
+def kernel(
+    device_index: int, source: Path, name: str, options: tuple[str, ...], dynamic_shared: int = 0
+) -> ctypes.c_void_p:
+    """Kernel `name` of the CUDA C++ file `source`, built with `options` for the device's architecture and
+    loaded: once a process for each build."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    cubin = compile_source(source.read_text(), source.name, f"sm_{major}{minor}", options)
+    return load_function(device_index, cubin, name, dynamic_shared)
 
 
 def load_function(device_index: int, cubin: bytes, name: str, dynamic_shared: int = 0) -> ctypes.c_void_p:
