@@ -29,6 +29,9 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
 - "PDL, MLP half in one persistent launch": 1-16 rows' o_proj, MLP norm, gate_up_proj, SiLU-mul and
   down_proj in one launch (mlp_block.cu, triton_ops.MLP_BLOCK), five launches' ramps and tails gone;
   ", 16 warps": with 16 warps a block at 1-8 rows (two slots each) in place of 8 (four);
+- "PDL, whole-line rings": mma_gemv.cu's and mlp_block.cu's rings filled a row segment at a time, each
+  warp-wide copy whole 128-byte lines (FASTPATH_LINES=1), the same bits; ", gate_up gated" with it, the
+  gated build above; the persistent launch's rows with it too;
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
   rows' linears on the tensor-core GEMV (mma_gemv.cu), gate_up_proj on cuBLAS and the SiLU-mul.
@@ -78,6 +81,7 @@ class Variant:
     gated_ring: tuple[int, int] = (1, 4)
     mlp_block: bool = False  # triton_ops.MLP_BLOCK (FASTPATH_MLP_BLOCK=1)
     mlp_block_warps: int = 8  # mlp_block.WARPS: its warps a block at 1-8 rows
+    lines: bool = False  # mma_gemv.LINES and mlp_block.LINES (FASTPATH_LINES=1)
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
@@ -92,6 +96,7 @@ class Variant:
         triton_ops.EARLY_ROPE, triton_ops.MMA_SMALL_M = self.early_rope, self.mma_small_m
         triton_ops.MMA_ROPE, triton_ops.MLP_BLOCK = self.mma_rope, self.mlp_block
         mlp_block.WARPS = self.mlp_block_warps
+        mma_gemv.LINES = mlp_block.LINES = self.lines
         mma_gemv.GATED_MAX_WEIGHT = self.gated_max_weight
         mma_gemv.GATED_UNROLL, mma_gemv.GATED_STAGES = self.gated_ring
 
@@ -112,6 +117,12 @@ VARIANTS = {
     "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_max_weight=1 << 26),
     "PDL, MLP half in one persistent launch": Variant(mlp_block=True),
     "PDL, MLP half in one persistent launch, 16 warps": Variant(mlp_block=True, mlp_block_warps=16),
+    "PDL, whole-line rings": Variant(lines=True),
+    "PDL, whole-line rings, gate_up gated": Variant(lines=True, gated_max_weight=1 << 26, gated_ring=(2, 2)),
+    "PDL, MLP half in one persistent launch, whole lines": Variant(mlp_block=True, lines=True),
+    "PDL, MLP half in one persistent launch, 16 warps, whole lines": Variant(
+        mlp_block=True, mlp_block_warps=16, lines=True
+    ),
     "PDL": Variant(),
 }
 

@@ -2,7 +2,7 @@
 # One run on a GPU machine without internet: install carried wheels and fastpath (editable, its
 # extension built there), then the GPU tests and the given benches, logging everything under $OUT.
 #
-#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|mlp-block-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|lora-tests|pooling-tests|bf16-tests|quick-tests] [ab-step|ab-mlp-block|mlp-block|ab-mma|ab-mma-rope|ab-gated|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|lora|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
+#   bench/device_run.sh [tests|nopdl-tests|kernel-tests|mma-tests|mlp-block-tests|tp-tests|attention-tests|sampling-tests|sampler-tests|prefill-graph-tests|prefix-tests|lora-tests|pooling-tests|bf16-tests|quick-tests] [ab-step|ab-mlp-block|ab-lines|mlp-block|ab-mma|ab-mma-rope|ab-gated|ab-early-kv|ab-early-rope|ab-rope|ab-gemv|linear|decode-greedy|decode|decode-18|decode-generated|guided-threads|guided-3|decode-quick|decode-fused|decode-sampling|tp-decode|tp-decode-1b|tp-decode-8b|tp-two-shot|allreduce|prefill|prefix-cache|lora|sampler|profile|profile-general|host-profile|host-phases|step-timeline|step-timeline-pdl|serve|serve-64|serve-1024|serve-ab|serve-final|serve-gil|serve-env|serve-phases|serve-check|serve-interval|serve-api-servers|serve-512|guided|hostdispatch ...]
 #
 # Wheels for what the machine lacks (pydantic, xgrammar, ...) travel in .whl/ (see docs/performance.md).
 # sampler: SAMPLER_VARIANTS="CHUNKxBLOCKxWARPS ..." and SAMPLER_ARGS="--batch 8 64 256 ..." pick its rows.
@@ -69,6 +69,9 @@ for step in "$@"; do
     ab-mlp-block)  # round 30: 1-16 rows' half after attention in one persistent launch (mlp_block.cu) against the engine, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mlp_block --batch ${AB_BATCH:-1 2 8 16} --rounds ${AB_ROUNDS:-2} \
         --variants "PDL" "PDL, MLP half in one persistent launch" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -20 ;;
+    ab-lines)  # round 31: both hand-written kernels' rings filled whole 128-byte lines a copy, against the engine, alternating
+      timeout 560 python3 bench/ab_step.py --out "$OUT" --name ab_lines --batch ${AB_BATCH:-1 8 16} --rounds ${AB_ROUNDS:-2} \
+        --variants "PDL" "PDL, whole-line rings" "PDL, whole-line rings, gate_up gated" "PDL, MLP half in one persistent launch, whole lines" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -24 ;;
     mlp-block) timeout 300 python3 bench/mlp_block.py --out "$OUT" 2>&1 | tail -16 ;;
     mma-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_mma_gemv.py 2>&1 | tee "$OUT/gpu_mma_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     kernel-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_runtime.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 | tee "$OUT/gpu_kernel_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;

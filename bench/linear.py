@@ -4,7 +4,8 @@ from HBM as in a step (one weight per layer, more than L2 holds), in a CUDA grap
 
 Side by side, per (M, linear): cuBLAS (`F.linear`), fastpath's `TritonOps.linear` as the engine runs
 it, every config of the small-M Triton kernel at M's row tile, and the tensor-core GEMV (mma_gemv.cu)
-at each warps x chunks-in-flight build, so the engine's pick can be checked against the best. gate_up
+at each warps x chunks-in-flight build, its ring filled per lane and by whole lines (mma_gemv.LINES), so
+the engine's pick can be checked against the best. gate_up
 is also timed with its SiLU-mul: cuBLAS then the silu_mul kernel, against the gated tensor-core GEMV.
 Bandwidth is the weight's bytes over the time, against device copy bandwidth.
 
@@ -14,6 +15,7 @@ Bandwidth is the weight's bytes over the time, against device copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -24,7 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import copy_bandwidth, environment, markdown_table, replay_seconds, write_outputs
 
 # (warps a block, chunks a slot, slots): the engine's (8, 2, 4) and (16, 2, 4), gated (8, 1, 4), and around
-MMA_BUILDS = [(8, 2, 4), (8, 1, 4), (8, 2, 2), (8, 1, 8), (4, 2, 4), (16, 2, 4), (16, 1, 4), (16, 2, 2)]
+MMA_BUILDS = [
+    (8, 2, 4), (8, 1, 4), (8, 2, 2), (8, 1, 8), (4, 2, 4), (16, 2, 4), (16, 1, 4), (16, 2, 2),
+    (8, 2, 8), (8, 4, 2), (8, 4, 4),
+]  # fmt: skip
 
 
 def shapes(config) -> dict[str, tuple[int, int]]:
@@ -101,10 +106,12 @@ def main() -> None:
                             x, w, None, cfg, pdl
                         )
             if 2 <= m <= mma_gemv.MAX_ROWS and mma_gemv.available(0)[0]:
-                for warps, unroll, stages in MMA_BUILDS:
+                for (warps, unroll, stages), lines in itertools.product(MMA_BUILDS, (False, True)):
                     for pdl in (False, True) if args.pdl else (False,):
-                        label = f"mma w{warps} u{unroll} s{stages}" + (" pdl" if pdl else "")
-                        build = dict(warps=warps, unroll=unroll, stages=stages, pdl=pdl)
+                        label = f"mma{' lines' if lines else ''} w{warps} u{unroll} s{stages}" + (
+                            " pdl" if pdl else ""
+                        )
+                        build = dict(warps=warps, unroll=unroll, stages=stages, pdl=pdl, lines=lines)
                         impls[label] = lambda x, w, b=build: mma_gemv.linear(x, w, **b)
                         if name == "gate_up":
                             impls[label.replace("mma", "mma gated")] = lambda x, w, b=build: mma_gemv.linear(

@@ -10,6 +10,7 @@ replayed; then one stamped launch (the default slots) of the kernel, each block'
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -73,24 +74,28 @@ def main() -> None:
                 ops.mlp_block(attn, residual, wo, None, norm, 1e-5, wgu, wd)
 
         variants = {"five ops": five}
-        for stages in args.stages:
+        for stages, lines in itertools.product(args.stages, (False, True)):
             if not mlp_block.variant_for(m, stages).fits_shared():
                 continue
 
-            def one(stages=stages, attn=attn, residual=residual):
+            def one(stages=stages, lines=lines, attn=attn, residual=residual):
                 for (wo, norm, wgu, wd), counter in zip(layers, counters, strict=True):
                     mlp_block.mlp_block(
-                        attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=pdl, stages=stages
+                        attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=pdl, stages=stages, lines=lines
                     )
 
-            variants[f"one launch, {stages} slots"] = one
-        if m <= 8:  # 16 warps of 2 slots: the same bytes in flight an SM as 8 of 4, twice the warps issuing
+            variants[f"one launch, {stages} slots" + (", whole lines" if lines else "")] = one
+        # 16 warps of 2 slots: the same bytes in flight an SM as 8 of 4, twice the warps issuing
+        for lines in (False, True) if m <= 8 else ():
 
-            def wide(attn=attn, residual=residual):
+            def wide(attn=attn, residual=residual, lines=lines):
                 for (wo, norm, wgu, wd), counter in zip(layers, counters, strict=True):
-                    mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=pdl, warps=16)
+                    mlp_block.mlp_block(
+                        attn, residual, wo, norm, 1e-5, wgu, wd, counter, pdl=pdl, warps=16, lines=lines
+                    )
 
-            variants["one launch, 16 warps, 2 slots"] = wide
+            variants["one launch, 16 warps, 2 slots" + (", whole lines" if lines else "")] = wide
+        if m <= 8:
             # The 16-warp build splits K otherwise: close to the 8-warp one, not equal.
             wo, norm, wgu, wd = layers[0]
             eight = mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counters[0])[0].float()
@@ -120,26 +125,48 @@ def main() -> None:
                 ]
             )
             print(table[-1], flush=True)
-        # One stamped launch: where a block's time goes.
-        stamps = torch.zeros(mlp_block.sms(0), 7, device="cuda", dtype=torch.int64)
-        wo, norm, wgu, wd = layers[0]
-        for _ in range(3):
-            mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, counters[0], stamps=stamps)
-        torch.cuda.synchronize()
-        s = stamps.double().cpu()
-        s -= s[:, 0].min()
-        edges = ["start", "waited", "barrier 1 in", "barrier 1 out", "barrier 2 in", "barrier 2 out", "end"]
-        summary = {
-            e: (float(s[:, k].min() / 1e3), float(s[:, k].median() / 1e3), float(s[:, k].max() / 1e3))
-            for k, e in enumerate(edges)
-        }
-        payload["rows"].append({"rows": m, "stamps_us": summary})
-        rows.append([m] + [f"{lo:.1f} / {mid:.1f} / {hi:.1f}" for lo, mid, hi in summary.values()])
-        print(rows[-1], flush=True)
+        # One stamped launch each way of filling the ring: where a block's time goes.
+        for lines in (False, True):
+            stamps = torch.zeros(mlp_block.sms(0), 7, device="cuda", dtype=torch.int64)
+            wo, norm, wgu, wd = layers[0]
+            for _ in range(3):
+                mlp_block.mlp_block(
+                    attn, residual, wo, norm, 1e-5, wgu, wd, counters[0], stamps=stamps, lines=lines
+                )
+            torch.cuda.synchronize()
+            s = stamps.double().cpu()
+            s -= s[:, 0].min()
+            edges = [
+                "start",
+                "waited",
+                "barrier 1 in",
+                "barrier 1 out",
+                "barrier 2 in",
+                "barrier 2 out",
+                "end",
+            ]
+            summary = {
+                e: (float(s[:, k].min() / 1e3), float(s[:, k].median() / 1e3), float(s[:, k].max() / 1e3))
+                for k, e in enumerate(edges)
+            }
+            payload["rows"].append({"rows": m, "lines": lines, "stamps_us": summary})
+            ring = "whole lines" if lines else "per lane"
+            rows.append([m, ring] + [f"{lo:.1f} / {mid:.1f} / {hi:.1f}" for lo, mid, hi in summary.values()])
+            print(rows[-1], flush=True)
     text = markdown_table(["rows", "variant", "µs a layer", "TB/s", "vs five ops"], table)
     text += "\n\nOne launch at its default slots, each block's clock (µs from the first block's start: min / median / max):\n\n"
     text += markdown_table(
-        ["rows", "start", "waited", "barrier 1 in", "barrier 1 out", "barrier 2 in", "barrier 2 out", "end"],
+        [
+            "rows",
+            "ring",
+            "start",
+            "waited",
+            "barrier 1 in",
+            "barrier 1 out",
+            "barrier 2 in",
+            "barrier 2 out",
+            "end",
+        ],
         rows,
     )
     write_outputs(args.out, "mlp_block", payload, text)

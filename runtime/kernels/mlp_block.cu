@@ -42,6 +42,9 @@
 #ifndef STAGES
 #define STAGES 4  // slots of a warp's ring
 #endif
+#ifndef LINES
+#define LINES 0  // the weights copied whole lines a warp-wide copy (see request)
+#endif
 #define PIECES 8  // 16-byte weight pieces a lane copies into a slot
 #define X_PIECES (4 * ROW_TILES)  // and its x pieces: 4 chunks (gated: 2) of each row tile
 #define SLOT_BYTES ((PIECES + X_PIECES) * 32 * 16)
@@ -176,6 +179,31 @@ __device__ __forceinline__ void request(u32 slot, const Cursor& cur, const Dims&
         const int k = column(cur, d, warp, c);
         const int n = cur.tile * 16 + g;
         const int chunks = cur.p == 1 ? 2 : 4;
+#if LINES
+        // The slot's weights as rows of contiguous bytes, a warp-wide copy covering whole 128-byte lines (2
+        // rows of 256 bytes, or in the gated phase 4 of 128), not 8 rows' half lines. A lane's fragment
+        // pieces then come from other lanes' copies (multiply's __syncwarp). Piece q of a row sits at
+        // q ^ 4 * (row & 1): rows g and g + 1, which a quarter-warp reads together, take different banks.
+        const int lane = 4 * g + c, k0 = column(cur, d, warp, 0);
+        const u32 wslot = slot - lane * 16;
+        if (cur.p == 1) {  // 32 rows of 128 bytes: the gate's 16, then the up's
+            const int piece = lane & 7, kk = k0 + (piece >> 2) * 32 + 8 * (piece & 3);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int row = 4 * i + (lane >> 3);
+                const long long w_row = cur.tile * 16 + (row & 15) + (long long)(row >> 4) * d.I;
+                copy_weight(wslot + row * 128 + ((piece ^ ((row & 1) << 2)) * 16), wgu + w_row * d.H + kk);
+            }
+        } else {  // 16 rows of 256 bytes
+            const int K = k_of(d, cur.p), piece = lane & 15, kk = k0 + (piece >> 2) * 32 + 8 * (piece & 3);
+            const u16* base = (cur.p == 0 ? wo : wd) + (long long)cur.tile * 16 * K + kk;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int row = 2 * i + (lane >> 4);
+                copy_weight(wslot + row * 256 + ((piece ^ ((row & 1) << 2)) * 16), base + row * (long long)K);
+            }
+        }
+#else
         if (cur.p == 1) {
             const u16* base = wgu + (long long)n * d.H + k;
 #pragma unroll
@@ -191,6 +219,7 @@ __device__ __forceinline__ void request(u32 slot, const Cursor& cur, const Dims&
 #pragma unroll
                 for (int r = 0; r < 2; ++r) copy_weight(slot + (u * 2 + r) * 512, base + r * 8 * (long long)K + u * 32);
         }
+#endif
         if (with_x) {
 #pragma unroll
             for (int t = 0; t < ROW_TILES; ++t) {
@@ -227,10 +256,30 @@ __device__ __forceinline__ void fill_x(u32 slot, const Cursor& cur, const Dims& 
 // The group's products: the slot's weight pieces against its x pieces, into acc[set][row tile]. Phase 1's x
 // is summed: times the norm weight here, each product rounded to bf16.
 __device__ __forceinline__ void multiply(float (&acc)[2][ROW_TILES][4], u32 slot, const Cursor& cur, const Dims& d,
-                                         const u16* norm_w, int warp, int c) {
+                                         const u16* norm_w, int warp, int g, int c) {
     uint4 w[PIECES];
+#if LINES
+    // w[u * 2 + r]: chunk u of row g + 8r; gated w[u * 4 + r]: of gate g, gate g + 8, up g, up g + 8.
+    __syncwarp();  // the pieces came from every lane's copies
+    const u32 wslot = slot - (4 * g + c) * 16;
+    const int swizzle = (g & 1) << 2;
+    if (cur.p == 1) {
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) {
+            const int u = i >> 2, r = i & 3, row = (r >> 1) * 16 + (r & 1) * 8 + g;
+            w[i] = load_shared(wslot + row * 128 + (((4 * u + c) ^ swizzle) * 16));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < PIECES; ++i) {
+            const int u = i >> 1, row = g + 8 * (i & 1);
+            w[i] = load_shared(wslot + row * 256 + (((4 * u + c) ^ swizzle) * 16));
+        }
+    }
+#else
 #pragma unroll
     for (int i = 0; i < PIECES; ++i) w[i] = load_shared(slot + i * 512);
+#endif
     if (cur.p == 1) {
         const int k = column(cur, d, warp, c);
 #pragma unroll
@@ -382,8 +431,11 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
         }
         const u32 slot = mine + slot_index * SLOT_BYTES;
         asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
-        multiply(acc, slot, at, d, norm_w, warp, c);
+        multiply(acc, slot, at, d, norm_w, warp, g, c);
         // The slot is read (its values are in the products): refill it STAGES groups ahead.
+#if LINES
+        __syncwarp();  // by every lane
+#endif
         request(slot, ahead, d, wo, wgu, wd, attn, summed, act, ahead.p == ready, warp, g, c);
         advance(ahead, d);
         {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +34,14 @@ class Variant:
     warps: int = 8
     stages: int = 4  # slots of each warp's ring
     stamps: bool = False  # each block's clock at 7 points into an extra argument (bench/mlp_block.py)
+    lines: bool = False  # the weights copied whole lines a warp-wide copy (LINES)
 
     def options(self) -> list[str]:
         stamps = ["-DSTAMPS=1"] if self.stamps else []
-        return [f"-DROW_TILES={self.row_tiles}", f"-DWARPS={self.warps}", f"-DSTAGES={self.stages}", *stamps]
+        lines = ["-DLINES=1"] if self.lines else []
+        return [
+            f"-DROW_TILES={self.row_tiles}", f"-DWARPS={self.warps}", f"-DSTAGES={self.stages}", *stamps, *lines
+        ]  # fmt: skip
 
     @property
     def ring_bytes(self) -> int:
@@ -55,15 +60,25 @@ class Variant:
 # Warps a block at 1-8 rows; bench/mlp_block.py and bench/ab_step.py try 16 (two slots each, so the same
 # bytes in flight an SM, with twice the warps issuing). 9-16 rows keep 8: 16 would not fit shared memory.
 WARPS = 8
+# The ring's weights copied whole 128-byte lines a warp-wide copy, as mma_gemv.LINES: the same bits. Round 31
+# times it; off unless FASTPATH_LINES=1.
+LINES = os.environ.get("FASTPATH_LINES") == "1"
 
 
-def variant_for(m: int, stages: int | None = None, stamps: bool = False, warps: int | None = None) -> Variant:
+def variant_for(
+    m: int,
+    stages: int | None = None,
+    stamps: bool = False,
+    warps: int | None = None,
+    lines: bool | None = None,
+) -> Variant:
     """4 slots a warp at 1-8 rows, 3 at 9-16 (whose slots are a third larger), 2 with 16 warps: what shared
     memory holds."""
     row_tiles = 1 if m <= 8 else 2
     warps = warps or (WARPS if row_tiles == 1 else 8)
     default = 2 if warps > 8 else 4 if row_tiles == 1 else 3
-    return Variant(row_tiles=row_tiles, warps=warps, stages=stages or default, stamps=stamps)
+    lines = LINES if lines is None else lines
+    return Variant(row_tiles=row_tiles, warps=warps, stages=stages or default, stamps=stamps, lines=lines)
 
 
 def fits(attn, residual, o_weight, o_bias, norm_weight, gate_up_weight, down_weight) -> bool:
@@ -107,6 +122,7 @@ def mlp_block(
     stages: int | None = None,
     warps: int | None = None,
     stamps: torch.Tensor | None = None,
+    lines: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(down_proj(silu(gate) * up of rms_norm(o + residual)), o + residual) with o = attn @ o_weight^T, for
     `fits` inputs. `arrivals`: a zeroed int64 on the device that only this call site uses (the grid
@@ -119,7 +135,7 @@ def mlp_block(
     act = torch.empty(m, i, device=device, dtype=attn.dtype)
     out = torch.empty(m, h, device=device, dtype=attn.dtype)
     squares = torch.empty(h // 16, 16, device=device, dtype=torch.float32)
-    variant = variant_for(m, stages, stamps is not None, warps)
+    variant = variant_for(m, stages, stamps is not None, warps, lines)
     index = device.index or 0
     args = (
         attn, o_weight, residual, norm_weight, gate_up_weight, down_weight, summed, act, out, squares, arrivals,

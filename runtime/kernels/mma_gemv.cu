@@ -43,6 +43,9 @@
 #ifndef STAGES
 #define STAGES 4  // slots of the ring: chunks in flight a warp = STAGES * UNROLL
 #endif
+#ifndef LINES
+#define LINES 0  // the ring filled a row segment a lane group: whole 128-byte lines a copy (see below)
+#endif
 #ifndef ROPE
 #define ROPE 0  // q|k|v with RoPE and the KV-cache write in the epilogue (heads of HEAD_DIM, see below)
 #endif
@@ -54,6 +57,20 @@
 #define LOADS (2 * SETS)  // w rows a lane copies: g and g + 8 of each set
 #define VALUES (SETS * ROW_TILES * 4)
 #define SLOT_BYTES (UNROLL * LOADS * 32 * 16)
+#if LINES
+// LINES: a slot is the group's 16 * SETS rows, each a segment of UNROLL * 64 contiguous bytes; a warp-wide
+// copy covers 32 / ROW_LANES whole segments (4 rows of 128 bytes at UNROLL 2), not 8 rows' halves of a
+// line, and a lane reads its fragment pieces from the pieces other lanes copied (so a __syncwarp). A
+// row's pieces sit at piece ^ SWIZZLE(row): rows 2p and 2p + 1, which a quarter-warp reads together, then
+// take different banks.
+#define COPIES (UNROLL * LOADS)
+#define ROW_LANES (4 * UNROLL)
+#define SEGMENT_BYTES (UNROLL * 64)
+#define SWIZZLE(row) (UNROLL >= 2 ? ((row) & 1) << 2 : 0)
+#if 32 % ROW_LANES
+#error "LINES needs UNROLL 1, 2, 4 or 8"
+#endif
+#endif
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -121,6 +138,24 @@ __device__ __forceinline__ void request(u32 slot, const u16* const (&rows)[LOADS
     }
     asm volatile("cp.async.commit_group;");
 }
+
+#if LINES
+// The LINES slot: copy i of lane l takes piece (u, cq) of row `rows[i]`'s segment, whole lines a warp.
+__device__ __forceinline__ void request_lines(u32 slot, const u16* const (&rows)[COPIES], const bool (&live)[COPIES],
+                                              const u32 (&at)[COPIES], int chunk, int hi, int K, int u, int cq,
+                                              const u16* any) {
+    if (chunk < hi) {  // the same in every lane of the warp
+        const int k = (chunk + u) * 32 + 8 * cq;
+        const bool in = chunk + u < hi && k < K;
+#pragma unroll
+        for (int i = 0; i < COPIES; ++i) {
+            const bool on = in && live[i];
+            copy_weight(slot + at[i], on ? rows[i] + k : any, on ? 16 : 0);
+        }
+    }
+    asm volatile("cp.async.commit_group;");
+}
+#endif
 
 // The decode rows' pieces for UNROLL chunks from `chunk` on: the B fragments; zeros past M, K or hi.
 __device__ __forceinline__ void load_x(uint4 (&dst)[UNROLL][ROW_TILES], const u16* const (&xrow)[ROW_TILES],
@@ -208,6 +243,29 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
     const int lo = warp * per, hi = min(chunks, lo + per);
     const int groups = hi > lo ? (hi - lo + UNROLL - 1) / UNROLL : 0;
 
+#if LINES
+    // Copy i of this lane: row (i * 32 + lane) / ROW_LANES of the slot, piece lane % ROW_LANES of its segment.
+    const int piece = lane % ROW_LANES, pu = piece / 4, pc = piece % 4;
+    const u16* rows[COPIES];
+    bool live[COPIES];
+    u32 at[COPIES];
+#pragma unroll
+    for (int i = 0; i < COPIES; ++i) {
+        const int slot_row = (i * 32 + lane) / ROW_LANES, set = slot_row / 16, gr = slot_row % 8, h = (slot_row / 8) % 2;
+#if ROPE
+        const int n = feature(gr, h);
+#else
+        const int n = n0 + gr + 8 * h;
+#endif
+        live[i] = n < N;
+        rows[i] = w + (long long)(n + set * N) * stride_w;
+        at[i] = slot_row * SEGMENT_BYTES + ((piece ^ SWIZZLE(slot_row)) * 16);
+    }
+    const u32 mine = shared_address(ring) + warp * (STAGES * SLOT_BYTES);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s)
+        request_lines(mine + s * SLOT_BYTES, rows, live, at, lo + s * UNROLL, hi, K, pu, pc, w);
+#else
     const u16* rows[LOADS];
     bool live[LOADS];
 #pragma unroll
@@ -225,6 +283,7 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
     const u32 mine = shared_address(ring) + warp * (STAGES * SLOT_BYTES) + lane * 16;
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) request(mine + s * SLOT_BYTES, rows, live, lo + s * UNROLL, hi, K, c, w);
+#endif
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;");
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -253,10 +312,21 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
             asm volatile("cp.async.wait_group %0;" ::"n"(STAGES - 1));
             const u32 slot = mine + j * SLOT_BYTES;
             uint4 wv[UNROLL][LOADS];
+#if LINES
+            __syncwarp();  // the slot's pieces came from every lane's copies
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+                for (int r = 0; r < LOADS; ++r) {
+                    const int slot_row = 16 * (r >> 1) + 8 * (r & 1) + g;
+                    wv[u][r] = load_shared(slot + slot_row * SEGMENT_BYTES + (((4 * u + c) ^ SWIZZLE(g)) * 16));
+                }
+#else
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
                 for (int r = 0; r < LOADS; ++r) wv[u][r] = load_shared(slot + (u * LOADS + r) * 512);
+#endif
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
@@ -269,7 +339,12 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
                     }
             // Both slots are read (their values went into the products above): refill them STAGES
             // groups ahead.
+#if LINES
+            __syncwarp();  // every lane's reads of the slot are done
+            request_lines(slot, rows, live, at, base + STAGES * UNROLL, hi, K, pu, pc, w);
+#else
             request(slot, rows, live, base + STAGES * UNROLL, hi, K, c, w);
+#endif
             load_x(xv[j], xrow, xlive, base + STAGES * UNROLL, hi, K, c);
         }
     }

@@ -39,6 +39,10 @@ MAX_WEIGHT = 1 << 24
 _GATED = os.environ.get("FASTPATH_MMA_GATED") == "1"
 GATED_MAX_WEIGHT = 1 << 26 if _GATED else MAX_WEIGHT
 GATED_UNROLL, GATED_STAGES = (2, 2) if _GATED else (1, 4)
+# Whole 128-byte lines a warp-wide copy (mma_gemv.cu's LINES): the same products in the same order, so the
+# same bits, from copies that each cover 4 rows' segments instead of 8 rows' half lines. Round 31 times it
+# (bench/linear.py, ab_step.py); until then off unless FASTPATH_LINES=1 (mlp_block.LINES too).
+LINES = os.environ.get("FASTPATH_LINES") == "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +56,11 @@ class Variant:
     unroll: int  # 32-wide chunks of K a slot of a warp's ring holds
     stages: int  # slots of the ring
     rope_dim: int = 0  # q|k|v with RoPE and the cache write in the epilogue, heads of this size; 0: off
+    lines: bool = False  # the ring filled by whole lines (LINES)
 
     def options(self) -> list[str]:
         rope = ["-DROPE=1", f"-DHEAD_DIM={self.rope_dim}"] if self.rope_dim else []
+        lines = ["-DLINES=1"] if self.lines else []
         return [
             f"-DROW_TILES={self.row_tiles}",
             f"-DGATED={int(self.gated)}",
@@ -63,6 +69,7 @@ class Variant:
             f"-DUNROLL={self.unroll}",
             f"-DSTAGES={self.stages}",
             *rope,
+            *lines,
         ]
 
     @property
@@ -80,6 +87,7 @@ def variant_for(
     unroll: int | None = None,
     stages: int | None = None,
     rope_dim: int = 0,
+    lines: bool | None = None,
 ) -> Variant:
     """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so
     each warp streams 8-16 chunks of 32 columns; 8 chunks in flight a warp (4 gated, whose chunks are
@@ -92,6 +100,7 @@ def variant_for(
         unroll=unroll or (GATED_UNROLL if gated else 2),
         stages=stages or (GATED_STAGES if gated else 4),
         rope_dim=rope_dim,
+        lines=LINES if lines is None else lines,
     )
 
 
@@ -127,12 +136,13 @@ def linear(
     warps: int | None = None,
     unroll: int | None = None,
     stages: int | None = None,
+    lines: bool | None = None,
 ) -> torch.Tensor:
     """x @ weight^T (+ bias), or with `gated` silu(gate) * up of weight's two halves, for `fits` inputs."""
     m, k = x.shape
     n = weight.shape[0] // 2 if gated else weight.shape[0]
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)
-    variant = variant_for(m, k, gated, bias is not None, warps, unroll, stages)
+    variant = variant_for(m, k, gated, bias is not None, warps, unroll, stages, lines=lines)
     _run(variant, x, weight, bias, y, n, y.stride(0), pdl)
     return y
 

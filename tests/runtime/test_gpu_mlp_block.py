@@ -81,6 +81,22 @@ def test_close_to_the_five_ops_and_the_same_bits_every_launch(q, h, i, warps):
         assert all(torch.equal(out, o) and torch.equal(summed, s) for o, s in runs[1:]), m
 
 
+@pytest.mark.parametrize("q,h,i", SHAPES)
+def test_the_ring_filled_by_whole_lines_gives_the_same_bits(q, h, i, warps):
+    """FASTPATH_LINES moves which lane copies a weight piece, not the products or their order."""
+    from fastpath.runtime.kernels import mlp_block
+
+    _, rand, (wo, norm, wgu, wd) = _layer(q, h, i, 3 * q + h)
+    arrivals = torch.zeros(1, device="cuda", dtype=torch.int64)
+    for m in (1, 8, 9, 16):
+        attn, residual = rand(m, q), rand(m, h)
+        runs = [
+            mlp_block.mlp_block(attn, residual, wo, norm, 1e-5, wgu, wd, arrivals, pdl=True, lines=lines)
+            for lines in (False, True)
+        ]
+        assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True)), m
+
+
 def test_a_row_gets_the_same_bits_whatever_rows_sit_beside_it():
     """Every output is one fixed sum, and each row's norm its own: batch composition changes no bit."""
     _, rand, weights = _layer(*SHAPES[0], 7)

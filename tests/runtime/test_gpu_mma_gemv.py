@@ -255,3 +255,44 @@ def test_rope_epilogue_replays_in_a_graph_with_new_positions():
         eager = step()
         assert torch.equal(replayed[0], eager)
         assert torch.equal(replayed[1], kc[slots]) and torch.equal(replayed[2], vc[slots])
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_the_ring_filled_by_whole_lines_gives_the_same_bits(n, k, monkeypatch):
+    """FASTPATH_LINES moves which lane copies a piece of the weight, not the products or their order: plain,
+    with bias, gated on both rings, at 16 warps, and the RoPE build, the same bits as the per-lane ring
+    (ragged N and K among the shapes: zero-filled pieces land where the other ring puts them)."""
+    from fastpath.runtime.kernels import mma_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(11 * n + k)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    w2 = torch.randn(2 * n, k, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16, generator=g)
+    for m in (2, 8, 9, 16):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=g)
+        builds = [
+            (w, None, {"pdl": True}),
+            (w, bias, {}),
+            (w, None, {"warps": 16}),
+            (w2, None, {"gated": True, "unroll": 1, "stages": 4}),
+            (w2, None, {"gated": True, "unroll": 2, "stages": 2}),
+        ]
+        for weight, b, options in builds:
+            runs = [mma_gemv.linear(x, weight, b, lines=lines, **options) for lines in (False, True)]
+            assert torch.equal(*runs), (n, k, m, options, b is not None)
+    heads, kv_heads, dim = shape = ROPE_SHAPES[0]
+    w = (
+        torch.randn((heads + 2 * kv_heads) * dim, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
+        * 0.02
+    )
+    x = torch.randn(8, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
+    positions = torch.randint(0, 4096, (8,), device="cuda", generator=g)
+    slots = torch.randperm(64, device="cuda", generator=g)[:8]
+    cos, sin = _rope_tables(dim)
+    outs = []
+    for lines in (False, True):
+        monkeypatch.setattr(mma_gemv, "LINES", lines)
+        kc, vc = torch.zeros(2, 64, kv_heads, dim, device="cuda", dtype=torch.bfloat16).unbind(0)
+        q = mma_gemv.linear_rope_cache(x, w, None, positions, slots, cos, sin, kc, vc, shape)
+        outs.append((q, kc, vc))
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))

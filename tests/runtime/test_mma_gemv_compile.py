@@ -1,6 +1,7 @@
 """mma_gemv.cu built for the H200 (sm_90) on the CPU with nvcc, where the CUDA toolkit is: every build the
 engine launches compiles without spilling, and the weight's first loads come before the PDL wait."""
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -31,6 +32,8 @@ BUILDS = sorted(
     | {mma_gemv.variant_for(m, 2048, True, False, unroll=2, stages=2) for m in (8, 16)},
     key=repr,
 )
+# FASTPATH_LINES=1: each of them with its ring filled whole lines a copy.
+BUILDS += [dataclasses.replace(v, lines=True) for v in BUILDS if not v.lines]
 
 
 def _nvcc(variant, out, kind: str) -> str:
@@ -98,3 +101,28 @@ def test_a_rope_build_without_a_head_size_does_not_compile(tmp_path):
     done = subprocess.run([NVCC, "-arch=sm_90", "-ptx", "-o", str(out), "-DROPE=1", str(mma_gemv.SOURCE)],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode != 0 and "ROPE needs HEAD_DIM" in done.stderr
+
+
+def test_the_lines_build_copies_as_many_pieces_and_syncs_the_warp_around_each_slot(tmp_path):
+    """LINES moves which lane copies a piece, not how many: the same copies before the wait and in the loop,
+    and a lane reads pieces other lanes copied only past a __syncwarp (two a group: before the reads and
+    before the refill)."""
+    plain = mma_gemv.variant_for(8, 2048, False, False, lines=False)
+    lines = dataclasses.replace(plain, lines=True)
+    ptx = {}
+    for v in (plain, lines):
+        _nvcc(v, tmp_path / "k.ptx", "ptx")
+        ptx[v.lines] = (tmp_path / "k.ptx").read_text()
+    for text in ptx.values():
+        wait = text.index("griddepcontrol.wait")
+        assert text[:wait].count("cp.async.cg.shared.global") == plain.stages * plain.unroll * 2
+    assert ptx[True].count("cp.async.cg.shared.global") == ptx[False].count("cp.async.cg.shared.global")
+    assert "bar.warp.sync" not in ptx[False]
+    assert ptx[True].count("bar.warp.sync") == 2 * plain.stages  # the loop is unrolled over the slots
+
+
+def test_a_lines_build_needs_a_power_of_two_chunks_a_slot(tmp_path):
+    out = tmp_path / "k.ptx"
+    done = subprocess.run([NVCC, "-arch=sm_90", "-ptx", "-o", str(out), "-DLINES=1", "-DUNROLL=3", str(mma_gemv.SOURCE)],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode != 0 and "LINES needs UNROLL 1, 2, 4 or 8" in done.stderr

@@ -38,6 +38,14 @@ SWITCHES = [
         "False 1 4",
         "True 2 2",
     ),
+    # both hand-written kernels' rings filled whole lines a copy: the same bits, not yet timed (round 31)
+    (
+        "FASTPATH_LINES",
+        "from fastpath.runtime.kernels import mlp_block, mma_gemv; "
+        "print(mma_gemv.variant_for(8, 2048, False, False).lines, mlp_block.variant_for(8).lines)",
+        "False False",
+        "True True",
+    ),
     # mlp_block.cu measured slower than the five ops on an H100 (round 30)
     (
         "FASTPATH_MLP_BLOCK",
