@@ -21,20 +21,22 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   kernel for o_proj, down_proj and the LM head, cuBLAS and the SiLU-mul kernel for the rest);
 - "PDL, q|k|v RoPE in the tensor-core GEMV": 2-16 rows' q|k|v projection with RoPE and the KV-cache
   write in mma_gemv.cu's epilogue (triton_ops.MMA_ROPE, off in the engine until this times it);
-- "PDL, gate_up gated on the tensor-core GEMV": 2-16 rows' gate_up_proj (33.5M elements) on
-  mma_gemv.cu's gated build with two chunks a slot and two slots (FASTPATH_MMA_GATED=1), the SiLU-mul
-  in its epilogue: one launch for cuBLAS's and the SiLU-mul's, and the PDL chain unbroken;
-- "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": the same with round 22's ring (one chunk a
-  slot, four slots);
+- "PDL, gate_up on cuBLAS": 2-16 rows' gate_up_proj (33.5M elements) on cuBLAS and the SiLU-mul kernel
+  (FASTPATH_MMA_GATED=0), as rounds 22-30 ran it, not on mma_gemv.cu's gated build;
+- "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": the gated build with round 22's ring (one
+  chunk a slot, four slots);
 - "PDL, MLP half in one persistent launch": 1-16 rows' o_proj, MLP norm, gate_up_proj, SiLU-mul and
   down_proj in one launch (mlp_block.cu, triton_ops.MLP_BLOCK), five launches' ramps and tails gone;
   ", 16 warps": with 16 warps a block at 1-8 rows (two slots each) in place of 8 (four);
-- "PDL, whole-line rings": mma_gemv.cu's and mlp_block.cu's rings filled a row segment at a time, each
-  warp-wide copy whole 128-byte lines (FASTPATH_LINES=1), the same bits; ", gate_up gated" with it, the
-  gated build above; the persistent launch's rows with it too;
+- "PDL, per-lane rings": mma_gemv.cu's and mlp_block.cu's rings filled per lane, each lane copying its
+  own fragments' pieces (FASTPATH_LINES=0), not a row segment at a time in whole 128-byte lines;
+- "PDL, plain ring 2x4": mma_gemv.cu's plain builds with four slots of two chunks (64 KB a block), not
+  two (32 KB);
+- "PDL, round 30's linears": all three of those as rounds 22-30 ran them;
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
-  rows' linears on the tensor-core GEMV (mma_gemv.cu), gate_up_proj on cuBLAS and the SiLU-mul.
+  rows' linears on the tensor-core GEMV (mma_gemv.cu) with whole-line rings of two slots, gate_up_proj
+  on its gated build.
 
 The variants of round 20 and before read all of that after each wait, as those rounds did.
 
@@ -75,13 +77,14 @@ class Variant:
     early_rope: bool = True  # triton_ops.EARLY_ROPE
     mma_small_m: bool = True  # triton_ops.MMA_SMALL_M
     mma_rope: bool = False  # triton_ops.MMA_ROPE (FASTPATH_MMA_ROPE=1)
-    # mma_gemv.GATED_MAX_WEIGHT and (GATED_UNROLL, GATED_STAGES): gate_up_proj on cuBLAS and the SiLU-mul
-    # kernel (the engine's), or on the gated build (FASTPATH_MMA_GATED=1)
-    gated_max_weight: int = 1 << 24
-    gated_ring: tuple[int, int] = (1, 4)
+    # mma_gemv.GATED_MAX_WEIGHT and (GATED_UNROLL, GATED_STAGES): gate_up_proj on the gated build (the
+    # engine's), or at 1 << 24 on cuBLAS and the SiLU-mul kernel (FASTPATH_MMA_GATED=0)
+    gated_max_weight: int = 1 << 26
+    gated_ring: tuple[int, int] = (2, 2)
+    plain_ring: tuple[int, int] = (2, 2)  # mma_gemv.PLAIN_UNROLL, PLAIN_STAGES
     mlp_block: bool = False  # triton_ops.MLP_BLOCK (FASTPATH_MLP_BLOCK=1)
     mlp_block_warps: int = 8  # mlp_block.WARPS: its warps a block at 1-8 rows
-    lines: bool = False  # mma_gemv.LINES and mlp_block.LINES (FASTPATH_LINES=1)
+    lines: bool = True  # mma_gemv.LINES and mlp_block.LINES (FASTPATH_LINES)
 
     def apply(self) -> None:
         from fastpath.runtime.attention import triton_decode
@@ -99,6 +102,7 @@ class Variant:
         mma_gemv.LINES = mlp_block.LINES = self.lines
         mma_gemv.GATED_MAX_WEIGHT = self.gated_max_weight
         mma_gemv.GATED_UNROLL, mma_gemv.GATED_STAGES = self.gated_ring
+        mma_gemv.PLAIN_UNROLL, mma_gemv.PLAIN_STAGES = self.plain_ring
 
 
 ROUND_20 = dict(early_kv=False, early_rope=False)  # the loads of rounds 20 and before, after each wait
@@ -113,16 +117,15 @@ VARIANTS = {
     "PDL, RoPE tables after the wait": Variant(early_rope=False),
     "PDL, small-M on Triton and cuBLAS": Variant(mma_small_m=False),
     "PDL, q|k|v RoPE in the tensor-core GEMV": Variant(mma_rope=True),
-    "PDL, gate_up gated on the tensor-core GEMV": Variant(gated_max_weight=1 << 26, gated_ring=(2, 2)),
-    "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_max_weight=1 << 26),
+    "PDL, gate_up on cuBLAS": Variant(gated_max_weight=1 << 24),
+    "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_ring=(1, 4)),
     "PDL, MLP half in one persistent launch": Variant(mlp_block=True),
     "PDL, MLP half in one persistent launch, 16 warps": Variant(mlp_block=True, mlp_block_warps=16),
-    "PDL, whole-line rings": Variant(lines=True),
-    "PDL, whole-line rings, gate_up gated": Variant(lines=True, gated_max_weight=1 << 26, gated_ring=(2, 2)),
-    "PDL, MLP half in one persistent launch, whole lines": Variant(mlp_block=True, lines=True),
-    "PDL, MLP half in one persistent launch, 16 warps, whole lines": Variant(
-        mlp_block=True, mlp_block_warps=16, lines=True
+    "PDL, round 30's linears": Variant(
+        lines=False, plain_ring=(2, 4), gated_max_weight=1 << 24, gated_ring=(1, 4)
     ),
+    "PDL, plain ring 2x4": Variant(plain_ring=(2, 4)),
+    "PDL, per-lane rings": Variant(lines=False),
     "PDL": Variant(),
 }
 

@@ -61,7 +61,7 @@ for step in "$@"; do
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mma_rope --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-3} --variants "PDL" "PDL, q|k|v RoPE in the tensor-core GEMV" 2>&1 | tail -20 ;;
     ab-gated)  # round 25: 2-16 rows' gate_up_proj on the tensor-core GEMV's gated build (two rings) against cuBLAS and the SiLU-mul, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_gated --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-2} \
-        --variants "PDL" "PDL, gate_up gated on the tensor-core GEMV, ring 1x4" "PDL, gate_up gated on the tensor-core GEMV" 2>&1 | tail -20 ;;
+        --variants "PDL, gate_up on cuBLAS" "PDL, gate_up gated on the tensor-core GEMV, ring 1x4" "PDL" 2>&1 | tail -20 ;;
     ab-step) timeout 420 python3 bench/ab_step.py --out "$OUT" --variants "one-launch prologue, no PDL" "PDL, not attention" "PDL" 2>&1 | tail -14 ;;
     guided-pdl-tests)  # PDL is opt-in: does the guided graphs' capture failure of round 9 repeat with it on?
       for i in ${PDL_REPEATS:-1 2}; do FASTPATH_PDL=1 timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_guided.py 2>&1 | tee "$OUT/gpu_guided_pdl_tests-$i.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | tail -8; done ;;
@@ -69,9 +69,9 @@ for step in "$@"; do
     ab-mlp-block)  # round 30: 1-16 rows' half after attention in one persistent launch (mlp_block.cu) against the engine, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mlp_block --batch ${AB_BATCH:-1 2 8 16} --rounds ${AB_ROUNDS:-2} \
         --variants "PDL" "PDL, MLP half in one persistent launch" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -20 ;;
-    ab-lines)  # round 31: both hand-written kernels' rings filled whole 128-byte lines a copy, against the engine, alternating
-      timeout 560 python3 bench/ab_step.py --out "$OUT" --name ab_lines --batch ${AB_BATCH:-1 8 16} --rounds ${AB_ROUNDS:-2} \
-        --variants "PDL" "PDL, whole-line rings" "PDL, whole-line rings, gate_up gated" "PDL, MLP half in one persistent launch, whole lines" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -24 ;;
+    ab-lines)  # round 31: the engine's 2-16-row linears (whole-line rings, two slots, gate_up gated) against round 30's, and each change alone taken back, alternating
+      timeout 560 python3 bench/ab_step.py --out "$OUT" --name ab_lines --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-2} \
+        --variants "PDL" "PDL, round 30's linears" "PDL, gate_up on cuBLAS" "PDL, plain ring 2x4" "PDL, per-lane rings" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -34 ;;
     mlp-block) timeout 300 python3 bench/mlp_block.py --out "$OUT" 2>&1 | tail -16 ;;
     mma-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_mma_gemv.py 2>&1 | tee "$OUT/gpu_mma_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     kernel-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_runtime.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 | tee "$OUT/gpu_kernel_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;

@@ -29,20 +29,21 @@ MAX_ROWS = 16
 # and closing barrier, fall behind cuBLAS's pipelined tiles, where one pass of a small matrix's blocks,
 # its whole weight requested at once, comes out ahead.
 MAX_WEIGHT = 1 << 24
-# The gated build (silu(gate) * up) for gate_up_proj too (33.5M elements): alone it is 1-3 µs slower
-# than cuBLAS and the SiLU-mul kernel (round 22's `linear`), but in the step it drops the SiLU-mul's
-# launch and keeps the chain under programmatic dependent launch, which cuBLAS's kernels break. With
-# two chunks a slot and two slots it took 11, 5 and 12 µs off the step at 2, 8 and 16 rows, in both
-# rounds of round 25's `ab-gated`; with round 22's ring (one chunk, four slots) it lost 21 at 8. Off
-# unless FASTPATH_MMA_GATED=1: test_gpu_mma_gemv.py checked that ring on an H100 (round 27), and a few
-# µs a step is less than the spread between runs.
-_GATED = os.environ.get("FASTPATH_MMA_GATED") == "1"
+# The gated build (silu(gate) * up) for gate_up_proj too (33.5M elements): one launch where cuBLAS and the
+# SiLU-mul take two, and the chain under programmatic dependent launch unbroken (cuBLAS's kernels break
+# it). With two chunks a slot, two slots and the ring filled by whole lines (below) it is also faster alone
+# than cuBLAS and the SiLU-mul (round 31's `linear`, H100: 25.6 against 27.7 µs at 8 rows), and the step at
+# 8 rows 65 µs faster (`ab-lines`). FASTPATH_MMA_GATED=0 keeps gate_up_proj on cuBLAS.
+_GATED = os.environ.get("FASTPATH_MMA_GATED", "1") != "0"
 GATED_MAX_WEIGHT = 1 << 26 if _GATED else MAX_WEIGHT
-GATED_UNROLL, GATED_STAGES = (2, 2) if _GATED else (1, 4)
+GATED_UNROLL, GATED_STAGES = 2, 2
+# The plain builds' ring: two chunks a slot, two slots (32 KB a block at 8 warps, so twice round 22's
+# blocks resident an SM); round 31's `linear` had it fastest of eleven on q|k|v, o_proj and down_proj.
+PLAIN_UNROLL, PLAIN_STAGES = 2, 2
 # Whole 128-byte lines a warp-wide copy (mma_gemv.cu's LINES): the same products in the same order, so the
-# same bits, from copies that each cover 4 rows' segments instead of 8 rows' half lines. Round 31 times it
-# (bench/linear.py, ab_step.py); until then off unless FASTPATH_LINES=1 (mlp_block.LINES too).
-LINES = os.environ.get("FASTPATH_LINES") == "1"
+# same bits, from copies that each cover 4 rows' segments instead of 8 rows' half lines; 2-14% faster alone
+# on the large weights (round 31). FASTPATH_LINES=0 fills the ring per lane, as rounds 22-30 did.
+LINES = os.environ.get("FASTPATH_LINES", "1") != "0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,15 +91,15 @@ def variant_for(
     lines: bool | None = None,
 ) -> Variant:
     """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so
-    each warp streams 8-16 chunks of 32 columns; 8 chunks in flight a warp (4 gated, whose chunks are
-    twice the bytes), 64 KB of ring a block."""
+    each warp streams 8-16 chunks of 32 columns; 4 chunks in flight a warp (two slots of two; gated, whose
+    chunks are twice the bytes, the same), 32 KB of ring a block at 8 warps."""
     return Variant(
         row_tiles=1 if m <= 8 else 2,
         gated=gated,
         has_bias=has_bias,
         warps=warps or (8 if k <= 4096 else 16),
-        unroll=unroll or (GATED_UNROLL if gated else 2),
-        stages=stages or (GATED_STAGES if gated else 4),
+        unroll=unroll or (GATED_UNROLL if gated else PLAIN_UNROLL),
+        stages=stages or (GATED_STAGES if gated else PLAIN_STAGES),
         rope_dim=rope_dim,
         lines=LINES if lines is None else lines,
     )

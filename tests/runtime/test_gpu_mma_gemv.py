@@ -82,7 +82,7 @@ def test_gated_matches_the_silu_mul_after_the_linear():
     w = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
     for m in (2, 8, 9, 16):
         x = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16, generator=g)
-        # Round 22's ring and the 2x2 one FASTPATH_MMA_GATED=1 takes: the same sums, the same bits.
+        # Round 22's ring and the 2x2 one the engine takes: the same sums, the same bits.
         rings = [mma_gemv.linear(x, w, gated=True, pdl=True, unroll=u, stages=s) for u, s in ((1, 4), (2, 2))]
         got = rings[0]
         assert got.shape == (m, 8192) and torch.equal(rings[0], rings[1]), m
@@ -135,18 +135,14 @@ def test_the_engine_takes_it_at_two_to_sixteen_rows_and_falls_back_elsewhere(mon
     assert _close(ops.linear(x[:8, :2044].contiguous(), odd), F.linear(x[:8, :2044], odd))
     assert not mma_gemv.fits(x[:8, 1:2041], w[:, :2040], None)  # rows not 16-byte aligned
     assert not mma_gemv.fits(x.float(), w.float(), None)
-    # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT: cuBLAS, then the SiLU-mul kernel; with
-    # FASTPATH_MMA_GATED=1 (GATED_MAX_WEIGHT 67M, a 2x2 ring) the gated build, the SiLU-mul in its epilogue.
+    # gate_up_proj of the 1.24B Llama is past MAX_WEIGHT: with FASTPATH_MMA_GATED=0 (GATED_MAX_WEIGHT
+    # MAX_WEIGHT) cuBLAS, then the SiLU-mul kernel; by default (67M, a 2x2 ring) the gated build, the SiLU-mul
+    # in its epilogue.
     gate_up = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16, generator=g) * 0.02
-    # The default build, whatever FASTPATH_MMA_GATED says in this process's environment.
     monkeypatch.setattr(mma_gemv, "GATED_MAX_WEIGHT", mma_gemv.MAX_WEIGHT)
-    monkeypatch.setattr(mma_gemv, "GATED_UNROLL", 1)
-    monkeypatch.setattr(mma_gemv, "GATED_STAGES", 4)
     assert gate_up.numel() > mma_gemv.MAX_WEIGHT and not mma_gemv.fits(x[:8], gate_up, None)
     assert torch.equal(ops.gated_linear(x[:8], gate_up), ops.silu_mul(F.linear(x[:8], gate_up)))
     monkeypatch.setattr(mma_gemv, "GATED_MAX_WEIGHT", 1 << 26)
-    monkeypatch.setattr(mma_gemv, "GATED_UNROLL", 2)
-    monkeypatch.setattr(mma_gemv, "GATED_STAGES", 2)
     assert mma_gemv.fits(x[:8], gate_up, None, gated=True)
     on = ops.gated_linear(x[:8], gate_up)
     assert torch.equal(on, mma_gemv.linear(x[:8], gate_up, gated=True, pdl=True, unroll=2, stages=2))

@@ -13,7 +13,7 @@ from fastpath.runtime.kernels import mma_gemv
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="needs nvcc (the CUDA toolkit)")
 
-BUILDS = sorted(
+ENGINE_BUILDS = (
     {
         mma_gemv.variant_for(m, k, gated, bias and not gated)
         for m in (8, 16)
@@ -28,12 +28,17 @@ BUILDS = sorted(
         for bias in (False, True)
         for d in (64, 128)
     }
-    # gate_up_proj's gated build with FASTPATH_MMA_GATED=1: two chunks a slot, two slots.
-    | {mma_gemv.variant_for(m, 2048, True, False, unroll=2, stages=2) for m in (8, 16)},
-    key=repr,
+    # Rounds 22-30's rings: four slots of two chunks, gated four of one.
+    | {
+        mma_gemv.variant_for(m, 2048, gated, False, unroll=2 - gated, stages=4)
+        for m in (8, 16)
+        for gated in (0, 1)
+    }
 )
-# FASTPATH_LINES=1: each of them with its ring filled whole lines a copy.
-BUILDS += [dataclasses.replace(v, lines=True) for v in BUILDS if not v.lines]
+# Each with its ring filled whole lines a copy (the default) and per lane (FASTPATH_LINES=0).
+BUILDS = sorted(
+    {dataclasses.replace(v, lines=lines) for v in ENGINE_BUILDS for lines in (False, True)}, key=repr
+)
 
 
 def _nvcc(variant, out, kind: str) -> str:

@@ -1,5 +1,5 @@
 """Every FASTPATH_* variable the runtime reads is documented (the README's switches, or the architecture
-for the tests' own), and the one for a path not yet measured on a GPU is off unless set."""
+for the tests' own); a path not worth its cost is off unless set, and a measured gain on unless turned off."""
 
 import os
 import re
@@ -30,22 +30,6 @@ SWITCHES = [
         "False",
         "True",
     ),
-    # gate_up_proj's gated build: its gain was a few µs a step
-    (
-        "FASTPATH_MMA_GATED",
-        "from fastpath.runtime.kernels import mma_gemv as m; "
-        "print(m.GATED_MAX_WEIGHT > m.MAX_WEIGHT, m.GATED_UNROLL, m.GATED_STAGES)",
-        "False 1 4",
-        "True 2 2",
-    ),
-    # both hand-written kernels' rings filled whole lines a copy: the same bits, not yet timed (round 31)
-    (
-        "FASTPATH_LINES",
-        "from fastpath.runtime.kernels import mlp_block, mma_gemv; "
-        "print(mma_gemv.variant_for(8, 2048, False, False).lines, mlp_block.variant_for(8).lines)",
-        "False False",
-        "True True",
-    ),
     # mlp_block.cu measured slower than the five ops on an H100 (round 30)
     (
         "FASTPATH_MLP_BLOCK",
@@ -60,6 +44,37 @@ SWITCHES = [
 def test_a_path_not_worth_its_cost_is_off_unless_asked_for(variable, probe, off, on):
     env = {k: v for k, v in os.environ.items() if k != variable}
     for value, expected in ((None, off), ("1", on), ("0", off)):
+        run_env = env if value is None else {**env, variable: value}
+        done = subprocess.run(
+            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
+        )
+        assert done.stdout.strip() == expected, value
+
+
+# (variable, probe, printed when unset or "1", printed when "0"): measured gains, on by default
+DEFAULTS_ON = [
+    # both hand-written kernels' rings filled whole lines a copy (round 31)
+    (
+        "FASTPATH_LINES",
+        "from fastpath.runtime.kernels import mlp_block, mma_gemv; "
+        "print(mma_gemv.variant_for(8, 2048, False, False).lines, mlp_block.variant_for(8).lines)",
+        "True True",
+        "False False",
+    ),
+    # gate_up_proj (up to 64M elements) on the tensor-core GEMV's gated build at 2-16 rows (round 31)
+    (
+        "FASTPATH_MMA_GATED",
+        "from fastpath.runtime.kernels import mma_gemv as m; print(m.GATED_MAX_WEIGHT > m.MAX_WEIGHT)",
+        "True",
+        "False",
+    ),
+]
+
+
+@pytest.mark.parametrize(("variable", "probe", "on", "off"), DEFAULTS_ON, ids=[v for v, *_ in DEFAULTS_ON])
+def test_a_measured_gain_is_on_unless_turned_off(variable, probe, on, off):
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    for value, expected in ((None, on), ("1", on), ("0", off)):
         run_env = env if value is None else {**env, variable: value}
         done = subprocess.run(
             [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
