@@ -30,13 +30,13 @@ Engines built one after the other, each timed at the same batch sizes (`--varian
   ", 16 warps": with 16 warps a block at 1-8 rows (two slots each) in place of 8 (four);
 - "PDL, per-lane rings": mma_gemv.cu's and mlp_block.cu's rings filled per lane, each lane copying its
   own fragments' pieces (FASTPATH_LINES=0), not a row segment at a time in whole 128-byte lines;
-- "PDL, plain ring 2x4": mma_gemv.cu's plain builds with four slots of two chunks (64 KB a block), not
-  two (32 KB);
-- "PDL, round 30's linears": all three of those as rounds 22-30 ran them;
+- "PDL, plain ring 2x2": mma_gemv.cu's plain builds with two slots of two chunks (32 KB a block), not
+  four (64 KB);
+- "PDL, round 30's linears": the rings per lane and gate_up on cuBLAS, as rounds 22-30 ran them;
 - "PDL": the engine as it is: every batch-1 GEMV at 2 rows by 2048 columns a program, the split
   kernel reading earlier steps' keys and values before its wait, the RoPE GEMV its tables, and 2-16
-  rows' linears on the tensor-core GEMV (mma_gemv.cu) with whole-line rings of two slots, gate_up_proj
-  on its gated build.
+  rows' linears on the tensor-core GEMV (mma_gemv.cu) with whole-line rings, gate_up_proj on its gated
+  build.
 
 The variants of round 20 and before read all of that after each wait, as those rounds did.
 
@@ -81,7 +81,7 @@ class Variant:
     # engine's), or at 1 << 24 on cuBLAS and the SiLU-mul kernel (FASTPATH_MMA_GATED=0)
     gated_max_weight: int = 1 << 26
     gated_ring: tuple[int, int] = (2, 2)
-    plain_ring: tuple[int, int] = (2, 2)  # mma_gemv.PLAIN_UNROLL, PLAIN_STAGES
+    plain_ring: tuple[int, int] = (2, 4)  # mma_gemv.PLAIN_UNROLL, PLAIN_STAGES
     mlp_block: bool = False  # triton_ops.MLP_BLOCK (FASTPATH_MLP_BLOCK=1)
     mlp_block_warps: int = 8  # mlp_block.WARPS: its warps a block at 1-8 rows
     lines: bool = True  # mma_gemv.LINES and mlp_block.LINES (FASTPATH_LINES)
@@ -121,10 +121,8 @@ VARIANTS = {
     "PDL, gate_up gated on the tensor-core GEMV, ring 1x4": Variant(gated_ring=(1, 4)),
     "PDL, MLP half in one persistent launch": Variant(mlp_block=True),
     "PDL, MLP half in one persistent launch, 16 warps": Variant(mlp_block=True, mlp_block_warps=16),
-    "PDL, round 30's linears": Variant(
-        lines=False, plain_ring=(2, 4), gated_max_weight=1 << 24, gated_ring=(1, 4)
-    ),
-    "PDL, plain ring 2x4": Variant(plain_ring=(2, 4)),
+    "PDL, round 30's linears": Variant(lines=False, gated_max_weight=1 << 24, gated_ring=(1, 4)),
+    "PDL, plain ring 2x2": Variant(plain_ring=(2, 2)),
     "PDL, per-lane rings": Variant(lines=False),
     "PDL": Variant(),
 }

@@ -69,9 +69,9 @@ for step in "$@"; do
     ab-mlp-block)  # round 30: 1-16 rows' half after attention in one persistent launch (mlp_block.cu) against the engine, alternating
       timeout 500 python3 bench/ab_step.py --out "$OUT" --name ab_mlp_block --batch ${AB_BATCH:-1 2 8 16} --rounds ${AB_ROUNDS:-2} \
         --variants "PDL" "PDL, MLP half in one persistent launch" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -20 ;;
-    ab-lines)  # round 31: the engine's 2-16-row linears (whole-line rings, two slots, gate_up gated) against round 30's, and each change alone taken back, alternating
-      timeout 560 python3 bench/ab_step.py --out "$OUT" --name ab_lines --batch ${AB_BATCH:-2 8 16} --rounds ${AB_ROUNDS:-2} \
-        --variants "PDL" "PDL, round 30's linears" "PDL, gate_up on cuBLAS" "PDL, plain ring 2x4" "PDL, per-lane rings" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -34 ;;
+    ab-lines)  # round 31: the engine's 2-16-row linears (whole-line rings, gate_up gated) against round 30's, each change alone taken back, and two slots, alternating
+      timeout 560 python3 bench/ab_step.py --out "$OUT" --name ab_lines --batch ${AB_BATCH:-2 4 8 16} --rounds ${AB_ROUNDS:-2} \
+        --variants "PDL" "PDL, round 30's linears" "PDL, gate_up on cuBLAS" "PDL, per-lane rings" "PDL, plain ring 2x2" ${AB_EXTRA:+"$AB_EXTRA"} 2>&1 | tail -34 ;;
     mlp-block) timeout 300 python3 bench/mlp_block.py --out "$OUT" 2>&1 | tail -16 ;;
     mma-tests) timeout 200 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 120 --timeout-method thread tests/runtime/test_gpu_mma_gemv.py 2>&1 | tee "$OUT/gpu_mma_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;
     kernel-tests) timeout 300 python3 -m pytest -v -rfE -m gpu -p no:cacheprovider --timeout 150 --timeout-method thread tests/runtime/test_gpu_runtime.py ${KERNEL_TESTS:+-k "$KERNEL_TESTS"} 2>&1 | tee "$OUT/gpu_kernel_tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed|^E " | tail -30 ;;

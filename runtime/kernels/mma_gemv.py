@@ -37,9 +37,10 @@ MAX_WEIGHT = 1 << 24
 _GATED = os.environ.get("FASTPATH_MMA_GATED", "1") != "0"
 GATED_MAX_WEIGHT = 1 << 26 if _GATED else MAX_WEIGHT
 GATED_UNROLL, GATED_STAGES = 2, 2
-# The plain builds' ring: two chunks a slot, two slots (32 KB a block at 8 warps, so twice round 22's
-# blocks resident an SM); round 31's `linear` had it fastest of eleven on q|k|v, o_proj and down_proj.
-PLAIN_UNROLL, PLAIN_STAGES = 2, 2
+# The plain builds' ring: four slots of two chunks (64 KB a block at 8 warps). Alone, two slots ran a few
+# percent faster (round 31's `linear`), but in the step four won at 2 and 16 rows and lost by 9 µs at 8
+# (`ab-lines`, H100).
+PLAIN_UNROLL, PLAIN_STAGES = 2, 4
 # Whole 128-byte lines a warp-wide copy (mma_gemv.cu's LINES): the same products in the same order, so the
 # same bits, from copies that each cover 4 rows' segments instead of 8 rows' half lines; 2-14% faster alone
 # on the large weights (round 31). FASTPATH_LINES=0 fills the ring per lane, as rounds 22-30 did.
@@ -91,8 +92,8 @@ def variant_for(
     lines: bool | None = None,
 ) -> Variant:
     """The build an m-row linear over K columns launches: 8 warps a block up to K = 4096, then 16, so
-    each warp streams 8-16 chunks of 32 columns; 4 chunks in flight a warp (two slots of two; gated, whose
-    chunks are twice the bytes, the same), 32 KB of ring a block at 8 warps."""
+    each warp streams 8-16 chunks of 32 columns; 8 chunks in flight a warp (four slots of two; gated, whose
+    chunks are twice the bytes, two slots of two), 64 KB of ring a block at 8 warps."""
     return Variant(
         row_tiles=1 if m <= 8 else 2,
         gated=gated,
