@@ -15,9 +15,10 @@
 // phases (all blocks are resident: one block an SM, grid = SM count).
 //
 // Each warp streams 16 rows of a weight (the gated phase: 16 of the gate and the 16 matching of the up)
-// over its share of K, lane (g, c) copying (cp.async) exactly the 16-byte pieces that make its own
-// mma.sync A fragments into a private slot of the ring, as mma_gemv.cu does; the decode rows' pieces (the
-// B fragments) go into the same slot in the same commit group, so they are as far ahead as the weights.
+// over its share of K into its slots of the ring (cp.async), as mma_gemv.cu does: with LINES whole lines a
+// copy, without it each lane (g, c) copying exactly the 16-byte pieces of its own mma.sync A fragments.
+// The decode rows' pieces (the B fragments) are per lane in either, in the same slot and the same commit
+// group, so they are as far ahead as the weights.
 // A slot is 8 weight pieces a lane (4 chunks of 32 columns by 2 rows, or in the gated phase 2 chunks by 4
 // rows) and 4 x pieces a row tile. The loop runs one body with the slot an index: round 30's first build
 // kept x in registers, which needs the loop unrolled over the slots, and its 165 KB of code ran the H100's

@@ -5,9 +5,12 @@
 // weight's bytes are in flight, as in the batch-1 GEMV: cuBLAS's and Triton's GEMM tiles stream a
 // small matrix at 33-50% of copy bandwidth there (docs/performance.md, rounds 16 and 20). Here each
 // warp streams 16 rows of w (GATED: 16 of the gate and the 16 matching of the up) over its share of
-// K, each lane copying (cp.async) exactly the 16-byte pieces that make its own mma.sync A fragments
-// into a private ring of STAGES slots in shared memory. A lane reads back only what it copied, so the
-// ring needs no barrier, and the bytes in flight are bounded by shared memory, not registers.
+// K through a ring of STAGES slots in shared memory (cp.async), so the bytes in flight are bounded by
+// shared memory, not registers. With LINES (the engine's default since round 31) a slot holds the rows
+// as contiguous segments, each warp-wide copy whole 128-byte lines, and each lane reads its fragments'
+// pieces past a __syncwarp; without it each lane copies exactly the 16-byte pieces that make its own
+// mma.sync A fragments, 8 rows' half lines a copy, and reads back only what it copied. Both give the
+// same products in the same order; whole lines streamed the large weights faster (round 31).
 // The decode rows are the B fragment (n = 8 rows a tile), so the tensor cores do the products that
 // the CUDA cores could not keep up with at 8 rows (round 18). On the 1.24B Llama it beats cuBLAS on
 // q|k|v, o_proj and down_proj and, alone, loses on gate_up_proj and the LM head, whose thousands of

@@ -1,8 +1,8 @@
 """Linears at 2-16 rows on the tensor cores, streamed as a GEMV: mma_gemv.cu, compiled by NVRTC.
 
-The kernel is CUDA C++ because what makes it fast cannot be said in Triton: each lane copies the 16-byte
-pieces of the weight that make its own mma.sync A fragments, in an order of K both operands share, into
-a private ring in shared memory that needs no barrier (mma_gemv.cu).
+The kernel is CUDA C++ because what makes it fast cannot be said in Triton: each warp streams its rows of
+the weight through its own ring in shared memory, whole 128-byte lines a copy, and each lane reads back the
+16-byte pieces that make its mma.sync A fragments, in an order of K both operands share (mma_gemv.cu).
 NVRTC builds it once a process for each variant (rows, gate, bias, warps, chunks in flight); the
 launch goes through the driver's cuLaunchKernelEx, with programmatic dependent launch where the
 engine's Triton kernels have it, so CUDA graphs capture it like any kernel.
