@@ -178,7 +178,6 @@ __device__ __forceinline__ void request(u32 slot, const Cursor& cur, const Dims&
                                         bool with_x, int warp, int g, int c) {
     if (cur.p < PHASES) {
         const int k = column(cur, d, warp, c);
-        const int n = cur.tile * 16 + g;
         const int chunks = cur.p == 1 ? 2 : 4;
 #if LINES
         // The slot's weights as rows of contiguous bytes, a warp-wide copy covering whole 128-byte lines (2
@@ -205,6 +204,7 @@ __device__ __forceinline__ void request(u32 slot, const Cursor& cur, const Dims&
             }
         }
 #else
+        const int n = cur.tile * 16 + g;
         if (cur.p == 1) {
             const u16* base = wgu + (long long)n * d.H + k;
 #pragma unroll
@@ -367,7 +367,9 @@ mlp_block(const u16* __restrict__ attn, const u16* __restrict__ wo, const u16* _
           , u64* __restrict__ stamps
 #endif
 ) {
-    extern __shared__ uint4 ring[];  // [WARPS][STAGES][PIECES + X_PIECES][32 lanes]
+    // [WARPS][STAGES] slots: PIECES * 512 bytes of weights (LINES: rows of contiguous segments, see request;
+    // otherwise [PIECES][32 lanes]), then [X_PIECES][32 lanes] of x.
+    extern __shared__ uint4 ring[];
     __shared__ float partial[2][WARPS][VALUES][32];  // a tile's sums by warp, two tiles in turn
     __shared__ float inv_rms[16];
     const Dims d{M, Q, H, I};

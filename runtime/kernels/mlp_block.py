@@ -60,8 +60,8 @@ class Variant:
 # Warps a block at 1-8 rows; bench/mlp_block.py and bench/ab_step.py try 16 (two slots each, so the same
 # bytes in flight an SM, with twice the warps issuing). 9-16 rows keep 8: 16 would not fit shared memory.
 WARPS = 8
-# The ring's weights copied whole 128-byte lines a warp-wide copy, as mma_gemv.LINES: the same bits, and 1-4%
-# faster a layer (round 31, H100). FASTPATH_LINES=0 copies per lane.
+# The ring's weights copied whole 128-byte lines a warp-wide copy, as mma_gemv.LINES: the same bits, and
+# 0-4% faster a layer alone (round 31, H100). FASTPATH_LINES=0 copies per lane.
 LINES = os.environ.get("FASTPATH_LINES", "1") != "0"
 
 

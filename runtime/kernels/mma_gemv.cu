@@ -12,10 +12,12 @@
 // mma.sync A fragments, 8 rows' half lines a copy, and reads back only what it copied. Both give the
 // same products in the same order; whole lines streamed the large weights faster (round 31).
 // The decode rows are the B fragment (n = 8 rows a tile), so the tensor cores do the products that
-// the CUDA cores could not keep up with at 8 rows (round 18). On the 1.24B Llama it beats cuBLAS on
-// q|k|v, o_proj and down_proj and, alone, loses on gate_up_proj and the LM head, whose thousands of
-// short blocks each pay a ramp and a closing barrier: mma_gemv.MAX_WEIGHT keeps plain builds to the
-// small ones, and GATED_MAX_WEIGHT lets the gated one take gate_up_proj, where the step gains.
+// the CUDA cores could not keep up with at 8 rows (round 18). On the 1.24B Llama, in the step's chain
+// under PDL, it beats cuBLAS on q|k|v, o_proj and down_proj (round 22), and its gated build beats cuBLAS
+// with the SiLU-mul on gate_up_proj (round 31). The plain build does not beat cuBLAS on the large
+// weights, whose thousands of short blocks each pay a ramp and a closing barrier, nor the small-M Triton
+// kernel on the LM head: mma_gemv.MAX_WEIGHT keeps plain builds to the small ones, and
+// GATED_MAX_WEIGHT lets the gated one take gate_up_proj.
 //
 // The k order: lane (g, c) = (lane / 4, lane % 4) loads w[row][k0 + 8c, k0 + 8c + 8) and
 // x[r][k0 + 8c, ...) of each 32-wide chunk. mma h (0, 1) takes words 2h and 2h + 1 of both as its k
@@ -237,7 +239,9 @@ mma_gemv(const u16* __restrict__ x, const u16* __restrict__ w, const u16* __rest
          u16* __restrict__ k_cache, u16* __restrict__ v_cache, int heads, int kv_heads
 #endif
 ) {
-    extern __shared__ uint4 ring[];  // [WARPS][STAGES][UNROLL][LOADS][32 lanes]
+    // [WARPS][STAGES] slots of SLOT_BYTES: LINES, [16 * SETS rows][SEGMENT_BYTES] (pieces swizzled);
+    // otherwise [UNROLL][LOADS][32 lanes] of 16 bytes.
+    extern __shared__ uint4 ring[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     [[maybe_unused]] const int n0 = blockIdx.x * 16;  // ROPE: feature() instead

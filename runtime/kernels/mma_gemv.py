@@ -34,12 +34,13 @@ MAX_WEIGHT = 1 << 24
 # it). With two chunks a slot, two slots and the ring filled by whole lines (below) it is also faster alone
 # than cuBLAS and the SiLU-mul (round 31's `linear`, H100: 25.6 against 27.7 µs at 8 rows), and the step at
 # 8 rows 65 µs faster (`ab-lines`). FASTPATH_MMA_GATED=0 keeps gate_up_proj on cuBLAS.
+# Smaller gated weights (up to MAX_WEIGHT) take the gated build either way; =0 gives them round 22's ring.
 _GATED = os.environ.get("FASTPATH_MMA_GATED", "1") != "0"
 GATED_MAX_WEIGHT = 1 << 26 if _GATED else MAX_WEIGHT
-GATED_UNROLL, GATED_STAGES = 2, 2
+GATED_UNROLL, GATED_STAGES = (2, 2) if _GATED else (1, 4)
 # The plain builds' ring: four slots of two chunks (64 KB a block at 8 warps). Alone, two slots ran a few
-# percent faster (round 31's `linear`), but in the step four won at 2 and 16 rows and lost by 9 µs at 8
-# (`ab-lines`, H100).
+# percent faster (round 31's `linear`), but in the step they lost 45 and 52 µs at 2 and 4 rows and were
+# within 5 µs at 8 and 16 (`ab-lines`, call 3, H100).
 PLAIN_UNROLL, PLAIN_STAGES = 2, 4
 # Whole 128-byte lines a warp-wide copy (mma_gemv.cu's LINES): the same products in the same order, so the
 # same bits, from copies that each cover 4 rows' segments instead of 8 rows' half lines; 2-14% faster alone

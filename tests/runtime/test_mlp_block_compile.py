@@ -14,7 +14,12 @@ NVCC = shutil.which("nvcc")
 BUILDS = sorted(
     {mlp_block.variant_for(m, s) for m in (1, 8, 9, 16) for s in (None, 2, 3, 4)}
     | {mlp_block.variant_for(8, stamps=True), mlp_block.variant_for(8, warps=16)}
-    | {mlp_block.variant_for(m, warps=w, lines=True) for m in (8, 16) for w in (8, 16)},
+    | {
+        mlp_block.variant_for(m, warps=w, lines=lines)
+        for m in (8, 16)
+        for w in (8, 16)
+        for lines in (False, True)
+    },
     key=repr,
 )
 

@@ -64,9 +64,10 @@ DEFAULTS_ON = [
     # gate_up_proj (up to 64M elements) on the tensor-core GEMV's gated build at 2-16 rows (round 31)
     (
         "FASTPATH_MMA_GATED",
-        "from fastpath.runtime.kernels import mma_gemv as m; print(m.GATED_MAX_WEIGHT > m.MAX_WEIGHT)",
-        "True",
-        "False",
+        "from fastpath.runtime.kernels import mma_gemv as m; "
+        "print(m.GATED_MAX_WEIGHT > m.MAX_WEIGHT, m.GATED_UNROLL, m.GATED_STAGES)",
+        "True 2 2",
+        "False 1 4",
     ),
 ]
 
