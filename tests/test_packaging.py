@@ -80,7 +80,9 @@ def test_wheel_installs_and_imports_outside_the_repo(tmp_path, cuda):
         "fastpath/runtime/__init__.py",
         "fastpath/include/fastpath/cuda_probe.hpp",
         "fastpath/schema/manifest.schema.json",  # fastpath.schema.json_schema_path()
-        "fastpath/runtime/kernels/mma_gemv.cu",  # NVRTC builds it at run time
+        "fastpath/runtime/kernels/mma_gemv.cu",  # NVRTC builds them at run time
+        "fastpath/runtime/kernels/mlp_block.cu",
+        "fastpath/runtime/kernels/ptx.cuh",  # which both include
     ]:
         assert expected in names, f"{expected} missing from {wheel.name}"
     assert any(n.startswith("fastpath/runtime/_hostdispatch") and n.endswith(".so") for n in names)

@@ -50,8 +50,9 @@ def kernel(
     device_index: int, source: Path, name: str, options: tuple[str, ...], dynamic_shared: int = 0
 ) -> ctypes.c_void_p:
     """Kernel `name` of the CUDA C++ file `source`, built with `options` for the device's architecture and
-    loaded: once a process for each build."""
+    loaded: once a process for each build. Its folder is on the include path (ptx.cuh)."""
     major, minor = torch.cuda.get_device_capability(device_index)
+    options = (*options, f"--include-path={source.parent}")
     cubin = compile_source(source.read_text(), source.name, f"sm_{major}{minor}", options)
     return load_function(device_index, cubin, name, dynamic_shared)
 
