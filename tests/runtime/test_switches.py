@@ -40,15 +40,20 @@ SWITCHES = [
 ]
 
 
-@pytest.mark.parametrize(("variable", "probe", "off", "on"), SWITCHES, ids=[v for v, *_ in SWITCHES])
-def test_a_path_not_worth_its_cost_is_off_unless_asked_for(variable, probe, off, on):
+def _assert_probe_prints(variable: str, probe: str, expected: dict[str | None, str]) -> None:
+    """Run `probe` in a fresh interpreter with `variable` unset (None) or set to each key; check its output."""
     env = {k: v for k, v in os.environ.items() if k != variable}
-    for value, expected in ((None, off), ("1", on), ("0", off)):
+    for value, want in expected.items():
         run_env = env if value is None else {**env, variable: value}
         done = subprocess.run(
             [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
         )
-        assert done.stdout.strip() == expected, value
+        assert done.stdout.strip() == want, value
+
+
+@pytest.mark.parametrize(("variable", "probe", "off", "on"), SWITCHES, ids=[v for v, *_ in SWITCHES])
+def test_a_path_not_worth_its_cost_is_off_unless_asked_for(variable, probe, off, on):
+    _assert_probe_prints(variable, probe, {None: off, "1": on, "0": off})
 
 
 # (variable, probe, printed when unset or "1", printed when "0"): measured gains, on by default
@@ -61,7 +66,7 @@ DEFAULTS_ON = [
         "True True",
         "False False",
     ),
-    # gate_up_proj (up to 64M elements) on the tensor-core GEMV's gated build at 2-16 rows (round 31)
+    # gate_up_proj (up to 67M elements) on the tensor-core GEMV's gated build at 2-16 rows (round 31)
     (
         "FASTPATH_MMA_GATED",
         "from fastpath.runtime.kernels import mma_gemv as m; "
@@ -74,10 +79,4 @@ DEFAULTS_ON = [
 
 @pytest.mark.parametrize(("variable", "probe", "on", "off"), DEFAULTS_ON, ids=[v for v, *_ in DEFAULTS_ON])
 def test_a_measured_gain_is_on_unless_turned_off(variable, probe, on, off):
-    env = {k: v for k, v in os.environ.items() if k != variable}
-    for value, expected in ((None, on), ("1", on), ("0", off)):
-        run_env = env if value is None else {**env, variable: value}
-        done = subprocess.run(
-            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, check=True
-        )
-        assert done.stdout.strip() == expected, value
+    _assert_probe_prints(variable, probe, {None: on, "1": on, "0": off})
