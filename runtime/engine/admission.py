@@ -32,6 +32,7 @@ class Limits:
 class Admitted:
     prompt: str | None
     prompt_ids: list[int]
+    cache_salt: str | None = None  # the prompt dict's: its sequences find only blocks of the same salt
 
 
 def is_single_prompt(prompts: Any) -> bool:
@@ -72,22 +73,35 @@ def encode(
 
 def _encode(prompt: Prompt, tokenizer: Any, limits: Limits | None) -> Admitted:
     """As encode, before truncation; `limits` None checks only what truncation cannot change."""
+    salt = check_cache_salt(prompt.get("cache_salt")) if isinstance(prompt, Mapping) else None
+    admitted = _encode_unsalted(prompt, tokenizer, limits)
+    admitted.cache_salt = salt
+    return admitted
+
+
+def _encode_unsalted(prompt: Prompt, tokenizer: Any, limits: Limits | None) -> Admitted:
     if isinstance(prompt, Mapping):
         if prompt.get("multi_modal_data"):  # never dropped without a word
             raise ValueError("multi_modal_data: this engine's models take text only")
-        # vLLM's keys that change nothing here: no multimodal data to process, no prefix cache to salt.
+        # mm_processor_kwargs changes nothing here: there is no multimodal data to process.
         keys = set(prompt) - {"multi_modal_data", "mm_processor_kwargs", "cache_salt"}
         if keys == {"prompt_token_ids"} or keys == {"prompt_token_ids", "prompt"}:
             return Admitted(prompt.get("prompt"), check_ids(prompt["prompt_token_ids"], limits))
-        if keys == {"prompt"}:
-            prompt = prompt["prompt"]
-        else:
+        if keys != {"prompt"}:
             raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got keys {sorted(keys)}")
+        prompt = prompt["prompt"]
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer, and this model has none: pass token ids")
         return Admitted(prompt, check_ids(list(tokenizer(prompt)["input_ids"]), limits))
     return Admitted(None, check_ids(prompt, limits))
+
+
+def check_cache_salt(salt: Any) -> str | None:
+    """A prompt's cache_salt: None, or a non-empty string (as vLLM takes it)."""
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
+    return salt
 
 
 def check_ids(ids: Any, limits: Limits | None, room: int = 1) -> list[int]:
@@ -212,6 +226,7 @@ def make_sequences(
             primary_eos=primary_eos,
             guided=guided[i],
             biases=biases,
+            cache_salt=admitted.cache_salt,
         )
         for i, (seq_id, seed) in enumerate(zip(seq_ids, seeds, strict=True))
     ]

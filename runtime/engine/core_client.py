@@ -103,6 +103,7 @@ class EngineCoreClient:
                         members,
                         seqs[0].biases,
                         seqs[0].lora,
+                        seqs[0].cache_salt,
                     )
                 )
         self._send(("add", items))

@@ -396,7 +396,7 @@ class LinkServer:
     def _add(self, link: ClientLink, items: list[tuple]) -> None:
         seqs = []
         limits = self.llm._limits
-        for token, prompt_ids, params, streams, members, biases, lora in items:
+        for token, prompt_ids, params, streams, members, biases, lora, salt in items:
             guided = link.prepared.pop(token, None) if token is not None else None
             for k, (seq_id, index, seed) in enumerate(members):
                 seq = Sequence(
@@ -411,6 +411,7 @@ class LinkServer:
                     guided=guided[k] if guided is not None else None,
                     biases=biases,
                     lora=lora,
+                    cache_salt=salt,
                 )
                 seq.streams = streams
                 seqs.append(seq)

@@ -543,7 +543,7 @@ class LLM:
             chat_template_content_format=chat_template_content_format,
             mm_processor_kwargs=mm_processor_kwargs,
         )
-        conversations = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        conversations = _conversations(messages)
         params = _params_per_prompt(sampling_params, len(conversations), self._defaults)
         loras = per_prompt(lora_request, len(conversations))
         # What is wrong with the call itself fails the call, not each conversation.
@@ -888,10 +888,35 @@ def _detokenizer(tokenizer: Any, params: SamplingParams) -> Any:
     return tokenizer if params.detokenize else None
 
 
+def _conversations(messages: Any) -> list[Any]:
+    """One conversation (a list of message dicts) or a list of them, as a list of conversations; a
+    string, or anything else that is not made of messages, is a TypeError for the whole call."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise TypeError(
+            "messages must be a conversation (a list of {'role': ..., 'content': ...} dicts) or a list "
+            f"of conversations, got {type(messages).__name__}"
+            + (": wrap a prompt as [{'role': 'user', 'content': text}]" if isinstance(messages, str) else "")
+        )
+    if messages and isinstance(messages[0], Mapping):
+        return [messages]
+    for i, c in enumerate(messages):
+        if isinstance(c, (str, bytes, Mapping)) or not isinstance(c, Sequence):
+            raise TypeError(
+                f"messages[{i}] must be a message dict (one conversation) or a list of them (one of "
+                f"several conversations), got {type(c).__name__}"
+            )
+    return list(messages)
+
+
 def flat_message(message: Mapping[str, Any]) -> Mapping[str, Any]:
     """A message whose content is a list of text parts, with that text as its content (what chat
-    templates written for strings expect); any other part is a ValueError naming its type."""
-    content = message.get("content") if isinstance(message, Mapping) else None
+    templates written for strings expect); any other part is a ValueError naming its type. A missing or
+    null content (an assistant turn that only calls tools) is the empty string, as vLLM renders it."""
+    if not isinstance(message, Mapping):
+        return message
+    content = message.get("content")
+    if content is None:
+        return {**message, "content": ""}
     if not isinstance(content, list):
         return message
     texts = []
@@ -939,6 +964,9 @@ def _params_per_prompt(params: Params, n: int, default: SamplingParams) -> list[
     params = list(params)
     if len(params) != n:
         raise ValueError(f"{n} prompts but {len(params)} SamplingParams")
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):  # a None here is no default: it is a hole in the list
+            raise TypeError(f"sampling_params[{i}] must be a SamplingParams, got {type(p).__name__}")
     return params
 
 

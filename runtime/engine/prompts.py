@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 class _Extras(TypedDict, total=False):
     multi_modal_data: Any  # refused when not empty: the models take text only
     mm_processor_kwargs: Any
-    cache_salt: str  # accepted; there is no prefix cache to salt
+    cache_salt: str  # keys the prefix cache: prompts under different salts never share cached KV
 
 
 class TextPrompt(_Extras):

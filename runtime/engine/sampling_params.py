@@ -11,7 +11,7 @@ import difflib
 import logging
 import math
 import reprlib
-from dataclasses import dataclass, field, fields
+from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import Any
 
 from ..runner.penalties import WORD_SEQUENCES, WORD_TOKENS
@@ -580,3 +580,14 @@ class SamplingParams:
         from dataclasses import replace
 
         return replace(self, n=1, seed=seed, guided_decoding=None, structured_outputs=None)
+
+
+def _refuse_assignment(self: SamplingParams, name: str, value: Any) -> None:
+    # vLLM's SamplingParams is mutable and its examples assign to it; say what to do instead.
+    raise FrozenInstanceError(
+        f"cannot assign to SamplingParams.{name}: SamplingParams are immutable (the engine caches what "
+        f"it derives from each one); use params.clone({name}=...) for a changed copy"
+    )
+
+
+SamplingParams.__setattr__ = _refuse_assignment  # type: ignore[method-assign, assignment]

@@ -266,7 +266,7 @@ class Scheduler:
             self.epoch += 1
 
     def _prefix_root(self, seq: Sequence) -> tuple[int, int]:
-        return root_for(self.lora.namespace(seq.lora) if self.lora is not None else 0)
+        return root_for(self.lora.namespace(seq.lora) if self.lora is not None else 0, seq.cache_salt)
 
     def _remember(self, seq: Sequence, computed: int) -> None:
         """Remember `seq`'s whole blocks among its first `computed` tokens that the host knows."""

@@ -52,6 +52,7 @@ class Sequence:
     prefix_hit: int = 0
     num_cached_tokens: int = 0  # prefix_hit at its first admission, for its RequestOutput
     prefix_walk: Any = None
+    cache_salt: str | None = None  # its prompt's: it finds and leaves cached blocks only under this salt
     first_token_at: float | None = None  # time.monotonic() when its first output token was read back
     scheduled_at: float | None = None  # time.monotonic() when the scheduler first gave it a batch slot
     sampling_row: tuple[int, ...] | None = None  # its packed sampling fields (engine/steps.py), cached

@@ -22,10 +22,13 @@ from .kv_cache import BlockAllocator, CacheFullError
 ROOT = (0, 0)  # the "block before" the first block (block 0 is never handed out)
 
 
-def root_for(adapter: int) -> tuple[int, int]:
+def root_for(adapter: int, salt: str | None = None) -> tuple[int | str, int]:
     """The first block's "block before" for sequences run with the engine's LoRA adapter number
-    `adapter` (0: none; engine/lora_slots.py): the same tokens under another adapter hold other KV,
-    so they are never found across adapters."""
+    `adapter` (0: none; engine/lora_slots.py) and the prompt's cache_salt: the same tokens under
+    another adapter hold other KV, and under another salt belong to another tenant, so they are
+    never found across either. (A salt is a string: no block number equals it.)"""
+    if salt is not None:
+        return (salt, -adapter)
     return (0, -adapter) if adapter else ROOT
 
 
@@ -86,11 +89,11 @@ class PrefixCachingAllocator(BlockAllocator):
         del self._block_of[self._key_of.pop(block)]
         self._generation[block] += 1  # keys that name this block as their predecessor go stale
 
-    def _key(self, parent: tuple[int, int], tokens: Sequence[int], i: int) -> tuple:
+    def _key(self, parent: tuple[int | str, int], tokens: Sequence[int], i: int) -> tuple:
         bs = self.block_size
         return (*parent, tuple(tokens[i * bs : (i + 1) * bs]))
 
-    def match(self, tokens: Sequence[int], max_blocks: int, root: tuple[int, int] = ROOT) -> list[int]:
+    def match(self, tokens: Sequence[int], max_blocks: int, root: tuple[int | str, int] = ROOT) -> list[int]:
         """The remembered blocks that hold `tokens`' first whole blocks (at most `max_blocks`), each
         now held once more by the caller; `root`: root_for the sequence's adapter."""
         found: list[int] = []
@@ -132,4 +135,4 @@ class Walk:
     """How far a sequence's blocks are remembered: `blocks` of them, the last one's key part `parent`."""
 
     blocks: int = 0
-    parent: tuple[int, int] = ROOT
+    parent: tuple[int | str, int] = ROOT

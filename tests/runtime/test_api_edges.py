@@ -114,6 +114,44 @@ def test_chat_hands_tools_to_the_template(llm):
     assert out.prompt == "[add]hi"
 
 
+def test_an_assistant_turn_without_content_renders_as_empty_text(llm):
+    """An OpenAI tool-calling turn has content None (or none at all): vLLM renders it as empty text,
+    and templates written for strings must not fail on it."""
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": []},
+             {"role": "assistant"}, {"role": "user", "content": "again"}]  # fmt: skip
+    out = llm.chat(turns, GREEDY, chat_template=template, use_tqdm=False)[0]
+    assert out.prompt == "<user>hi<assistant><assistant><user>again"
+
+
+@pytest.mark.parametrize(
+    ("messages", "words"),
+    [
+        ("hello", "got str: wrap a prompt as"),
+        (5, "got int"),
+        ({"role": "user", "content": "hi"}, "got dict"),
+        (["hello"], r"messages\[0\] must be a message dict"),
+        ([[{"role": "user", "content": "hi"}], "x"], r"messages\[1\] must be a message dict"),
+    ],
+)
+def test_chat_given_something_other_than_conversations_is_one_type_error(llm, messages, words):
+    with pytest.raises(TypeError, match=words):
+        llm.chat(messages, GREEDY, use_tqdm=False)
+
+
+def test_a_hole_in_a_list_of_sampling_params_is_a_type_error_not_the_defaults(llm):
+    with pytest.raises(TypeError, match=r"sampling_params\[1\] must be a SamplingParams, got NoneType"):
+        llm.generate(["a", "b"], [GREEDY, None], use_tqdm=False)
+
+
+def test_assigning_to_sampling_params_says_to_clone(llm):
+    """vLLM's examples assign to a SamplingParams; here they are immutable, and the error says how."""
+    params = llm.get_default_sampling_params()
+    with pytest.raises(AttributeError, match=r"use params.clone\(max_tokens=...\)"):
+        params.max_tokens = 8
+    assert params.clone(max_tokens=8).max_tokens == 8
+
+
 def test_clone_copies_with_changes_checked_and_the_constraint_kept():
     p = SamplingParams(temperature=0.5, structured_outputs={"regex": "[0-9]+"}, max_tokens=5)
     q = p.clone(max_tokens=10)

@@ -4,7 +4,7 @@ evicted tail first; and an engine that prefills only what its cache lacks, with 
 import pytest
 from test_sampling_controls import token_ids
 
-from fastpath.runtime import LLM, SamplingParams
+from fastpath.runtime import LLM, RequestError, SamplingParams
 from fastpath.runtime.engine.options import parse_options
 from fastpath.runtime.runner.prefix_cache import PrefixCachingAllocator, Walk
 
@@ -185,6 +185,29 @@ def test_cached_tokens_are_reported_and_a_reset_starts_cold(plain, engine_proces
         stats = llm.stats()
         assert stats.kv_blocks_free == stats.kv_blocks_total
     assert plain.reset_prefix_cache() is False, "no cache to reset"
+
+
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_a_cache_salt_keeps_tenants_apart_and_finds_its_own_blocks(plain, engine_process):
+    """vLLM's cache_salt: the same prompt under another salt (or none) finds nothing cached, so one
+    tenant cannot time another's prompts; under its own salt it finds its blocks as any prompt does."""
+    ids = PROMPTS[1]
+
+    def cached(prompt):
+        out = llm.generate([prompt], GREEDY)[0]
+        assert token_ids(out) == want, "a salt changes which blocks are found, never the tokens"
+        return out.num_cached_tokens
+
+    want = token_ids(plain.generate([ids], GREEDY)[0])
+    with LLM("random:tiny-llama", enable_prefix_caching=True, engine_process=engine_process, **CPU32) as llm:
+        assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-a"}) == 0
+        assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-b"}) == 0
+        assert cached({"prompt_token_ids": ids}) == 0, "unsalted prompts do not find salted blocks"
+        assert cached({"prompt_token_ids": ids, "cache_salt": "tenant-a"}) > 0
+        assert cached(ids) > 0, "and an unsalted prompt the unsalted ones"
+        for bad in ("", 7):
+            with pytest.raises(RequestError, match="cache_salt must be a non-empty string"):
+                llm.generate([{"prompt_token_ids": ids, "cache_salt": bad}], GREEDY)
 
 
 @pytest.mark.slow
