@@ -402,7 +402,9 @@ class LLM:
         RequestError at the end carries every output (errors="return" hands them back instead).
 
         - `prompts`: one prompt or a list of them. A prompt is a string, a list of token ids, or a
-          dict with 'prompt' (text) and/or 'prompt_token_ids' (when both, the ids are used).
+          dict with 'prompt' (text) and/or 'prompt_token_ids' (when both, the ids are used). A dict's
+          'cache_salt' (vLLM's) keys the prefix cache: a prompt finds cached blocks only of prompts
+          with the same salt, so tenants cannot probe each other's prompts by timing.
         - `sampling_params`: one SamplingParams for every prompt, or a list with one per prompt;
           None: `get_default_sampling_params()`.
         - `use_tqdm`: True shows a tqdm bar of the prompts processed on stderr (as vLLM, terminal or
