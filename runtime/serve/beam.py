@@ -32,7 +32,7 @@ from ..engine.outputs import CompletionOutput, RequestOutput
 from ..engine.sampling_params import SamplingParams
 from .errors import RequestInvalid
 from .generation import Generation, admit_and_submit, failure, merged, submit_in_thread
-from .params import RequestKeys
+from .params import RequestKeys, salted
 from .state import ServerState
 
 # Request fields a beam search does not use, and the values that leave the output unchanged.
@@ -118,6 +118,7 @@ class BeamGeneration(Generation):
         self.params, self.top, self.rid, self.keys, self.lora = params, top, rid, keys, lora
         self.prompts = [(h.prompt, list(h.prompt_ids)) for h in handles]
         self._step_handles = handles
+        self.cache_salt: str | None = None  # the request's: every step's prompts carry it
 
     @classmethod
     async def begin(
@@ -132,6 +133,7 @@ class BeamGeneration(Generation):
         keys: RequestKeys,
         truncate: int | None = None,
         lora: Any = None,
+        cache_salt: str | None = None,
     ) -> BeamGeneration:
         """Admit the request (503 at capacity) and submit each prompt's first step (which truncates
         the prompt as `truncate_prompt_tokens` asks; later steps send the beams' tokens)."""
@@ -139,7 +141,9 @@ class BeamGeneration(Generation):
         first = step_params(params).clone(truncate_prompt_tokens=truncate)
         completions = params.beam_width * prompt_count
         handles = await admit_and_submit(state, completions, prompts, first, f"{rid}-s0", False, keys, lora)
-        return cls(state, handles, arrival, stream, params, top, rid, keys, lora)
+        gen = cls(state, handles, arrival, stream, params, top, rid, keys, lora)
+        gen.cache_salt = cache_salt
+        return gen
 
     @property
     def prompt_tokens(self) -> int:
@@ -160,7 +164,7 @@ class BeamGeneration(Generation):
                 live = [(s, beam) for s, beam in live_beams(searches) if step < limits[id(s)]]
                 if not live:
                     break
-                asks = [{"prompt_token_ids": beam.tokens} for _, beam in live]
+                asks = [salted({"prompt_token_ids": beam.tokens}, self.cache_salt) for _, beam in live]
                 rid = f"{self.rid}-s{step}"
                 self._step_handles = await submit_in_thread(
                     self.state, lambda asks=asks: asks, step_params(params), rid, False, self.keys, self.lora
@@ -175,6 +179,7 @@ class BeamGeneration(Generation):
             best = best_beams(search, llm.eos_ids)
             choices = [self._choice(j, beam, len(ids), llm.eos_ids, tokenizer) for j, beam in enumerate(best)]
             self._reasons += [c.finish_reason for c in choices]
+            self._sizes += [(len(ids), len(c.token_ids)) for c in choices]
             yield i, RequestOutput(self.rid, prompt, ids, None, choices, finished=True)
 
     async def collect(self) -> list[RequestOutput]:

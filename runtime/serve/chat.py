@@ -19,7 +19,7 @@ from .beam import BeamGeneration, beam_params
 from .chat_reply import ReplyShape, ReplyStream
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, client_request_id, request_id
-from .params import RequestKeys, check_room, request_keys, sampling_params
+from .params import RequestKeys, check_room, request_keys, salted, sampling_params
 from .protocol import ChatRequest
 from .responses import (
     SSE_DONE,
@@ -31,6 +31,7 @@ from .responses import (
     chunk_usage,
     prefix_caching,
     sse,
+    vllm_prompt_logprobs,
     worth_sending,
 )
 from .sse import SSEResponse, unless_disconnected
@@ -64,7 +65,7 @@ def chat_prompts(
             prompt = {**prompt, "prompt_token_ids": list(ids)}
         if refuse_no_room:
             check_room(len(prompt["prompt_token_ids"]), body, state.llm.config.max_seq_len)
-        return [prompt]
+        return [salted(prompt, body.cache_salt)]
 
     return prompts
 
@@ -87,7 +88,9 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     if body.use_beam_search:
         top = (body.top_logprobs or 0) if body.logprobs else None
         beam, truncate = beam_params(body, params, top), params.truncate_prompt_tokens
-        gen = await BeamGeneration.begin(state, prompts, 1, beam, top, rid, body.stream, keys, truncate, lora)
+        gen = await BeamGeneration.begin(
+            state, prompts, 1, beam, top, rid, body.stream, keys, truncate, lora, body.cache_salt
+        )
     else:
         gen = await Generation.start(state, prompts, 1, params, rid, body.stream, keys, lora)
     request.state.prompt_tokens = gen.prompt_tokens
@@ -107,13 +110,28 @@ async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: R
     request.state.completion_tokens = usage.completion_tokens
     raw = _raw(gen)
     choices = []
+    as_ids, echoed = body.return_tokens_as_token_ids, echoed_text(body)
     for c in out.outputs:
-        choice = chat_choice(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
+        choice = chat_choice(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0, as_ids)
         if not shape.plain:
             choice["message"], choice["finish_reason"] = shape.message(c.text, c.finish_reason)
+        if echoed:
+            choice["message"]["content"] = echoed + (choice["message"]["content"] or "")
         choices.append(choice)
-    extra = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
+    extra: dict[str, Any] = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
+    if body.prompt_logprobs is not None:  # vLLM's place: beside the choices
+        extra["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs)
     return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
+
+
+def echoed_text(body: ChatRequest) -> str:
+    """What vLLM's chat `echo` puts before the reply: the last message's text, where that message has
+    the reply's role (the assistant's, or the last message's own without a generation prompt)."""
+    if not body.echo:
+        return ""
+    last = body.messages[-1]
+    role = "assistant" if body.add_generation_prompt else last.role
+    return (last.as_template_dict()["content"] or "") if last.role == role else ""
 
 
 async def _events(
@@ -125,9 +143,11 @@ async def _events(
     usage = Usage(gen.prompt_tokens)
     raw = _raw(gen)
     try:
-        # Each choice opens with its role alone, before any token (as OpenAI and vLLM send it).
+        # Each choice opens with its role alone, before any token (as OpenAI and vLLM send it); an
+        # echo's text comes with it.
+        echoed = echoed_text(body)
         for index in range(body.n):
-            role = {"role": "assistant", "content": ""}
+            role = {"role": "assistant", "content": echoed}
             opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
             yield sse(env.body([opening], **chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)))
         cached: dict[int, int] = {}
@@ -144,7 +164,14 @@ async def _events(
                 elif not worth_sending(c, body.return_token_ids):
                     continue
                 else:
-                    delta = chat_delta(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
+                    delta = chat_delta(
+                        c.index,
+                        c,
+                        body.return_token_ids,
+                        raw,
+                        body.top_logprobs or 0,
+                        body.return_tokens_as_token_ids,
+                    )
                 mine = Usage(gen.prompt_tokens, so_far[c.index])  # vLLM: this choice's counts
                 yield sse(env.body([delta], **chunk_usage(mine, include_usage, continuous)))
         if include_usage:
@@ -160,7 +187,8 @@ def _shaped_delta(stream: ReplyStream, c, body: ChatRequest, raw: TokenBytes | N
     """A choice's chunk where its text is read (reasoning, tool calls): what the stream gives for this
     piece, its finish_reason "tool_calls" where the model called; None: nothing to send yet."""
     delta = stream.feed(c.text, c.finish_reason is not None)
-    choice = chat_delta(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0)
+    top, as_ids = body.top_logprobs or 0, body.return_tokens_as_token_ids
+    choice = chat_delta(c.index, c, body.return_token_ids, raw, top, as_ids)
     choice["delta"] = delta
     choice["finish_reason"] = stream.finish_reason(c.finish_reason)
     wanted = c.token_ids and (body.return_token_ids or c.logprobs)

@@ -15,7 +15,7 @@ from ..engine.outputs import CompletionOutput, RequestOutput
 from .beam import BeamGeneration, beam_params
 from .errors import ServeError, error_body
 from .generation import Generation, client_request_id, request_id
-from .params import check_room, request_keys, sampling_params
+from .params import check_room, request_keys, salted, sampling_params
 from .protocol import CompletionRequest
 from .responses import (
     SSE_DONE,
@@ -28,6 +28,7 @@ from .responses import (
     prefix_caching,
     prompt_logprobs_part,
     sse,
+    vllm_prompt_logprobs,
     worth_sending,
 )
 from .sse import SSEResponse, unless_disconnected
@@ -51,7 +52,7 @@ def _tokenized(prompt: Any, body: CompletionRequest, state: ServerState) -> Any:
         prompt = {"prompt": prompt, "prompt_token_ids": ids}
     ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
     check_room(len(ids), body, state.llm.config.max_seq_len)
-    return prompt
+    return salted(prompt, body.cache_salt)
 
 
 @dataclass(slots=True)
@@ -64,6 +65,7 @@ class Echo:
     only: bool
     logprobs: bool
     tokenizer: Any
+    as_ids: bool = False  # return_tokens_as_token_ids
     _parts: dict[int, tuple[str, dict[str, list[Any]] | None, int]] = field(default_factory=dict)
 
     def offsets(self, i: int, out: RequestOutput) -> TextOffsets:
@@ -99,7 +101,7 @@ class Echo:
             if self.logprobs:
                 # Spelled alone, as it starts a text (a SentencePiece decoder drops its leading space).
                 first = self.tokenizer.decode(ids[:1]) if self.tokenizer is not None and ids else ""
-                logprobs = prompt_logprobs_part(ids, out.prompt_logprobs, first, offsets)
+                logprobs = prompt_logprobs_part(ids, out.prompt_logprobs, first, offsets, self.as_ids)
             self._parts[i] = (text, logprobs, offsets.offset)
         return self._parts[i]
 
@@ -110,7 +112,8 @@ def _echo(body: CompletionRequest, state: ServerState) -> tuple[CompletionReques
     only = body.max_tokens == 0
     if only:
         body = body.model_copy(update={"max_tokens": 1})
-    return body, Echo(only, body.logprobs is not None, state.llm.get_tokenizer())
+    tokenizer = state.llm.get_tokenizer()
+    return body, Echo(only, body.logprobs is not None, tokenizer, body.return_tokens_as_token_ids)
 
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
@@ -134,8 +137,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         beam = beam_params(body, params, body.logprobs)
         keys, truncate = request_keys(body), params.truncate_prompt_tokens
         gen = await BeamGeneration.begin(
-            state, engine_prompts, len(prompts), beam, body.logprobs, rid, body.stream, keys, truncate, lora
-        )
+            state, engine_prompts, len(prompts), beam, body.logprobs, rid, body.stream, keys, truncate, lora,
+            body.cache_salt,
+        )  # fmt: skip
     else:
         gen = await Generation.start(
             state, engine_prompts, len(prompts), params, rid, body.stream, request_keys(body), lora
@@ -153,18 +157,22 @@ async def _respond(
 ):
     outputs = await gen.collect()
     choices, usage = [], Usage(gen.prompt_tokens)
+    as_ids = body.return_tokens_as_token_ids
     for i, out in enumerate(outputs):
         for c in out.outputs:
             if echo is None:
                 usage.completion_tokens += len(c.token_ids)
-                choices.append(completion_choice(i * n + c.index, c, body.return_token_ids))
+                choices.append(completion_choice(i * n + c.index, c, body.return_token_ids, None, as_ids))
             else:
                 c = echo.trimmed(c)
                 usage.completion_tokens += len(c.token_ids)
-                choice = completion_choice(i * n + c.index, c, body.return_token_ids, echo.offsets(i, out))
+                offsets = echo.offsets(i, out)
+                choice = completion_choice(i * n + c.index, c, body.return_token_ids, offsets, as_ids)
                 choices.append(echo.prefix(choice, i, out))
             if body.return_token_ids:  # vLLM's place, in each choice (the list beside them stays)
                 choices[-1]["prompt_token_ids"] = out.prompt_token_ids
+            if body.prompt_logprobs is not None:  # vLLM's place too (never streamed)
+                choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs)
     request.state.completion_tokens = usage.completion_tokens
     usage.cached(prefix_caching(gen.state.llm), {i: out.num_cached_tokens for i, out in enumerate(outputs)})
     extra: dict[str, Any] = {}
@@ -201,7 +209,11 @@ async def _events(
                 if echoed:
                     offsets[index] = echo.offsets(i, out)
                 choice = completion_choice(
-                    index, c, body.return_token_ids, offsets.setdefault(index, TextOffsets())
+                    index,
+                    c,
+                    body.return_token_ids,
+                    offsets.setdefault(index, TextOffsets()),
+                    body.return_tokens_as_token_ids,
                 )
                 if echoed:
                     choice = echo.prefix(choice, i, out)

@@ -56,6 +56,8 @@ class Generation:
         self._last: dict[int, float] = {}
         self._whole_tokens: dict[tuple[int, int], int] = {}  # (prompt, completion) -> tokens seen
         self._reasons: list[str] = []  # finish reasons as they arrive, for metrics
+        self._sizes: list[tuple[int, int]] = []  # (prompt, generated) tokens of each finished completion
+        self._generated: dict[tuple[int, int], int] = {}  # (prompt, completion) -> tokens so far
         # For the access log: arrival to the first batch slot and to the first token, in ms.
         self.timeline: dict[str, float] = {}
         self._closed = False
@@ -92,7 +94,13 @@ class Generation:
                 self._observe(i, out)
             else:
                 self._observe_whole(i, out)
-            self._reasons += [c.finish_reason for c in out.outputs if c.finish_reason is not None]
+            prompt_tokens = len(self.handles[i].prompt_ids)
+            for c in out.outputs:
+                key = (i, c.index)
+                self._generated[key] = self._generated.get(key, 0) + len(c.token_ids)
+                if c.finish_reason is not None:
+                    self._reasons.append(c.finish_reason)
+                    self._sizes.append((prompt_tokens, self._generated[key]))
             yield i, out
 
     def _observe(self, i: int, out: RequestOutput) -> None:
@@ -164,6 +172,9 @@ class Generation:
             metrics.aborted.inc()
         for reason in self._reasons:
             metrics.finished.labels(reason).inc()
+        for prompt_tokens, generated in self._sizes:
+            metrics.prompt_tokens.observe(prompt_tokens)
+            metrics.generation_tokens.observe(generated)
         metrics.e2e.observe(time.monotonic() - self.arrival)
         self.state.gate.leave(self.completions)
 

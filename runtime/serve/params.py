@@ -60,9 +60,10 @@ def sampling_params(
     tool_schema: dict[str, Any] | None = None,
 ) -> SamplingParams:
     """The engine's SamplingParams for a completions or chat request; RequestInvalid names the field.
-    `prompt_logprobs`: what an echoed prompt needs. `defaults`: the model's own sampling values (the
-    engine's `generation_defaults`), for what the request leaves unset, as in vLLM. `tool_schema`:
-    the JSON schema a named or required tool call holds the output to (tool_calls.plan)."""
+    `prompt_logprobs`: what an echoed prompt needs (a request's own `prompt_logprobs` adds to it).
+    `defaults`: the model's own sampling values (the engine's `generation_defaults`), for what the
+    request leaves unset, as in vLLM. `tool_schema`: the JSON schema a named or required tool call
+    holds the output to (tool_calls.plan)."""
     d = {**_OWN_DEFAULTS, **(defaults or {})}
     unset = {name: d[name] if getattr(req, name) is None else getattr(req, name) for name in _DEFAULTED}
     max_key, max_tokens = _max_tokens(req)
@@ -80,10 +81,13 @@ def sampling_params(
             )
     logprob_key, logprobs = _logprobs(req)
     guided_key, guided = _guided(req, tool_schema)
+    asked = req.prompt_logprobs
+    if asked is not None:  # the request's own; with an echo's too, the larger top k serves both
+        prompt_logprobs = asked if prompt_logprobs is None or asked < 0 else max(asked, prompt_logprobs)
     names = {
         "max_tokens": max_key,
         "logprobs": logprob_key,
-        "prompt_logprobs": logprob_key,
+        "prompt_logprobs": "prompt_logprobs" if asked is not None else logprob_key,
         "guided_decoding": guided_key,
     }
     try:
@@ -203,3 +207,14 @@ def _guided(
         kind = next(iter(spec))
         message = str(exc).replace(f"GuidedDecodingParams.{kind}", key).replace("GuidedDecodingParams", key)
         raise RequestInvalid(message, key) from None
+
+
+def salted(prompt: Any, salt: str | None) -> Any:
+    """An engine prompt (text, token ids or a prompt dict) carrying the request's cache_salt."""
+    if salt is None:
+        return prompt
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "cache_salt": salt}
+    if isinstance(prompt, Mapping):
+        return {**prompt, "cache_salt": salt}
+    return {"prompt_token_ids": prompt, "cache_salt": salt}

@@ -205,6 +205,10 @@ class SamplingFields(Body):
     guided_whitespace_pattern: str | None = None
     structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
+    # vLLM's: logprobs spell each token "token_id:<id>", which a text cannot (bytes of a character).
+    return_tokens_as_token_ids: bool = False
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and its top k (rank, text)
+    cache_salt: str | None = None  # vLLM's: the prompt finds cached KV only of prompts with this salt
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: what fits)
     use_beam_search: bool = False  # vLLM's: n beams, the n best returned (serve/beam.py)
     length_penalty: float = 1.0  # beam search's score: cumulative logprob / length ** length_penalty
@@ -214,6 +218,20 @@ class SamplingFields(Body):
     def _options_need_a_stream(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and not info.data.get("stream"):
             raise ValueError("needs stream: true")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_not_streamed(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("stream"):  # as vLLM: they would come after the text
+            raise ValueError("is not available with stream: true")
+        return value
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt_not_empty(cls, value: Any) -> Any:
+        if value is not None and not value:
+            raise ValueError("must be a non-empty string")
         return value
 
 
@@ -341,7 +359,7 @@ class NamedToolChoice(Body):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name; it wins where both are sent, as in vLLM
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[ChatTool] | None = None
@@ -354,18 +372,12 @@ class ChatRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    echo: bool = False  # vLLM's: the reply starts with the last message's text when it has the reply's role
 
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_variables_only(cls, value: Any) -> Any:
         check_template_kwargs(value)
-        return value
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _one_max(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and info.data.get("max_tokens") not in (None, value):
-            raise ValueError("disagrees with max_tokens; set one")
         return value
 
     @field_validator("top_logprobs")
@@ -380,6 +392,10 @@ class ChatRequest(SamplingFields):
         # Whether "auto" may run is the server's setting (tool_calls.plan); what needs no server is here.
         choice, tools = self.tool_choice, self.tools or []
         if choice is None or choice == "none":
+            return self
+        if self.tools == [] and choice in ("auto", "required"):
+            # OpenAI's behaviour, and vLLM's: an empty tool list calls nothing (clients build it per turn).
+            self.tool_choice, self.tools = "none", None
             return self
         if not tools:
             what = repr(choice) if isinstance(choice, str) else "a named tool"

@@ -94,10 +94,16 @@ class TextOffsets:
     offset: int = 0
 
 
+def spelled_as_id(token: int) -> str:
+    """vLLM's `return_tokens_as_token_ids` spelling: every token distinct, whatever its text."""
+    return f"token_id:{token}"
+
+
 def completion_logprobs(
-    c: CompletionOutput, offsets: TextOffsets | None = None
+    c: CompletionOutput, offsets: TextOffsets | None = None, as_ids: bool = False
 ) -> dict[str, list[Any]] | None:
-    """The legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset."""
+    """The legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset. `as_ids`:
+    tokens (and top_logprobs' keys) spelled "token_id:<id>"; offsets stay those of the text."""
     if c.logprobs is None:
         return None
     offsets = offsets or TextOffsets()
@@ -105,14 +111,15 @@ def completion_logprobs(
     for token, position in zip(c.token_ids, c.logprobs, strict=False):
         chosen = position[token]
         text = _text(chosen)
-        out["tokens"].append(text)
+        key = spelled_as_id(token) if as_ids else text
+        out["tokens"].append(key)
         out["token_logprobs"].append(_lp(chosen.logprob))
         # vLLM's shape: the top-k and the chosen token (when it is not among them)
         # Two tokens can spell the same text: the more likely one keeps the key.
         top: dict[str, float] = {}
-        for e in _ranked(position):
-            top.setdefault(_text(e), _lp(e.logprob))
-        top.setdefault(text, _lp(chosen.logprob))
+        for t, e in _ranked_items(position):
+            top.setdefault(spelled_as_id(t) if as_ids else _text(e), _lp(e.logprob))
+        top.setdefault(key, _lp(chosen.logprob))
         out["top_logprobs"].append(top)
         out["text_offset"].append(offsets.offset)
         offsets.offset += len(text)
@@ -123,20 +130,20 @@ TokenBytes = Callable[[int], bytes]
 
 
 def chat_logprobs(
-    c: CompletionOutput, top: int = 0, raw: TokenBytes | None = None
+    c: CompletionOutput, top: int = 0, raw: TokenBytes | None = None, as_ids: bool = False
 ) -> dict[str, list[Any]] | None:
     """The chat shape: per token its text, logprob, bytes and exactly its `top` most likely
     alternatives (the request's top_logprobs; the sampled token is listed there only when it is one of
     them, as OpenAI and vLLM do). `raw`: a token's own bytes (a piece of a multi-byte character has its
-    bytes, not U+FFFD's)."""
+    bytes, not U+FFFD's). `as_ids`: each token spelled "token_id:<id>", its bytes that text's (vLLM's)."""
     if c.logprobs is None:
         return None
     content = []
     for token, position in zip(c.token_ids, c.logprobs, strict=False):
         content.append(
             {
-                **_token(token, position[token], raw),
-                "top_logprobs": [_token(t, e, raw) for t, e in _ranked_items(position)[:top]],
+                **_token(token, position[token], raw, as_ids),
+                "top_logprobs": [_token(t, e, raw, as_ids) for t, e in _ranked_items(position)[:top]],
             }
         )
     return {"content": content}
@@ -146,11 +153,10 @@ def _ranked_items(position: PositionLogprobs) -> list[tuple[int, Any]]:
     return sorted(((t, e) for t, e in position.items() if e.rank is not None), key=lambda te: te[1].rank)
 
 
-def _ranked(position: PositionLogprobs) -> list[Any]:
-    return sorted((e for e in position.values() if e.rank is not None), key=lambda e: e.rank)
-
-
-def _token(token: int, entry: Any, raw: TokenBytes | None) -> dict[str, Any]:
+def _token(token: int, entry: Any, raw: TokenBytes | None, as_ids: bool = False) -> dict[str, Any]:
+    if as_ids:
+        text = spelled_as_id(token)
+        return {"token": text, "logprob": _lp(entry.logprob), "bytes": list(text.encode())}
     text = _text(entry)
     spelled = raw(token) if raw is not None and entry.decoded_token is not None else text.encode("utf-8")
     return {"token": text, "logprob": _lp(entry.logprob), "bytes": list(spelled)}
@@ -161,22 +167,26 @@ def prompt_logprobs_part(
     positions: list[PositionLogprobs | None] | None,
     first_text: str,
     offsets: TextOffsets,
+    as_ids: bool = False,
 ) -> dict[str, list[Any]]:
     """An echoed prompt in the completions logprobs shape: the first token has no logprob (nothing
-    precedes it), as in vLLM and OpenAI's legacy API. `first_text` spells the first token."""
+    precedes it), as in vLLM and OpenAI's legacy API. `first_text` spells the first token. `as_ids`:
+    as completion_logprobs'."""
     out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for j, token in enumerate(prompt_ids):
         position = positions[j] if positions is not None and j < len(positions) else None
         if position is None or token not in position:
             text, logprob, top = first_text if j == 0 else "", None, None
+            key = spelled_as_id(token) if as_ids else text
         else:
             chosen = position[token]
             text, logprob = _text(chosen), _lp(chosen.logprob)
+            key = spelled_as_id(token) if as_ids else text
             top = {}
-            for e in _ranked(position):
-                top.setdefault(_text(e), _lp(e.logprob))
-            top.setdefault(text, logprob)
-        out["tokens"].append(text)
+            for t, e in _ranked_items(position):
+                top.setdefault(spelled_as_id(t) if as_ids else _text(e), _lp(e.logprob))
+            top.setdefault(key, logprob)
+        out["tokens"].append(key)
         out["token_logprobs"].append(logprob)
         out["top_logprobs"].append(top)
         out["text_offset"].append(offsets.offset)
@@ -184,17 +194,37 @@ def prompt_logprobs_part(
     return out
 
 
+def vllm_prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> list[Any] | None:
+    """A request's `prompt_logprobs` as vLLM's server returns them: per prompt token (the first has
+    none) its {token id: {logprob, rank, decoded_token}}, the prompt's token and the top k."""
+    if positions is None:
+        return None
+    return [
+        None
+        if position is None
+        else {
+            str(t): {"logprob": _lp(e.logprob), "rank": e.rank, "decoded_token": e.decoded_token}
+            for t, e in position.items()
+        }
+        for position in positions
+    ]
+
+
 def joined_logprobs(first: dict[str, list[Any]], then: dict[str, list[Any]] | None) -> dict[str, list[Any]]:
     return first if then is None else {key: first[key] + then[key] for key in first}
 
 
 def completion_choice(
-    index: int, c: CompletionOutput, return_token_ids: bool, offsets: TextOffsets | None = None
+    index: int,
+    c: CompletionOutput,
+    return_token_ids: bool,
+    offsets: TextOffsets | None = None,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     choice = {
         "index": index,
         "text": c.text,
-        "logprobs": completion_logprobs(c, offsets),
+        "logprobs": completion_logprobs(c, offsets, as_ids),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }
@@ -204,12 +234,17 @@ def completion_choice(
 
 
 def chat_choice(
-    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None, top: int = 0
+    index: int,
+    c: CompletionOutput,
+    return_token_ids: bool,
+    raw: TokenBytes | None = None,
+    top: int = 0,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     choice = {
         "index": index,
         "message": {"role": "assistant", "content": c.text},
-        "logprobs": chat_logprobs(c, top, raw),
+        "logprobs": chat_logprobs(c, top, raw, as_ids),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }
@@ -219,12 +254,17 @@ def chat_choice(
 
 
 def chat_delta(
-    index: int, c: CompletionOutput, return_token_ids: bool, raw: TokenBytes | None = None, top: int = 0
+    index: int,
+    c: CompletionOutput,
+    return_token_ids: bool,
+    raw: TokenBytes | None = None,
+    top: int = 0,
+    as_ids: bool = False,
 ) -> dict[str, Any]:
     choice = {
         "index": index,
         "delta": {"content": c.text},
-        "logprobs": chat_logprobs(c, top, raw),
+        "logprobs": chat_logprobs(c, top, raw, as_ids),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
     }

@@ -92,7 +92,6 @@ BAD = [
         "'text'",
     ),
     (CHAT, {"max_tokens": None, "max_completion_tokens": 0}, "max_completion_tokens", "[1, "),
-    (CHAT, {"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens", "disagree"),
     (CHAT, {"top_logprobs": 2}, "top_logprobs", "logprobs: true"),
     (CHAT, {"chat_template": "{{ 'x' * 9 }}"}, "chat_template", "--trust-request-chat-template"),
     (

@@ -7,7 +7,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fastpath.runtime.engine.core import EngineStats
-from fastpath.runtime.serve.metrics import VLLM_NAMES, ServerMetrics
+from fastpath.runtime.serve.metrics import VLLM_NAMES, ServerMetrics, token_buckets
 
 
 def _samples(metrics: ServerMetrics) -> dict[tuple[str, frozenset], float]:
@@ -31,6 +31,9 @@ def metrics():
         m.queue.observe(seconds / 2)
     m.finished.labels("stop").inc(4)
     m.finished.labels("length").inc()
+    for prompt, generated in ((30, 7), (300, 1)):
+        m.prompt_tokens.observe(prompt)
+        m.generation_tokens.observe(generated)
     return m
 
 
@@ -70,5 +73,14 @@ def test_what_a_vllm_dashboard_reads(metrics):
     assert one("vllm:inter_token_latency_seconds_sum") == pytest.approx(0.0223)
     assert one("vllm:request_success_total", finished_reason="stop") == 4
     assert one("vllm:request_success_total", finished_reason="length") == 1
+    assert one("vllm:request_prompt_tokens_count") == 2
+    assert one("vllm:request_prompt_tokens_bucket", le="50.0") == 1
+    assert one("vllm:request_prompt_tokens_sum") == 330
+    assert one("vllm:request_generation_tokens_bucket", le="1.0") == 1
     # The fastpath names stay as they were, without the added label.
     assert samples[("fastpath_requests_running", frozenset())] == 3
+
+
+def test_token_count_buckets_go_1_2_5_up_to_the_context():
+    assert token_buckets(512) == (1, 2, 5, 10, 20, 50, 100, 200, 500)
+    assert token_buckets(1000)[-1] == 1000 and token_buckets(1) == (1,)
