@@ -9,17 +9,24 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
 
 from ..engine.pooling import PoolingParams
 from .errors import RequestInvalid
 from .pooling_call import check_truncation, in_parts, run_pooling
 from .protocol import EmbeddingRequest
 from .state import ServerState
+from .tokenizer_routes import render_chat_ids, tokenizer_of
 
 
 async def create_embedding(body: EmbeddingRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
-    inputs = _inputs(body.input)
+    if body.messages is not None:
+        state.check_chat_template(body.chat_template)
+        tokenizer_of(state)  # a 400 where the model has none
+        inputs = [{"prompt_token_ids": await run_in_threadpool(render_chat_ids, state, body)}]
+    else:
+        inputs = _inputs(body.input)
     check_truncation(state, body.truncate_prompt_tokens)
     try:
         params = PoolingParams(body.truncate_prompt_tokens, body.dimensions, body.normalize)
@@ -28,7 +35,9 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
     hidden = state.llm.config.model.hidden_size
     if body.dimensions is not None and body.dimensions > hidden:
         raise RequestInvalid(f"dimensions {body.dimensions} is more than the model's {hidden}", "dimensions")
-    one = isinstance(body.input, str) or (bool(body.input) and isinstance(body.input[0], int))
+    one = body.messages is not None or isinstance(body.input, str)
+    one = one or (bool(body.input) and isinstance(body.input[0], int))
+    field = "messages" if body.messages is not None else "input"
     parts = []
     for span in in_parts(len(inputs)):
 
@@ -36,7 +45,7 @@ async def create_embedding(body: EmbeddingRequest, request: Request) -> Response
             return state.llm.embed(chunk, params, use_tqdm=False, lora_request=lora)
 
         def locate(k, start=span.start):
-            return "input", "input" if one else f"input[{start + k}]"
+            return field, field if one else f"input[{start + k}]"
 
         parts.append((call, locate))
     pooled = await run_pooling(request, "embd", body.model, parts)

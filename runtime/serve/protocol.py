@@ -656,15 +656,23 @@ class RerankRequest(Body):
 
 
 class EmbeddingRequest(Body):
-    """OpenAI's /v1/embeddings (vLLM's extras: truncate_prompt_tokens, normalize)."""
+    """OpenAI's /v1/embeddings (vLLM's extras: truncate_prompt_tokens, normalize), or vLLM's chat form:
+    `messages` rendered by the chat template, one input."""
 
     model: str | None = None
-    input: str | list[str] | TokenIds | list[TokenIds] = Field(...)
+    input: str | list[str] | TokenIds | list[TokenIds] | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     normalize: bool | None = None
+    # vLLM's chat form; its defaults are vLLM's for embeddings (no generation prompt to embed).
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("input")
     @classmethod
@@ -672,3 +680,17 @@ class EmbeddingRequest(Body):
         if isinstance(value, list) and not value:
             raise ValueError("input must hold at least one text or token list")
         return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value: Any) -> Any:
+        check_template_kwargs(value)
+        return value
+
+    @model_validator(mode="after")
+    def _input_or_messages(self) -> EmbeddingRequest:
+        if self.input is None and self.messages is None:
+            raise FieldError("input", "Field required (or vLLM's chat form: messages)")
+        if self.input is not None and self.messages is not None:
+            raise FieldError("messages", "give input or messages, one of them")
+        return self

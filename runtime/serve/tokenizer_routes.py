@@ -25,9 +25,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     state.check_model(body.model)
     state.check_chat_template(body.chat_template)
-    tok = _tokenizer(state)
+    tok = tokenizer_of(state)
     if body.messages is not None:
-        ids = await run_in_threadpool(_render_chat, state, body)
+        ids = await run_in_threadpool(render_chat_ids, state, body)
     else:
         add = True if body.add_special_tokens is None else body.add_special_tokens
         try:
@@ -43,7 +43,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
 async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
     state.check_model(body.model)
-    tok = _tokenizer(state)
+    tok = tokenizer_of(state)
     vocab = state.llm.config.model.vocab_size
     bad = next((t for t in body.tokens if t >= vocab), None)
     if bad is not None:
@@ -60,14 +60,17 @@ async def version(request: Request) -> Response:
     return JSONResponse({"version": number})
 
 
-def _tokenizer(state: ServerState) -> Any:
+def tokenizer_of(state: ServerState) -> Any:
     tok = state.llm.get_tokenizer()
     if tok is None:
         raise RequestInvalid("this model has no tokenizer: send token ids to the completions route", None)
     return tok
 
 
-def _render_chat(state: ServerState, body: TokenizeRequest) -> list[int]:
+def render_chat_ids(state: ServerState, body: Any) -> list[int]:
+    """The token ids of a body's `messages` (and `tools`, where it has them) as its chat template and
+    template options render them; a template's error is a 400 naming `messages`."""
+    tools = getattr(body, "tools", None)
     try:
         rendered = state.llm.render_chat(
             [m.as_template_dict() for m in body.messages or ()],
@@ -75,7 +78,7 @@ def _render_chat(state: ServerState, body: TokenizeRequest) -> list[int]:
             body.add_generation_prompt,
             body.continue_final_message,
             body.chat_template_kwargs,
-            [t.as_template_dict() for t in body.tools] if body.tools else None,
+            [t.as_template_dict() for t in tools] if tools else None,
         )
     except Exception as exc:  # the template's own error names it
         raise RequestInvalid(f"messages: the chat template failed: {exc}", "messages") from None

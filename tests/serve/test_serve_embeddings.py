@@ -70,6 +70,23 @@ def test_bad_embedding_requests_are_400s_naming_the_field(url, kwargs, param, wo
     assert caught.value.body["param"] == param and words in caught.value.body["message"]
 
 
+def test_vllms_chat_form_embeds_the_rendered_conversation(url, llm):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "The quick brown fox"},
+    ]
+    r = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny", "messages": messages}, timeout=60)
+    assert r.status_code == 200, r.text
+    rendered = llm.render_chat(messages, add_generation_prompt=False)  # vLLM's default for embeddings
+    (want,) = _offline(llm, [{"prompt_token_ids": rendered["prompt_token_ids"]}])
+    body = r.json()
+    np.testing.assert_allclose(body["data"][0]["embedding"], want, rtol=1e-6, atol=1e-7)
+    assert body["usage"]["prompt_tokens"] == len(rendered["prompt_token_ids"])
+    for extra, param in (({"input": "hi"}, "messages"), ({"messages": None}, "input")):
+        bad = httpx.post(f"{url}/v1/embeddings", json={"model": "tiny", "messages": messages, **extra})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+
+
 def test_an_unknown_model_is_404(url):
     with pytest.raises(openai.NotFoundError, match="'other' does not exist"):
         client(url).embeddings.create(model="other", input="hi")
