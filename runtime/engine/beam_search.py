@@ -120,6 +120,7 @@ class Search:
     params: BeamSearchParams
     beams: list[BeamSearchSequence]
     done: list[BeamSearchSequence] = field(default_factory=list)
+    cache_salt: str | None = None  # its prompt's: every step's requests carry it to the prefix cache
 
 
 def check_request(params: Any, concurrency_limit: Any) -> None:
@@ -139,13 +140,15 @@ def beam_search(
     use_tqdm: bool | Callable[..., Any] = False,
     concurrency_limit: int | None = None,
     lora_requests: Sequence[Any] | None = None,
+    cache_salts: Sequence[str | None] | None = None,
 ) -> list[BeamSearchOutput]:
     """The search over prompts already admitted (`LLM.beam_search` encodes and checks them), at most
     `concurrency_limit` prompts' beams at a time."""
     loras = lora_requests if lora_requests is not None else [None] * len(prompt_ids)
+    salts = cache_salts if cache_salts is not None else [None] * len(prompt_ids)
     searches = [
-        Search(params, [BeamSearchSequence(tokens=list(ids), lora_request=lora)])
-        for ids, lora in zip(prompt_ids, loras, strict=True)
+        Search(params, [BeamSearchSequence(tokens=list(ids), lora_request=lora)], cache_salt=salt)
+        for ids, lora, salt in zip(prompt_ids, loras, salts, strict=True)
     ]
     chunk = concurrency_limit or max(len(searches), 1)
     # One bar over every step of every group of prompts (vLLM's "Beam search" bar), not one a step.
@@ -164,6 +167,14 @@ def step_params(params: BeamSearchParams) -> SamplingParams:
     return SamplingParams(
         max_tokens=1, logprobs=2 * params.beam_width, temperature=params.temperature, ignore_eos=True
     )
+
+
+def step_prompt(tokens: list[int], cache_salt: str | None) -> dict[str, Any]:
+    """A beam's one-token request, under its prompt's cache_salt where it has one."""
+    ask: dict[str, Any] = {"prompt_token_ids": tokens}
+    if cache_salt is not None:
+        ask["cache_salt"] = cache_salt
+    return ask
 
 
 def live_beams(searches: list[Search]) -> list[tuple[Search, BeamSearchSequence]]:
@@ -208,9 +219,8 @@ def _run(llm: LLM, searches: list[Search], params: BeamSearchParams, bar: Any) -
             return
         loras = [beam.lora_request for _, beam in live]
         adapters = {"lora_request": loras} if any(r is not None for r in loras) else {}
-        outs = llm.generate(
-            [{"prompt_token_ids": beam.tokens} for _, beam in live], step, use_tqdm=False, **adapters
-        )
+        asks = [step_prompt(beam.tokens, search.cache_salt) for search, beam in live]
+        outs = llm.generate(asks, step, use_tqdm=False, **adapters)
         if bar is not None:
             bar.update(1)
         extend(live, outs, llm.eos_ids, params)

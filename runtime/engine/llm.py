@@ -800,12 +800,13 @@ class LLM:
         search.check_request(params, concurrency_limit)
         if self.core is None:
             return []
-        ids = []
+        ids, salts = [], []
         prompts = _prompt_list(prompts)
         loras = per_prompt(lora_request, len(prompts))
         for i, (prompt, lora) in enumerate(zip(prompts, loras, strict=True)):
             try:
-                prompt_ids = encode(prompt, self.tokenizer, self._limits).prompt_ids
+                admitted = encode(prompt, self.tokenizer, self._limits)
+                prompt_ids = admitted.prompt_ids
                 check_request(prompt_ids, SamplingParams(max_tokens=params.max_tokens), self._limits)
                 self._lora.check(lora)
                 if len(prompt_ids) + params.max_tokens > self._limits.max_seq_len:
@@ -816,9 +817,10 @@ class LLM:
             except ValueError as e:
                 raise ValueError(f"beam_search prompt {i}: {e}") from None
             ids.append(prompt_ids)
+            salts.append(admitted.cache_salt)
         if not self.config.enable_prefix_caching and params.max_tokens > 1:
             log.info("beam_search prefills every beam again each step: enable_prefix_caching=True finds them")
-        return search.beam_search(self, ids, params, use_tqdm, concurrency_limit, loras)
+        return search.beam_search(self, ids, params, use_tqdm, concurrency_limit, loras, salts)
 
     def prompt_logits(self, prompt: Prompt):
         """Next-token logits after one prompt (fp32, CPU). A diagnostic for comparing against an oracle."""

@@ -584,10 +584,14 @@ class SamplingParams:
 
 def _refuse_assignment(self: SamplingParams, name: str, value: Any) -> None:
     # vLLM's SamplingParams is mutable and its examples assign to it; say what to do instead.
+    instead = f"; use params.clone({name}=...) for a changed copy" if name in _FIELD_NAMES else ""
     raise FrozenInstanceError(
         f"cannot assign to SamplingParams.{name}: SamplingParams are immutable (the engine caches what "
-        f"it derives from each one); use params.clone({name}=...) for a changed copy"
+        f"it derives from each one){instead}"
     )
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
 
 
 SamplingParams.__setattr__ = _refuse_assignment  # type: ignore[method-assign, assignment]

@@ -265,7 +265,7 @@ class Scheduler:
         if blocks:
             self.epoch += 1
 
-    def _prefix_root(self, seq: Sequence) -> tuple[int, int]:
+    def _prefix_root(self, seq: Sequence) -> tuple[int | str, int]:
         return root_for(self.lora.namespace(seq.lora) if self.lora is not None else 0, seq.cache_salt)
 
     def _remember(self, seq: Sequence, computed: int) -> None:

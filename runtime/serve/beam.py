@@ -27,12 +27,13 @@ from ..engine.beam_search import (
     extend,
     live_beams,
     step_params,
+    step_prompt,
 )
 from ..engine.outputs import CompletionOutput, RequestOutput
 from ..engine.sampling_params import SamplingParams
 from .errors import RequestInvalid
 from .generation import Generation, admit_and_submit, failure, merged, submit_in_thread
-from .params import RequestKeys, salted
+from .params import RequestKeys
 from .state import ServerState
 
 # Request fields a beam search does not use, and the values that leave the output unchanged.
@@ -56,6 +57,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "guided_grammar": (None,),
     "structured_outputs": (None,),
     "echo": (False,),
+    "prompt_logprobs": (None,),
 }
 
 
@@ -111,14 +113,15 @@ class BeamGeneration(Generation):
         rid: str,
         keys: RequestKeys,
         lora: Any = None,
+        cache_salt: str | None = None,
     ):
         """`handles`: each prompt's first step; `top`: the logprobs a choice lists (None: none);
-        `lora`: the LoRARequest every step runs with."""
+        `lora`: the LoRARequest every step runs with; `cache_salt`: the request's, every step's too."""
         super().__init__(state, handles, arrival, params.beam_width * len(handles), stream)
         self.params, self.top, self.rid, self.keys, self.lora = params, top, rid, keys, lora
+        self.cache_salt = cache_salt
         self.prompts = [(h.prompt, list(h.prompt_ids)) for h in handles]
         self._step_handles = handles
-        self.cache_salt: str | None = None  # the request's: every step's prompts carry it
 
     @classmethod
     async def begin(
@@ -141,9 +144,7 @@ class BeamGeneration(Generation):
         first = step_params(params).clone(truncate_prompt_tokens=truncate)
         completions = params.beam_width * prompt_count
         handles = await admit_and_submit(state, completions, prompts, first, f"{rid}-s0", False, keys, lora)
-        gen = cls(state, handles, arrival, stream, params, top, rid, keys, lora)
-        gen.cache_salt = cache_salt
-        return gen
+        return cls(state, handles, arrival, stream, params, top, rid, keys, lora, cache_salt)
 
     @property
     def prompt_tokens(self) -> int:
@@ -164,7 +165,7 @@ class BeamGeneration(Generation):
                 live = [(s, beam) for s, beam in live_beams(searches) if step < limits[id(s)]]
                 if not live:
                     break
-                asks = [salted({"prompt_token_ids": beam.tokens}, self.cache_salt) for _, beam in live]
+                asks = [step_prompt(beam.tokens, self.cache_salt) for _, beam in live]
                 rid = f"{self.rid}-s{step}"
                 self._step_handles = await submit_in_thread(
                     self.state, lambda asks=asks: asks, step_params(params), rid, False, self.keys, self.lora

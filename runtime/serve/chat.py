@@ -120,7 +120,9 @@ async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: R
         choices.append(choice)
     extra: dict[str, Any] = {"prompt_token_ids": out.prompt_token_ids} if body.return_token_ids else {}
     if body.prompt_logprobs is not None:  # vLLM's place: beside the choices
-        extra["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs)
+        extra["prompt_logprobs"] = vllm_prompt_logprobs(
+            out.prompt_token_ids, out.prompt_logprobs, body.prompt_logprobs
+        )
     return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
 
 
@@ -143,13 +145,17 @@ async def _events(
     usage = Usage(gen.prompt_tokens)
     raw = _raw(gen)
     try:
-        # Each choice opens with its role alone, before any token (as OpenAI and vLLM send it); an
-        # echo's text comes with it.
+        # Each choice opens with its role alone, before any token (as OpenAI and vLLM send it), then
+        # an echo's text in a chunk of its own (as vLLM sends it).
         echoed = echoed_text(body)
+        opened = chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)
         for index in range(body.n):
-            role = {"role": "assistant", "content": echoed}
+            role = {"role": "assistant", "content": ""}
             opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
-            yield sse(env.body([opening], **chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)))
+            yield sse(env.body([opening], **opened))
+            if echoed:
+                echo = {"index": index, "delta": {"content": echoed}, "logprobs": None, "finish_reason": None}
+                yield sse(env.body([echo], **opened))
         cached: dict[int, int] = {}
         streams = {i: shape.stream() for i in range(body.n)}
         async for _, out in gen.outputs():

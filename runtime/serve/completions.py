@@ -66,6 +66,7 @@ class Echo:
     logprobs: bool
     tokenizer: Any
     as_ids: bool = False  # return_tokens_as_token_ids
+    top_k: int | None = None  # the request's logprobs: the alternatives each prompt token lists
     _parts: dict[int, tuple[str, dict[str, list[Any]] | None, int]] = field(default_factory=dict)
 
     def offsets(self, i: int, out: RequestOutput) -> TextOffsets:
@@ -101,7 +102,8 @@ class Echo:
             if self.logprobs:
                 # Spelled alone, as it starts a text (a SentencePiece decoder drops its leading space).
                 first = self.tokenizer.decode(ids[:1]) if self.tokenizer is not None and ids else ""
-                logprobs = prompt_logprobs_part(ids, out.prompt_logprobs, first, offsets, self.as_ids)
+                positions = out.prompt_logprobs
+                logprobs = prompt_logprobs_part(ids, positions, first, offsets, self.as_ids, self.top_k)
             self._parts[i] = (text, logprobs, offsets.offset)
         return self._parts[i]
 
@@ -113,7 +115,9 @@ def _echo(body: CompletionRequest, state: ServerState) -> tuple[CompletionReques
     if only:
         body = body.model_copy(update={"max_tokens": 1})
     tokenizer = state.llm.get_tokenizer()
-    return body, Echo(only, body.logprobs is not None, tokenizer, body.return_tokens_as_token_ids)
+    return body, Echo(
+        only, body.logprobs is not None, tokenizer, body.return_tokens_as_token_ids, body.logprobs
+    )
 
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
@@ -172,7 +176,9 @@ async def _respond(
             if body.return_token_ids:  # vLLM's place, in each choice (the list beside them stays)
                 choices[-1]["prompt_token_ids"] = out.prompt_token_ids
             if body.prompt_logprobs is not None:  # vLLM's place too (never streamed)
-                choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(out.prompt_logprobs)
+                choices[-1]["prompt_logprobs"] = vllm_prompt_logprobs(
+                    out.prompt_token_ids, out.prompt_logprobs, body.prompt_logprobs
+                )
     request.state.completion_tokens = usage.completion_tokens
     usage.cached(prefix_caching(gen.state.llm), {i: out.num_cached_tokens for i, out in enumerate(outputs)})
     extra: dict[str, Any] = {}

@@ -54,7 +54,6 @@ class Generation:
         self.arrival = arrival
         self.completions = completions
         self._last: dict[int, float] = {}
-        self._whole_tokens: dict[tuple[int, int], int] = {}  # (prompt, completion) -> tokens seen
         self._reasons: list[str] = []  # finish reasons as they arrive, for metrics
         self._sizes: list[tuple[int, int]] = []  # (prompt, generated) tokens of each finished completion
         self._generated: dict[tuple[int, int], int] = {}  # (prompt, completion) -> tokens so far
@@ -90,18 +89,23 @@ class Generation:
         async for i, out in merged(self.handles):
             if out.error is not None:
                 raise failure(self.handles[i], out.error)
+            self._tally(i, out)
             if self.stream:
                 self._observe(i, out)
             else:
                 self._observe_whole(i, out)
-            prompt_tokens = len(self.handles[i].prompt_ids)
-            for c in out.outputs:
-                key = (i, c.index)
-                self._generated[key] = self._generated.get(key, 0) + len(c.token_ids)
-                if c.finish_reason is not None:
-                    self._reasons.append(c.finish_reason)
-                    self._sizes.append((prompt_tokens, self._generated[key]))
             yield i, out
+
+    def _tally(self, i: int, out: RequestOutput) -> None:
+        """Each completion's tokens so far (deltas carry those since the last), and for each that
+        finished its reason and size, for the metrics."""
+        prompt_tokens = len(self.handles[i].prompt_ids)
+        for c in out.outputs:
+            key = (i, c.index)
+            self._generated[key] = self._generated.get(key, 0) + len(c.token_ids)
+            if c.finish_reason is not None:
+                self._reasons.append(c.finish_reason)
+                self._sizes.append((prompt_tokens, self._generated[key]))
 
     def _observe(self, i: int, out: RequestOutput) -> None:
         tokens = max((len(c.token_ids) for c in out.outputs), default=0)
@@ -124,9 +128,7 @@ class Generation:
         """A reply sent whole still had a first token: the engine noted when; the rest is spread evenly."""
         now, metrics, handle = time.monotonic(), self.state.metrics, self.handles[i]
         for c in out.outputs:
-            # Deltas carry the tokens since the last one: count them all, not just the final delta's.
-            key = (i, c.index)
-            tokens = self._whole_tokens[key] = self._whole_tokens.get(key, 0) + len(c.token_ids)
+            tokens = self._generated[(i, c.index)]
             first = handle.first_token_at(c.index) if c.finish_reason is not None else None
             if first is not None and tokens > 1:
                 per_token = (now - first) / (tokens - 1)

@@ -35,7 +35,8 @@ from .validation import explain
 LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for logprobs
 # vLLM's sampling extras this request takes, passed to the chat it becomes as they are.
 _EXTRAS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed",
-           "logit_bias", "stop", "ignore_eos", "min_tokens", "skip_special_tokens", "user")  # fmt: skip
+           "logit_bias", "stop", "ignore_eos", "min_tokens", "skip_special_tokens", "user",
+           "cache_salt")  # fmt: skip
 # Chat's fields, as this request spells them in its errors.
 _PREFIXES = (("response_format.json_schema", "text.format"), ("response_format", "text.format"),
              ("max_tokens", "max_output_tokens"), ("messages", "input"))  # fmt: skip

@@ -394,7 +394,7 @@ class ChatRequest(SamplingFields):
         if choice is None or choice == "none":
             return self
         if self.tools == [] and choice in ("auto", "required"):
-            # OpenAI's behaviour, and vLLM's: an empty tool list calls nothing (clients build it per turn).
+            # vLLM's: an empty tool list calls nothing (agent clients build it per turn).
             self.tool_choice, self.tools = "none", None
             return self
         if not tools:
@@ -591,6 +591,7 @@ class ResponsesRequest(Body):
     ignore_eos: bool | None = None
     min_tokens: int | None = None
     skip_special_tokens: bool | None = None
+    cache_salt: str | None = None  # as chat's
 
     @field_validator("input")
     @classmethod

@@ -168,10 +168,12 @@ def prompt_logprobs_part(
     first_text: str,
     offsets: TextOffsets,
     as_ids: bool = False,
+    top_k: int | None = None,
 ) -> dict[str, list[Any]]:
     """An echoed prompt in the completions logprobs shape: the first token has no logprob (nothing
     precedes it), as in vLLM and OpenAI's legacy API. `first_text` spells the first token. `as_ids`:
-    as completion_logprobs'."""
+    as completion_logprobs'. `top_k`: the alternatives listed (the engine may hold more, for a
+    request's larger prompt_logprobs)."""
     out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for j, token in enumerate(prompt_ids):
         position = positions[j] if positions is not None and j < len(positions) else None
@@ -183,7 +185,7 @@ def prompt_logprobs_part(
             text, logprob = _text(chosen), _lp(chosen.logprob)
             key = spelled_as_id(token) if as_ids else text
             top = {}
-            for t, e in _ranked_items(position):
+            for t, e in _ranked_items(position)[:top_k]:
                 top.setdefault(spelled_as_id(t) if as_ids else _text(e), _lp(e.logprob))
             top.setdefault(key, logprob)
         out["tokens"].append(key)
@@ -194,9 +196,12 @@ def prompt_logprobs_part(
     return out
 
 
-def vllm_prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> list[Any] | None:
+def vllm_prompt_logprobs(
+    prompt_ids: list[int], positions: list[PositionLogprobs | None] | None, top_k: int
+) -> list[Any] | None:
     """A request's `prompt_logprobs` as vLLM's server returns them: per prompt token (the first has
-    none) its {token id: {logprob, rank, decoded_token}}, the prompt's token and the top k."""
+    none) its {token id: {logprob, rank, decoded_token}}, the prompt's token and the `top_k` likeliest
+    (the engine may hold more, for an echo's larger logprobs)."""
     if positions is None:
         return None
     return [
@@ -205,8 +210,9 @@ def vllm_prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> lis
         else {
             str(t): {"logprob": _lp(e.logprob), "rank": e.rank, "decoded_token": e.decoded_token}
             for t, e in position.items()
+            if t == token or (e.rank is not None and e.rank <= top_k)
         }
-        for position in positions
+        for token, position in zip(prompt_ids, positions, strict=False)
     ]
 
 

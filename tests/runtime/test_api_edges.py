@@ -150,6 +150,9 @@ def test_assigning_to_sampling_params_says_to_clone(llm):
     with pytest.raises(AttributeError, match=r"use params.clone\(max_tokens=...\)"):
         params.max_tokens = 8
     assert params.clone(max_tokens=8).max_tokens == 8
+    with pytest.raises(AttributeError) as info:
+        params.max_token = 8  # not a field: clone would refuse it too, so it is not suggested
+    assert "clone" not in str(info.value)
 
 
 def test_clone_copies_with_changes_checked_and_the_constraint_kept():

@@ -110,6 +110,26 @@ def test_width_one_is_greedy_and_prompts_at_a_time_change_nothing(llm):
     assert text.tokens[: len(ids)] == ids and text.text == llm.get_tokenizer().decode(text.tokens)
 
 
+def test_a_salted_search_finds_only_its_own_salts_blocks():
+    """Every step of a salted prompt's search carries its cache_salt: a search under another salt finds
+    only the blocks its own steps left, one under the same salt those of the earlier search too."""
+    prompt = list(range(5, 45))  # two whole blocks and more: the first step's KV is worth finding
+    params = BeamSearchParams(beam_width=2, max_tokens=3, ignore_eos=True)
+    with LLM("random:tiny-llama", device="cpu", max_seq_len=64, enable_prefix_caching=True) as engine:
+
+        def hits(salt):
+            before = engine.stats().prefix_cache_hits
+            out = engine.beam_search([{"prompt_token_ids": prompt, "cache_salt": salt}], params)
+            return engine.stats().prefix_cache_hits - before, [s.tokens for s in out[0].sequences]
+
+        first, tokens = hits("a")
+        other, other_tokens = hits("b")
+        again, again_tokens = hits("a")
+    assert other == first, "salt b found nothing of salt a's search"
+    assert again > first, "salt a found its earlier search's blocks"
+    assert tokens == other_tokens == again_tokens
+
+
 def test_one_progress_bar_counts_the_steps(monkeypatch):
     monkeypatch.delenv("FASTPATH_PROGRESS", raising=False)  # the suite hides bars; this one must show
     bars = []

@@ -62,22 +62,43 @@ def test_chat_returns_prompt_logprobs_beside_the_choices(url, llm):
     _assert_vllms_prompt_logprobs(body["prompt_logprobs"], expected)
 
 
+def test_an_echo_and_prompt_logprobs_each_list_their_own_top_k(url, llm):
+    """The engine computes the larger top k once; each part lists as many as it asked for."""
+    for k, echo_k in ((1, 3), (3, 1)):
+        body = {
+            "prompt": PROMPT,
+            "max_tokens": 1,
+            "echo": True,
+            "logprobs": echo_k,
+            "prompt_logprobs": k,
+            "return_tokens_as_token_ids": True,
+        }  # fmt: skip  (keys that two tokens cannot share)
+        choice = _post(url, "completions", body).json()["choices"][0]
+        ids = llm.get_tokenizer()(PROMPT)["input_ids"]
+        for token, position in zip(ids[1:], choice["prompt_logprobs"][1:], strict=True):
+            ranked = [e for t, e in position.items() if t != str(token) or e["rank"] <= k]
+            assert len(ranked) == k and all(e["rank"] <= k for e in ranked), position
+        for top in choice["logprobs"]["top_logprobs"][1 : len(ids)]:
+            assert echo_k <= len(top) <= echo_k + 1, "the echo's top k, and the prompt's token"
+
+
 @pytest.mark.parametrize(
-    ("route", "body", "words"),
+    ("route", "body", "param", "words"),
     [
-        ("completions", {"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}, "not available with stream"),
-        ("chat/completions", {"messages": USER, "prompt_logprobs": 1, "stream": True}, "not available with stream"),
-        ("completions", {"prompt": PROMPT, "prompt_logprobs": -1}, "int in [0, 20]"),
-        ("chat/completions", {"messages": USER, "prompt_logprobs": 21}, "int in [0, 20]"),
-        ("completions", {"prompt": PROMPT, "cache_salt": ""}, "non-empty"),
+        ("completions", {"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available with stream"),
+        ("chat/completions", {"messages": USER, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs", "not available with stream"),
+        ("completions", {"prompt": PROMPT, "prompt_logprobs": -1}, "prompt_logprobs", "int in [0, 20]"),
+        ("chat/completions", {"messages": USER, "prompt_logprobs": 21}, "prompt_logprobs", "int in [0, 20]"),
+        ("completions", {"prompt": PROMPT, "cache_salt": ""}, "cache_salt", "non-empty"),
+        ("responses", {"input": "hi", "cache_salt": ""}, "cache_salt", "non-empty"),
+        ("completions", {"prompt": PROMPT, "use_beam_search": True, "n": 2, "prompt_logprobs": 1}, "prompt_logprobs", "use_beam_search"),
     ],
 )  # fmt: skip
-def test_bad_values_are_400s_naming_the_field(url, route, body, words):
+def test_bad_values_are_400s_naming_the_field(url, route, body, param, words):
     r = _post(url, route, body)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert words in error["message"]
-    assert error["param"] in ("prompt_logprobs", "cache_salt")
+    assert words in error["message"] and error["param"] == param, error
 
 
 def test_chat_echo_puts_the_last_message_before_the_reply(url):
