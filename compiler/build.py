@@ -2,9 +2,10 @@
 
 The CMake build folder is `<package>/build/<wheel tag>` and is kept, so rebuilding an
 unchanged package reconfigures from cache and compiles nothing. With scikit-build-core and
-pybind11 already importable, the PEP 517 hook runs directly in this environment (what
-`pip wheel --no-build-isolation` does, without pip's start-up); otherwise pip builds it in an
-isolated environment.
+pybind11 importable, the PEP 517 hook runs directly in this environment (what
+`pip wheel --no-build-isolation` does, without pip's start-up). Without them the build stops and
+says what to install: an isolated build would fetch the pinned fastpath-llm from a package index,
+where it is not published.
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ def build_package(folder: Path, package: str) -> BuildResult:
 
 
 def _build_wheel(folder: Path, dist: Path) -> Path:
-    if importlib.util.find_spec("scikit_build_core") and importlib.util.find_spec("pybind11"):
-        command = [sys.executable, "-c", _BUILD_WHEEL, str(dist)]
-    else:
-        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(folder)]
+    missing = [name for name in ("scikit_build_core", "pybind11") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise BuildError(
+            f"building {folder} needs {' and '.join(missing)} in this environment ({sys.executable}): "
+            "pip install 'fastpath-llm[build]' (scikit-build-core, pybind11, cmake, ninja), or from a "
+            "checkout pip install -e '.[build]'"
+        )
+    command = [sys.executable, "-c", _BUILD_WHEEL, str(dist)]
     log = folder / BUILD_DIR / "build.log"
     with open(log, "w", encoding="utf-8") as out:
         done = subprocess.run(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT, check=False)

@@ -188,32 +188,38 @@ def _shown(path: Path) -> str:
 
 
 def _check(units: list[Unit], rendered: list[dict[str, str]], command: list[str]) -> int:
-    from .write import drift
+    from .write import STRAY, drift
 
-    stale = False
+    stale = foreign = False
     for u, files in zip(units, rendered, strict=True):
         for d in drift(files, u.folder):
-            stale = True
+            stale, foreign = stale or d.kind != STRAY, foreign or d.kind == STRAY
             print(f"{_shown(u.folder / d.path)}: {d.kind}", file=sys.stderr)
     if stale:
         print(f"generated packages are out of date; regenerate with: {shlex.join(command)}", file=sys.stderr)
+    if foreign:  # compiling again keeps what the compiler does not own
+        print("files the compiler did not write are in a package: remove them", file=sys.stderr)
+    if stale or foreign:
         return FAILED
     return OK
 
 
 def _write(units: list[Unit], rendered: list[dict[str, str]]) -> int:
-    from .write import NotAGeneratedPackage, check_target, write_package
+    from .context import MODULE_NAME
+    from .write import STRAY, NotAGeneratedPackage, check_target, strays, write_package
 
     pairs = list(zip(units, rendered, strict=True))
     try:
         for u, files in pairs:  # refuse before anything is written
             check_target(u.folder, files)
         for u, files in pairs:
-            result = write_package(files, u.folder)
+            result = write_package(files, u.folder, f"{u.plan.package}/{MODULE_NAME}")
             print(
                 f"{_shown(u.folder)}: {len(result.written)} written, "
                 f"{len(result.unchanged)} unchanged, {len(result.removed)} removed"
             )
+            for rel in strays(files, u.folder):
+                print(f"warning: {_shown(u.folder / rel)}: {STRAY}", file=sys.stderr)
     except NotAGeneratedPackage as exc:
         print(f"error: {exc}", file=sys.stderr)
         return INVALID

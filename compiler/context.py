@@ -34,7 +34,7 @@ from typing import Any
 from fastpath.vocab import CATALOG_EXTRA, CATALOG_MODELS
 
 from . import distribution
-from .distribution import GUIDED_EXTRA
+from .distribution import GUIDED_EXTRA, SERVE_EXTRA
 from .header import comment
 from .literals import Code
 from .plan import HookRef, Plan
@@ -184,6 +184,7 @@ def contexts(plan: Plan) -> dict[str, dict[str, Any]]:
             "distribution": plan.distribution,
             "fastpath_requirement": distribution.requirement(),
             "fastpath_dependency": distribution.requirement(extras),
+            "fastpath_serve_dependency": distribution.requirement((*extras, SERVE_EXTRA)),
         },
         "CMakeLists.txt.j2": {
             **common,

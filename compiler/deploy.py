@@ -39,7 +39,8 @@ def deploy(units: Sequence[Unit], out_dir: Path, *, install: bool, python: str) 
         with console.status("building fastpath's wheel for the wheelhouse..."):
             fastpath = fastpath_wheel(house)
         say(f"wheelhouse: {house} ({', '.join(sorted(w.name for _, w in built))}, {fastpath.name})")
-        names = " ".join(u.plan.distribution for u in units)
+        # Pinned: pip takes the highest version across every index and find-links it is given.
+        names = " ".join(shlex.quote(f"{u.plan.distribution}=={_version(w)}") for u, w in built)
         say(f"install it on another machine with: pip install --find-links {shlex.quote(str(house))} {names}")
         for package in sorted(
             {CATALOG_PACKAGES[u.plan.model] for u in units if u.plan.model in CATALOG_PACKAGES}
@@ -51,7 +52,15 @@ def deploy(units: Sequence[Unit], out_dir: Path, *, install: bool, python: str) 
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
+    except OSError as exc:  # the wheelhouse path taken by a file, a full disk, no permission
+        print(f"error: cannot write the wheelhouse {house}: {exc}", file=sys.stderr)
+        return FAILED
     return OK
+
+
+def _version(wheel: Path) -> str:
+    """A wheel's version, from its file name (name-version-tags.whl; `-` never occurs in either)."""
+    return wheel.name.split("-")[1]
 
 
 def _install(built, house: Path, python: str, say) -> None:

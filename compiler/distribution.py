@@ -15,6 +15,7 @@ from fastpath.vocab import DISTRIBUTION
 
 # The extra a manifest with guided decoding needs (xgrammar), as pyproject.toml declares it.
 GUIDED_EXTRA = "guided"
+SERVE_EXTRA = "serve"  # fastpath's HTTP server (`python -m <package> serve`)
 # compiler/ sits in the checkout's root, beside pyproject.toml; an installed wheel has no pyproject.
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 

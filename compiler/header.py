@@ -25,7 +25,7 @@ def generated_line(source: str) -> str:
     """`source`: the template (or file) this output comes from, e.g. 'templates/executor.py.j2'."""
     if not _SOURCE.fullmatch(source):
         raise ValueError(f"a generated header may only name a compiler file, not {source!r}")
-    return f"{MARKER} from {source}. Do not edit: change the manifest and run bin/compile."
+    return f"{MARKER} from {source}. Do not edit: change the manifest and run fastpath-compile."
 
 
 def comment(prefix: str, source: str) -> Code:

@@ -100,12 +100,15 @@ def lock_path(plan: Plan) -> str:
 
 
 def package_version(plan: Plan, files: dict[str, str]) -> str:
-    """fastpath's version, then a digest of what the package does: its code and its LLM defaults.
+    """fastpath's version, then a digest of what the package does: its code, its LLM defaults, and the
+    rest of what the lock tells the package at run time (its serve defaults: port, API key variable).
 
-    The files that hold the manifest's hash (__init__.py, the lock) are left out, so a comment
-    added to the manifest keeps the version and pyproject.toml unchanged.
+    The files that hold the manifest's hash (__init__.py, the lock) are left out, and so are the lock's
+    manifest path, hash and hook line numbers, so a comment added to the manifest keeps the version
+    and pyproject.toml unchanged; any change of behaviour gives a new version, which pip installs.
     """
-    digest = hashlib.sha256(json.dumps(plan.llm_kwargs(), sort_keys=True).encode())
+    behaviour = {k: v for k, v in plan.to_json().items() if k not in ("manifest", "hook_sites", "decisions")}
+    digest = hashlib.sha256(json.dumps(behaviour, sort_keys=True).encode())
     volatile = {f"{plan.package}/__init__.py", lock_path(plan)}
     for path in sorted(set(files) - volatile):
         digest.update(f"\0{path}\0{files[path]}".encode())

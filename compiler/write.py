@@ -42,6 +42,9 @@ class WriteResult:
     removed: tuple[str, ...]
 
 
+STRAY = "not generated, and the wheel would ship it: remove it"
+
+
 @dataclass(frozen=True, slots=True)
 class Drift:
     path: str  # relative to the package folder
@@ -122,11 +125,14 @@ def drift(files: Mapping[str, str], folder: Path) -> list[Drift]:
             elif not _same(folder, rel, text.encode("utf-8")):
                 result.append(Drift(rel, "differs"))
         result += [Drift(rel, "stale") for rel in sorted(owned_files(folder) - files.keys())]
-        result += [
-            Drift(rel, "not generated, and the wheel would ship it: remove it")
-            for rel in _strays(folder, files)
-        ]
+        result += [Drift(rel, STRAY) for rel in _strays(folder, files)]
         return result
+
+
+def strays(files: Mapping[str, str], folder: Path) -> list[str]:
+    """Python files in the package that the compiler did not write, which its wheel would ship."""
+    with output_lock(Path(folder).parent, shared=True):
+        return _strays(Path(folder), files)
 
 
 def _strays(folder: Path, files: Mapping[str, str]) -> list[str]:
@@ -180,8 +186,10 @@ def _check_paths(files: Mapping[str, str]) -> None:
             raise ValueError(f"refusing to write {rel!r}: not a plain path inside the package")
 
 
-def write_package(files: Mapping[str, str], folder: Path) -> WriteResult:
-    """Make `folder` hold exactly `files` (plus what the compiler does not own)."""
+def write_package(files: Mapping[str, str], folder: Path, extension: str | None = None) -> WriteResult:
+    """Make `folder` hold exactly `files` (plus what the compiler does not own). `extension`: the
+    package's in-place built module ("pkg/_hostdispatch"); when its sources (CMakeLists.txt, src/)
+    change, its built file goes too, so an import cannot load a build of other sources."""
     folder = Path(folder)
     _check_paths(files)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -192,10 +200,29 @@ def write_package(files: Mapping[str, str], folder: Path) -> WriteResult:
         changed = [rel for rel, content in data.items() if not _same(folder, rel, content)]
         unchanged = tuple(rel for rel in data if rel not in changed)
         stale = sorted(owned_files(folder) - data.keys())
+        if extension is not None and any(
+            rel == "CMakeLists.txt" or rel.startswith("src/") for rel in changed
+        ):
+            stale += sorted(_built(folder, extension))
         if not changed and not stale:
             return WriteResult((), unchanged, ())
         _swap_in(folder, data, changed, {*changed, *stale})
     return WriteResult(tuple(changed), unchanged, tuple(stale))
+
+
+def _built(folder: Path, extension: str) -> set[str]:
+    """The in-place builds of `extension` ("pkg/_mod" -> pkg/_mod.<tag>.so or .pyd) in `folder`."""
+    package, _, module = extension.rpartition("/")
+    where = folder / package
+    if _kind(where) != "dir":
+        return set()
+    return {
+        f"{package}/{e.name}"
+        for e in os.scandir(where)
+        if e.name.startswith(module + ".")
+        and e.name.endswith((".so", ".pyd"))
+        and e.is_file(follow_symlinks=False)
+    }
 
 
 def _swap_in(folder: Path, data: dict[str, bytes], changed: list[str], dropped: set[str]) -> None:

@@ -71,7 +71,10 @@ def serve_main(argv: Sequence[str] | None = None, prog: str = "fastpath serve") 
 
     try:
         factory, defaults, model_name = _manifest(target)
-    except (ManifestError, OSError) as exc:
+    except ManifestError as exc:
+        print(exc, file=sys.stderr)  # "file:line:col: error: ...", as the compiler prints it
+        return 2
+    except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     # Parsed again so that the manifest's serve section is the default and a flag still wins.

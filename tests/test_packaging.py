@@ -147,18 +147,20 @@ def test_a_built_package_installs_from_its_wheelhouse_into_a_clean_venv_and_gene
     assert built.returncode == 0, built.stdout + built.stderr
     house = out / "dist"
     assert f"wheelhouse: {house} " in built.stdout
-    assert f"pip install --find-links {house} fastpath-gen-fast-decode" in built.stdout
     assert sorted(w.name.split("-")[0] for w in house.glob("*.whl")) == [
         "fastpath_gen_fast_decode",
         "fastpath_llm",
     ]
+    (wheel,) = house.glob("fastpath_gen_fast_decode-*.whl")
+    pinned = f"fastpath-gen-fast-decode=={wheel.name.split('-')[1]}"  # no other source's version wins
+    assert f"pip install --find-links {house} {pinned}" in built.stdout
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = [str(venv / "bin/python"), "-m", "pip", "install", "-q"]
     # torch first, this very build (the Makefile's CPU wheel), so nothing pulls a CUDA build.
     subprocess.run([*pip, f"torch=={torch.__version__}"], check=True, timeout=600)
-    subprocess.run([*pip, "--find-links", str(house), "fastpath-gen-fast-decode"], check=True, timeout=600)
+    subprocess.run([*pip, "--find-links", str(house), pinned], check=True, timeout=600)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

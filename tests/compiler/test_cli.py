@@ -109,6 +109,25 @@ def test_check_passes_when_up_to_date_and_names_drift_and_the_fix(repo, capsys):
     assert init.read_text() == before  # --check writes nothing
 
 
+def test_a_stray_file_in_the_package_is_named_to_remove_not_to_regenerate(repo, capsys):
+    """Compiling again keeps a file the compiler does not own, so --check says to remove it, and a
+    compile that would ship it in the wheel warns."""
+    one = repo / "examples/one.yaml"
+    run(repo, one)
+    stray = repo / "generated/one/one/mine.py"
+    stray.write_text("X = 1\n")
+    capsys.readouterr()
+    assert run(repo, "--check", one) == 1
+    err = capsys.readouterr().err
+    assert "generated/one/one/mine.py: not generated" in err and "remove them" in err
+    assert "regenerate" not in err, "compiling again would not fix it"
+    assert run(repo, one) == 0
+    assert (
+        "warning: generated/one/one/mine.py: not generated, and the wheel would ship it"
+        in capsys.readouterr().err
+    )
+
+
 def test_a_folder_that_is_not_a_generated_package_is_left_alone(repo, capsys):
     (repo / "generated/one").mkdir(parents=True)
     (repo / "generated/one/README").write_text("mine\n")

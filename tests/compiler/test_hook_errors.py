@@ -85,6 +85,15 @@ def test_a_comment_moves_the_sites_in_the_lock_and_leaves_the_code_and_version_a
     assert f'"deploy/failing.yaml:{line + 1}"' in after["failing/manifest.lock.json"]
 
 
+def test_a_serve_default_changes_the_version_so_pip_installs_the_new_build():
+    """The package reads its serve defaults (the API key's variable, the port) from the lock at run
+    time: a build that changes them must not keep the version a deployed machine already has."""
+    _, before = compile_text(FAILING, "deploy/failing.yaml")
+    _, after = compile_text(FAILING + "serve:\n  api_key_env: MY_SECRET_KEY\n", "deploy/failing.yaml")
+    version = [line for line in before["pyproject.toml"].splitlines() if line.startswith("version")]
+    assert version and version[0] not in after["pyproject.toml"]
+
+
 def test_without_the_lock_a_failing_hook_still_names_itself(tmp_path):
     executor = _generated_executor(tmp_path, FAILING, lock="{not json")
     llm = LLM("random:tiny-llama", max_batch_size=2, max_seq_len=64, executor_cls=executor)

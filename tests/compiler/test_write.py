@@ -85,6 +85,25 @@ def test_stale_files_the_lock_lists_go_and_everything_else_stays(target):
         assert (target / kept).exists(), kept
 
 
+def test_the_in_place_extension_goes_when_its_sources_change_and_only_then(target):
+    """A build of other sources must not be imported: once src/ or CMakeLists.txt changes, the
+    package says "compiled but not built" until --build builds it again."""
+    write_package(package(src__ext__cpp="// mode a\n", pkg__executor__py="A = 1\n"), target)
+    built = target / "pkg" / "_hostdispatch.cpython-312-x86_64-linux-gnu.so"
+    built.write_bytes(b"\x7fELF")
+    other = target / "pkg" / "_other.so"  # another module's build: never ours to drop
+    other.write_bytes(b"\x7fELF")
+    result = write_package(
+        package(src__ext__cpp="// mode a\n", pkg__executor__py="A = 2\n"), target, "pkg/_hostdispatch"
+    )
+    assert built.exists() and result.removed == (), "the Python side alone changed"
+    result = write_package(
+        package(src__ext__cpp="// mode b\n", pkg__executor__py="A = 2\n"), target, "pkg/_hostdispatch"
+    )
+    assert not built.exists() and result.removed == (f"pkg/{built.name}",)
+    assert other.exists()
+
+
 def test_a_file_is_removed_only_if_the_previous_lock_lists_it(target):
     write_package(package(), target)
     (target / "pkg" / "extra.py").write_text(HEADER)  # carries the marker, but no lock lists it

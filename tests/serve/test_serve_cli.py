@@ -65,7 +65,8 @@ def test_a_bad_manifest_is_reported_with_its_line(tmp_path, capsys):
     path = tmp_path / "bad.yaml"
     path.write_text(MANIFEST.replace("port: 9123", "port: 99999"))
     assert serve_main([str(path)]) == 2
-    assert "bad.yaml:4:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "bad.yaml:4:" in err and err.startswith(str(path)), "the compiler's form, no second 'error:'"
 
 
 def test_unknown_commands_and_bad_options(capsys):
