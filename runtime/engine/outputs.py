@@ -71,6 +71,7 @@ class RequestOutput:
             "completion's; 0 without enable_prefix_caching)."
         ),
     )
+    lora_request: Any = field(default=None, metadata=doc("The LoRARequest it ran with, if any (vLLM's)."))
 
 
 @dataclass(slots=True)

@@ -260,6 +260,7 @@ class RequestHandle:
             self.finished,
             self.error,
             self._completions[0].seq.num_cached_tokens if self._completions else 0,
+            self._completions[0].seq.lora if self._completions else None,
         )
         if self.error is not None:  # what had not finished ends in the error
             for o, c in zip(outs, self._completions, strict=True):

@@ -81,6 +81,7 @@ def test_the_prefix_cache_keeps_each_adapters_blocks_apart(hf_checkpoints, adapt
     with LLM(str(base), enable_prefix_caching=True, max_loras=2, **CPU32) as llm:
         outs = [llm.generate([prompt], GREEDY, lora_request=r)[0] for r in order]
     assert tokens(outs) == want(base, [prompt] * 4, order)
+    assert [o.lora_request for o in outs] == order, "each output names its adapter, as vLLM's"
     assert [o.num_cached_tokens for o in outs] == [0, 0, 0, 48]
 
 
