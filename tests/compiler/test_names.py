@@ -83,6 +83,21 @@ def test_importing_a_compiled_but_unbuilt_package_names_the_command_that_builds_
     assert "No module named" not in done.stderr
 
 
+def test_an_unbuilt_package_compiled_elsewhere_names_its_manifest_by_file_name(tmp_path):
+    """With -o outside the manifest's tree the lock keeps the file name alone (no build machine's
+    folders in a package), and the message must not invent a path from it."""
+    manifest = tmp_path / "src" / "away.yaml"
+    manifest.parent.mkdir()
+    manifest.write_text(MANIFEST.format(name="away"))
+    out = tmp_path / "deep" / "out"
+    assert main([str(manifest), "-o", str(out)]) == 0
+    done = subprocess.run(
+        [sys.executable, "-c", "import away"], cwd=out / "away", capture_output=True, text=True
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert f"fastpath-compile away.yaml -o {out} --build" in last, last
+
+
 def test_the_checkouts_examples_are_not_collisions_of_themselves():
     done = subprocess.run(
         [sys.executable, "bin/compile", "--check", "examples/baseline.yaml"],

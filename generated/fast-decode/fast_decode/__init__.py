@@ -22,8 +22,10 @@ MANIFEST = json.loads(Path(__file__).with_name("manifest.lock.json").read_text(e
 
 if importlib.util.find_spec(f"{__name__}._hostdispatch") is None:
     _output = Path(__file__).resolve().parent.parent.parent
-    # The lock names the manifest from the output folder's parent.
-    _manifest = str((_output.parent / MANIFEST["manifest"]["path"]).resolve())
+    # The lock names the manifest from the output folder's parent, or by its file name alone when it
+    # was elsewhere (no build machine's folders in a package).
+    _manifest = _output.parent / MANIFEST["manifest"]["path"]
+    _manifest = str(_manifest.resolve()) if _manifest.is_file() else MANIFEST["manifest"]["path"]
     raise ImportError(
         f"{__name__} is compiled but not built: its host-dispatch extension {__name__}._hostdispatch "
         f"is missing. Build it with `fastpath-compile {shlex.quote(_manifest)} "
