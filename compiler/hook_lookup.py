@@ -26,7 +26,7 @@ def problem(module: str, attr: str) -> str | None:
         if loaded is None or hasattr(loaded, attr) or _find_submodule(loaded, attr):
             return None
         return f"{module} has no {attr!r}" + did_you_mean(attr, _public(dir(loaded)))
-    spec = _find(module)
+    spec = find(module)
     if spec is None:
         own = module == OWN or module.startswith(OWN + ".")
         return f"fastpath has no module {module!r}" if own else None
@@ -36,7 +36,7 @@ def problem(module: str, attr: str) -> str | None:
     return f"{module} has no {attr!r}" + did_you_mean(attr, _public(names))
 
 
-def _find(module: str) -> ModuleSpec | None:
+def find(module: str) -> ModuleSpec | None:
     """The module's spec, its parents walked without running any of them (a parent already imported
     lends its __path__)."""
     parts = module.split(".")
@@ -88,7 +88,7 @@ def _defined(spec: ModuleSpec) -> set[str] | None:
             return None  # sys.modules[__name__] = ... swaps the module
         if isinstance(node, ast.Global):
             names.update(node.names)  # a function that binds a module name when it runs
-    _bind(tree.body, names)
+    bind(tree.body, names)
     return None if "__getattr__" in names else names
 
 
@@ -98,7 +98,7 @@ def _callee(func: ast.expr) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else None
 
 
-def _bind(body: list[ast.stmt], names: set[str]) -> None:
+def bind(body: list[ast.stmt], names: set[str]) -> None:
     """Add the names a module's top-level statements bind, in any branch, to `names`."""
     for node in body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
@@ -127,7 +127,7 @@ def _bind(body: list[ast.stmt], names: set[str]) -> None:
             if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
                 stack.extend(ast.iter_child_nodes(child))
         for block in nested:
-            _bind(block, names)
+            bind(block, names)
 
 
 def _blocks(node: ast.stmt) -> list[list[ast.stmt]]:

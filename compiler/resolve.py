@@ -23,7 +23,7 @@ from fastpath.vocab import (
     tensor_parallel_problems,
 )
 
-from . import hook_lookup
+from . import hook_calls, hook_lookup
 from .plan import Decision, HookPlan, HookRef, Plan, ServePlan
 
 
@@ -184,9 +184,12 @@ def _hooks(loaded: LoadedManifest) -> HookPlan:
     events = hooks.executor_events
     problems: list[Diagnostic] = []
 
-    def ref(path: str, *key: str | int) -> HookRef:
+    def ref(path: str, call: hook_calls.HookCall, *key: str | int) -> HookRef:
         module, attr = split_import_path(path)
-        if (problem := hook_lookup.problem(module, attr)) is not None:
+        problem = hook_lookup.problem(module, attr)
+        if problem is None and (wrong := hook_calls.problem(module, attr, call)) is not None:
+            problem = f"{module}:{attr} {wrong}"
+        if problem is not None:
             line, column = loaded.document.values.get(key, (loaded.line_of(*key) or 1, 1))
             where = ".".join(map(str, key))
             problems.append(Diagnostic(loaded.filename, line, column, f"hook {path!r}: {problem}", where))
@@ -194,11 +197,13 @@ def _hooks(loaded: LoadedManifest) -> HookPlan:
 
     def refs(event: str) -> tuple[HookRef, ...]:
         paths = getattr(events, event)
-        return tuple(ref(p, "hooks", "executor_events", event, i) for i, p in enumerate(paths))
+        return tuple(
+            ref(p, hook_calls.EVENT, "hooks", "executor_events", event, i) for i, p in enumerate(paths)
+        )
 
     plan = HookPlan(
         loop_on_execution_stream=hooks.loop_on_execution_stream,
-        decode_prologue=ref(hooks.decode_prologue, "hooks", "decode_prologue")
+        decode_prologue=ref(hooks.decode_prologue, hook_calls.PROLOGUE, "hooks", "decode_prologue")
         if hooks.decode_prologue
         else None,
         after_warmup=refs("after_warmup"),
