@@ -17,15 +17,16 @@ MANIFEST_SUFFIXES = (".yaml", ".yml")
 
 
 def _parser(prog: str, defaults: dict[str, Any] | None) -> argparse.ArgumentParser:
-    from fastpath.runtime.serve.cli import add_arguments
+    from fastpath.runtime.serve.cli import ServeArgumentParser, add_arguments
 
-    parser = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible HTTP server for fastpath.")
+    parser = ServeArgumentParser(prog=prog, description="An OpenAI-compatible HTTP server for fastpath.")
     parser.add_argument(
         "target",
         metavar="MODEL_OR_MANIFEST",
         nargs="?",
         help="an HF folder, random:<preset>, or a manifest .yaml",
     )
+    parser.add_argument("--model", dest="model_flag", help="the model, as vLLM's flag (or give it first)")
     add_arguments(parser, defaults)
     return parser
 
@@ -35,10 +36,15 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
     then took the model as one more name."""
     args = parser.parse_args(argv)
     names = args.served_model_name
+    if args.model_flag is not None:
+        if args.target is not None:
+            parser.error(f"the model is given twice: {args.target} and --model {args.model_flag}")
+        args.target = args.model_flag
+        return args
     if args.target is None and isinstance(names, list) and len(names) > 1:
         args.target = names.pop()
     if args.target is None:
-        parser.error("the following arguments are required: MODEL_OR_MANIFEST")
+        parser.error("the following arguments are required: MODEL_OR_MANIFEST (or --model)")
     return args
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .executor import ExecutorCore, StepRecord
-from .request import RequestHandle, closed_error
+from .request import FORKED, RequestHandle, closed_error, wake_on
 from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.engine")
@@ -139,8 +139,18 @@ class EngineCore:
             prefix_cache_hits=cache.hit_tokens if cache is not None else 0,
         )
 
+    def forked(self) -> None:
+        """In a forked child: closed, with fresh locks (a parent's thread may have held them at the fork)."""
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._closed, self._stopping = FORKED, True
+        self._live, self._calls = set(), deque()
+        self._incoming.clear()
+
     def close(self, reason: str = "close() was called") -> bool:
         """Stop the loop thread after its current step; True when it stopped within JOIN_S."""
+        if self._closed == FORKED:
+            return True
         with self._lock:
             if self._closed is None:
                 self._closed = reason
@@ -255,8 +265,7 @@ class EngineCore:
             if h.loop is not None:
                 by_loop.setdefault(h.loop, []).append(h)
         for loop, group in by_loop.items():  # one cross-thread call per event loop per step
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_wake_all, group)
+            wake_on(loop, _wake_all, group)
 
     def _fail(self, exc: BaseException) -> None:
         reason = f"a step failed with {type(exc).__name__}: {exc}"
@@ -273,9 +282,12 @@ class EngineCore:
             live, self._live = self._live, set()
             calls, self._calls = self._calls, deque()
             self._incoming.clear()
-        for handle in live:
-            if not handle.finished:
-                handle.fail(str(error))
+        for handle in live:  # each alone: one caller's broken handle must not strand the rest
+            try:
+                if not handle.finished:
+                    handle.fail(str(error))
+            except Exception:
+                log.exception("failing request %s", handle.request_id)
         for _, future in calls:
             if future.set_running_or_notify_cancel():
                 future.set_exception(error)

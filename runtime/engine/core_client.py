@@ -30,7 +30,7 @@ from typing import Any
 
 from .core import EngineCore, EngineStats
 from .core_process import PipeSender, Recipe, engine_process_main
-from .request import RequestHandle, closed_error
+from .request import FORKED, RequestHandle, closed_error
 from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.engine")
@@ -273,16 +273,28 @@ class EngineCoreClient:
             replies, self._replies = self._replies, {}
             self._seqs.clear()
         error = closed_error(self._closed)
-        for h in live:
-            if not h.finished:
-                h.fail(str(error))
+        for h in live:  # each alone: one caller's broken handle must not strand the rest
+            try:
+                if not h.finished:
+                    h.fail(str(error))
+            except Exception:
+                log.exception("failing request %s", h.request_id)
         for future in replies.values():
             if not future.done():
                 future.set_exception(error)
 
+    def forked(self) -> None:
+        """In a forked child: closed, with a fresh lock, and never the one to stop the parent's engine."""
+        _open_clients.discard(self)
+        self._lock = threading.Lock()
+        self._closed = FORKED
+        self._live, self._replies, self._seqs = set(), {}, {}
+
     def close(self, reason: str = "close() was called") -> bool:
         """Tell the engine process to stop after its step, wait for it (JOIN_S), then end it. A link's
         client only detaches: the engine aborts its requests and goes on."""
+        if self._closed == FORKED:
+            return True
         _open_clients.discard(self)
         if not self.owner:
             self._end(reason, None)

@@ -310,6 +310,11 @@ class LinkServer:
                         return "the parent process went away"
                     self._drop(link)
                     continue
+                except Exception:  # read whole, then unpickled: the pipe stays in step
+                    # One client's object this process cannot rebuild (a class of its __main__) is
+                    # not a reason to stop serving every other.
+                    log.exception("a message from a client could not be unpickled here; dropped")
+                    continue
                 if kind == "close" and link.owner:
                     return body[0]
                 if kind in ("close", "detach"):

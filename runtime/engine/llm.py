@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 import pickle
 import threading
 import weakref
@@ -83,6 +84,8 @@ class LLM:
     ("auto": xgrammar when installed), tensor_parallel_size (tp), tp_timeout_s, executor_cls,
     enable_lora, max_loras, max_lora_rank, max_cpu_loras."""
 
+    _sendable: SamplingParams | None = None  # the last params known to pickle for the engine process
+
     def __init__(self, model: str | Path | ModelConfig, **kwargs: Any) -> None:
         o = self._configure(model, kwargs)
         if o.engine_process:
@@ -133,6 +136,7 @@ class LLM:
                 self.parallel.close()
             raise
         self._finalizer = weakref.finalize(self, _close_engine, None, self.executor, self.parallel)
+        _engines.add(self)
         try:
             self.executor.start()
         except BaseException:
@@ -150,6 +154,7 @@ class LLM:
         self.core = EngineCore(self.executor, functools.partial(peer_errors, self.parallel))
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_engine, self.core, self.executor, self.parallel)
+        _engines.add(self)
         runner = self.executor.runner
         self._limits = Limits(
             self.config.model.vocab_size,
@@ -191,6 +196,7 @@ class LLM:
         self._ids = itertools.count(first_id)
         self._requests = itertools.count()
         self._finalizer = weakref.finalize(self, client.close)
+        _engines.add(self)
 
     @classmethod
     def attach(cls, recipe: Any, conn: Any, info: dict[str, Any], index: int) -> LLM:
@@ -292,9 +298,20 @@ class LLM:
         """A request checked and made into its sequences, not yet submitted."""
         if self.core is None:
             raise RuntimeError("requests go to rank 0, which gets the results")
+        if loop is not None and not isinstance(loop, asyncio.AbstractEventLoop):
+            # Checked here: the engine's thread calls into it at every step.
+            raise TypeError(f"loop must be an asyncio event loop, got {type(loop).__name__}")
         params = sampling_params if sampling_params is not None else self._defaults
         if not isinstance(params, SamplingParams):
             raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if self.executor is None and params is not self._sendable:
+            try:  # here, on the caller's thread: the pipe's sender would drop it and the request wait
+                pickle.dumps(params)
+            except Exception as exc:
+                raise ValueError(
+                    f"sampling_params cannot be sent to the engine process: {type(exc).__name__}: {exc}"
+                ) from None
+            self._sendable = params
         lora = self._lora.check(lora)
         admitted = encode(prompt, self.tokenizer, self._limits, params.truncate_prompt_tokens)
         check_request(admitted.prompt_ids, params, self._limits)
@@ -838,6 +855,20 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+_engines: weakref.WeakSet[LLM] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child, an LLM of the parent's is closed: its loop (or reader) thread did not come
+    along, so a call would wait forever, and its exit must not close what the parent still runs."""
+    for llm in list(_engines):
+        llm._finalizer.detach()
+        if llm.core is not None:
+            llm.core.forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 LINK_SHIFT = 40  # an attached client's sequence ids start at index << LINK_SHIFT
 

@@ -9,6 +9,7 @@ loop thread stays free for the device. A stop string found here aborts the compl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -126,8 +127,8 @@ class RequestHandle:
     def fail(self, message: str) -> None:
         self.post(("error", message))
         self.wake()
-        if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.wake_async)
+        if self.loop is not None:
+            wake_on(self.loop, self.wake_async)
 
     # --- the consumer's side ----------------------------------------------------------------------
 
@@ -186,33 +187,43 @@ class RequestHandle:
             self._abort_seq(c.seq)
 
     def __iter__(self) -> Iterator[RequestOutput]:
-        """Incremental outputs: each holds what is new since the last (text and token ids)."""
-        while True:
-            changed = self._drain()
-            done = self.finished
-            if changed:
-                delta = self._output(delta=True)
-                if delta is not None:
-                    yield delta
-            if done:
-                return
-            self._wake.wait()
-            self._wake.clear()
+        """Incremental outputs: each holds what is new since the last (text and token ids). Leaving
+        the loop early (break, an exception) aborts the request, as vLLM's does."""
+        try:
+            while True:
+                changed = self._drain()
+                done = self.finished
+                if changed:
+                    delta = self._output(delta=True)
+                    if delta is not None:
+                        yield delta
+                if done:
+                    return
+                self._wake.wait()
+                self._wake.clear()
+        finally:
+            if not self.finished:
+                self.abort()
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        """As __iter__, on the event loop given to submit(); a cancelled task aborts the request."""
         if self._async_wake is None:
             raise RuntimeError("this request was submitted without an event loop; iterate it in a thread")
-        while True:
-            changed = self._drain()
-            done = self.finished
-            if changed and (done or self._due()):
-                delta = self._output(delta=True)
-                if delta is not None:
-                    yield delta
-            if done:
-                return
-            await self._async_wake.wait()
-            self._async_wake.clear()
+        try:
+            while True:
+                changed = self._drain()
+                done = self.finished
+                if changed and (done or self._due()):
+                    delta = self._output(delta=True)
+                    if delta is not None:
+                        yield delta
+                if done:
+                    return
+                await self._async_wake.wait()
+                self._async_wake.clear()
+        finally:
+            if not self.finished:
+                self.abort()
 
     def _due(self) -> bool:
         """Whether a stream's next delta goes out now: its first token always does; later ones once
@@ -324,3 +335,14 @@ def _no_text(token: int) -> None:
 
 def closed_error(reason: str) -> EngineClosedError:
     return EngineClosedError(f"the engine is closed: {reason}")
+
+
+FORKED = "this engine belongs to the process this one was forked from; make a new LLM in this process"
+
+
+def wake_on(loop: asyncio.AbstractEventLoop, callback: Any, *args: Any) -> None:
+    """`callback(*args)` on `loop`, unless the loop is closed (its owner is gone, or going: it may close
+    between the check and the call, which then raises; nobody is left to wake either way)."""
+    if not loop.is_closed():
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(callback, *args)

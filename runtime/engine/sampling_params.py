@@ -471,7 +471,8 @@ class SamplingParams:
         if stop and self.detokenize is False:
             raise ValueError("SamplingParams.stop: stop strings are matched on text and need detokenize=True")
         # Lists, as vLLM stores them (a copy: the caller's list may change later).
-        object.__setattr__(self, "stop", list(stop or ()))
+        # Exact strs: a str subclass of the caller's __main__ cannot be rebuilt in the engine process.
+        object.__setattr__(self, "stop", [str(s) for s in stop or ()])
         object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
 
     def _check_penalties(self) -> None:
@@ -506,7 +507,7 @@ class SamplingParams:
             ok = isinstance(words, (list, tuple)) and all(isinstance(w, str) and w.strip() for w in words)
             _check(ok, "bad_words", "a list of non-blank strings", words)
             _check(len(words) <= MAX_BIASED, "bad_words", f"at most {MAX_BIASED} words", f"{len(words)}")
-            object.__setattr__(self, "bad_words", list(words))
+            object.__setattr__(self, "bad_words", [str(w) for w in words])
 
     def _check_logprobs(self) -> None:
         for name in ("logprobs", "prompt_logprobs"):

@@ -65,6 +65,11 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     else `model_name` (what the command line named), else the engine's model. Behind
     `config.api_server_count` processes, each one's admission gate takes its share of the bounds."""
     config = config or ServeConfig()
+    if config.chat_template is not None:  # every process renders with it, as the tokenizer's own
+        tokenizer = llm.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat_template: this model has no tokenizer to render chats with")
+        tokenizer.chat_template = config.chat_template
     served = config.served_model_name
     names = (served,) if isinstance(served, str) else served or (model_name or _engine_model_name(llm),)
     state = ServerState(
@@ -78,7 +83,8 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
         routes=ROUTES,
         adapters=_adapters(llm, config, names),
     )
-    app = FastAPI(title="fastpath", summary="An OpenAI-compatible server for a fastpath engine")
+    docs = {} if config.fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="fastpath", summary="An OpenAI-compatible server for a fastpath engine", **docs)
     app.state.fastpath = state
     app.add_middleware(RequestMiddleware, state=state)
     if config.allowed_origins:  # outermost: a preflight is answered before anything else runs
@@ -145,8 +151,12 @@ async def _require_api_key(request: Request) -> None:
     key = request.app.state.fastpath.config.api_key
     if key is None:
         return
+    keys = (key,) if isinstance(key, str) else key
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+    given = token.strip().encode()
+    # Every key compared, whichever matches: the time taken tells nothing about which one.
+    matches = [hmac.compare_digest(given, k.encode()) for k in keys]
+    if scheme.lower() != "bearer" or not any(matches):
         raise ServeError("a valid API key is needed: Authorization: Bearer <key>", None, 401)
 
 

@@ -72,6 +72,8 @@ def chat_prompts(
 
 async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
+    if body.return_tokens_as_token_ids is None:  # the request's own choice, else the server's
+        body = body.model_copy(update={"return_tokens_as_token_ids": state.config.return_tokens_as_token_ids})
     lora = state.check_model(body.model)
     state.check_chat_template(body.chat_template)
     run = chat_run(state, body)

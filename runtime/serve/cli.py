@@ -21,6 +21,7 @@ from fastpath.vocab import REASONING_PARSERS, TOOL_CALL_PARSERS, install_line
 from .config import DEFAULT_PORT, ServeConfig
 
 DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
 
 # flag -> (LLM keyword, type, help); only flags given on the command line reach the factory.
 ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any], str]] = {
@@ -47,7 +48,33 @@ ALIASES = {
     "--max-num-seqs": "--max-batch-size",
     "--max-model-len": "--max-seq-len",
     "--tp": "--tensor-parallel-size",
+    "-tp": "--tensor-parallel-size",  # vLLM's short form
 }
+# vLLM's engine flags for settings fastpath has none of -> (LLM keyword, type): the engine accepts the
+# values that ask for what it does anyway and refuses any other, saying what it does instead
+# (engine/vllm_keywords.py). A bool type is a switch.
+VLLM_ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
+    "--revision": ("revision", str),
+    "--tokenizer-revision": ("tokenizer_revision", str),
+    "--download-dir": ("download_dir", str),
+    "--tokenizer-mode": ("tokenizer_mode", str),
+    "--kv-cache-dtype": ("kv_cache_dtype", str),
+    "--quantization": ("quantization", str),
+    "--pipeline-parallel-size": ("pipeline_parallel_size", int),
+    "--distributed-executor-backend": ("distributed_executor_backend", str),
+    "--swap-space": ("swap_space", float),
+    "--cpu-offload-gb": ("cpu_offload_gb", float),
+    "--max-seq-len-to-capture": ("max_seq_len_to_capture", int),
+    "--max-logprobs": ("max_logprobs", int),
+    "--task": ("task", str),
+    "--runner": ("runner", str),
+    "--convert": ("convert", str),
+    "--trust-remote-code": ("trust_remote_code", bool),
+    "--disable-log-stats": ("disable_log_stats", bool),
+    "--disable-custom-all-reduce": ("disable_custom_all_reduce", bool),
+    "--enable-chunked-prefill": ("enable_chunked_prefill", bool),
+}
+VLLM_SHORT = {"--quantization": "-q", "--pipeline-parallel-size": "-pp"}
 
 SERVE_DEFAULTS: dict[str, Any] = {
     "host": "127.0.0.1",
@@ -80,11 +107,29 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     )
     s.add_argument(
         "--api-key",
+        nargs="+",
         default=None,
-        help="require `Authorization: Bearer KEY` on /v1, /tokenize, /detokenize and /version",
+        help="require `Authorization: Bearer KEY` (any one of several) on /v1, /tokenize, /detokenize "
+        "and /version",
     )
     s.add_argument(
-        "--api-key-env", default=d["api_key_env"], help="environment variable read when --api-key is absent"
+        "--api-key-env",
+        default=d["api_key_env"],
+        help=f"environment variable read when --api-key is absent; unset, vLLM's {VLLM_API_KEY_ENV} is read",
+    )
+    s.add_argument(
+        "--chat-template",
+        type=_chat_template,
+        default=None,
+        help="a chat template (a file, or the template's text) used instead of the tokenizer's (vLLM's flag)",
+    )
+    s.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="logprobs spell each token 'token_id:<id>' unless a request says otherwise (vLLM's flag)",
+    )
+    s.add_argument(
+        "--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json (vLLM's flag)"
     )
     s.add_argument(
         "--max-queued-requests",
@@ -157,7 +202,12 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         help="send a reasoning model's thinking as `reasoning`, apart from its content: deepseek_r1 "
         "(DeepSeek R1, QwQ, templates that open <think> in the prompt) or qwen3 (vLLM's flag)",
     )
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--log-level",
+        "--uvicorn-log-level",  # vLLM's name for the HTTP server's level: here one level for both
+        default="info",
+        choices=["trace", "debug", "info", "warning", "error", "critical"],
+    )
     e = parser.add_argument_group("engine")
     for flag, (key, kind, text) in ENGINE_FLAGS.items():
         names = [flag, *(a for a, target in ALIASES.items() if target == flag)]
@@ -200,13 +250,18 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     # vLLM's flags for settings fastpath has none of: accepted where they ask for what it does
     # (engine/vllm_keywords.py), so a `vllm serve` command line runs here too.
     v = parser.add_argument_group("vLLM's flags, accepted where they ask for what fastpath does")
-    v.add_argument("--trust-remote-code", dest="engine_trust_remote_code", action="store_const", const=True)
-    v.add_argument("--disable-log-stats", dest="engine_disable_log_stats", action="store_const", const=True)
+    for flag, (key, kind) in VLLM_ENGINE_FLAGS.items():
+        names = [flag, *([VLLM_SHORT[flag]] if flag in VLLM_SHORT else [])]
+        if kind is bool:
+            v.add_argument(*names, dest=f"engine_{key}", action="store_const", const=True)
+        else:
+            v.add_argument(*names, dest=f"engine_{key}", type=kind)
     v.add_argument(
         "--disable-log-requests", dest="access_log", action="store_false", help="as --no-access-log"
     )
-    v.add_argument("--kv-cache-dtype", dest="engine_kv_cache_dtype")
-    v.add_argument("--quantization", "-q", dest="engine_quantization")
+    v.add_argument(
+        "--enable-log-requests", dest="access_log", action="store_true", help="the access log (on by default)"
+    )
     e.add_argument(
         "--engine-process",
         dest="engine_engine_process",
@@ -218,12 +273,11 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
 
 
 def serve_config(args: argparse.Namespace) -> ServeConfig:
-    api_key = args.api_key if args.api_key is not None else os.environ.get(args.api_key_env) or None
     return ServeConfig(
         host=args.host,
         port=args.port,
         served_model_name=_names(args.served_model_name),
-        api_key=api_key,
+        api_key=_api_key(args),
         max_queued_requests=args.max_queued_requests,
         max_tokens=args.max_tokens,
         max_request_bytes=args.max_request_bytes,
@@ -237,7 +291,28 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        chat_template=args.chat_template,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        fastapi_docs=not args.disable_fastapi_docs,
     )
+
+
+def _api_key(args: argparse.Namespace) -> str | tuple[str, ...] | None:
+    """--api-key's keys; else the variable --api-key-env names; else vLLM's VLLM_API_KEY, so a key set
+    for a vLLM deployment never leaves this server open."""
+    if args.api_key is not None:
+        return args.api_key[0] if len(args.api_key) == 1 else tuple(args.api_key)
+    return os.environ.get(args.api_key_env) or os.environ.get(VLLM_API_KEY_ENV) or None
+
+
+def _chat_template(text: str) -> str:
+    """--chat-template: a file's text, else the template itself (as vLLM takes it)."""
+    if os.path.isfile(text):
+        with open(text, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in text or "{%" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is neither a file nor a template")
 
 
 def _names(given: str | list[str] | None) -> str | tuple[str, ...] | None:
@@ -286,7 +361,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def configure_logging(level: str) -> None:
     logging.basicConfig(
-        level=getattr(logging, level.upper()),
+        level=logging.DEBUG if level == "trace" else getattr(logging, level.upper()),  # trace: uvicorn's
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -331,7 +406,12 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
             file=sys.stderr,
         )
         return 2
-    llm = llm_factory(**engine_kwargs(args))
+    given = engine_kwargs(args)
+    try:
+        llm = llm_factory(**given)
+    except (ValueError, TypeError, OSError) as exc:  # a flag's value the engine refused, a missing folder
+        print(f"error: {_in_flags(str(exc), given)}", file=sys.stderr)
+        return 2
     try:
         if config.api_server_count == 1:
             return 0 if serve(llm, config, model_name=model_name, log_level=args.log_level) else 1
@@ -344,16 +424,40 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
         llm.close()
 
 
+def _in_flags(message: str, given: Mapping[str, Any]) -> str:
+    """An engine error in the command line's words: the flag that gave the keyword it names."""
+    flags = {key: flag for flag, (key, _, _) in ENGINE_FLAGS.items()}
+    flags |= {key: flag for flag, (key, _) in VLLM_ENGINE_FLAGS.items()}
+    for key in sorted(given, key=len, reverse=True):  # max_seq_len before seq_len-like prefixes
+        if key in message and key in flags:
+            spelled = [flags[key], *(a for a, target in ALIASES.items() if target == flags[key])]
+            return f"{' / '.join(spelled)}: {message}"
+    return message
+
+
+class ServeArgumentParser(argparse.ArgumentParser):
+    """argparse, whose "unrecognized arguments" says where the flags a vLLM command line may carry
+    are listed (those fastpath takes, and what it does instead of the rest)."""
+
+    def error(self, message: str) -> Any:
+        if message.startswith("unrecognized arguments"):
+            message += (
+                f" ({self.prog} --help lists the flags it takes, vLLM's among them; a vLLM flag not "
+                "listed there has no counterpart here)"
+            )
+        super().error(message)
+
+
 def package_main(
     argv: Sequence[str] | None, *, prog: str, llm_factory: Callable[..., Any], lock: Mapping[str, Any]
 ) -> int:
     """`python -m <package> serve [...]`: a generated package serves its compiled executor.
     `lock` is the package's MANIFEST: its serve section gives the defaults, its name the model's."""
     serve_section = dict(lock.get("serve") or {})
-    parser = argparse.ArgumentParser(
+    parser = ServeArgumentParser(
         prog=prog, description=f"{lock['name']}: fastpath's engine as compiled from its manifest"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=ServeArgumentParser)
     add_arguments(
         commands.add_parser("serve", help="an OpenAI-compatible HTTP server for this package's engine"),
         serve_section,

@@ -122,6 +122,8 @@ def _echo(body: CompletionRequest, state: ServerState) -> tuple[CompletionReques
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     state: ServerState = request.app.state.fastpath
+    if body.return_tokens_as_token_ids is None:  # the request's own choice, else the server's
+        body = body.model_copy(update={"return_tokens_as_token_ids": state.config.return_tokens_as_token_ids})
     lora = state.check_model(body.model)
     body, echo = _echo(body, state)
     prompt_logprobs = body.logprobs if echo is not None else None

@@ -22,7 +22,12 @@ def runtime_lora_updating_from_env() -> bool:
 class ServeConfig:
     """- `served_model_name`: the name /v1/models lists and requests must use (None: the model as given);
       several (a tuple) are aliases, as vLLM's `--served-model-name a b`, and responses carry the first.
-    - `api_key`: when set, /v1/* needs `Authorization: Bearer <api_key>`.
+    - `api_key`: when set, /v1/* needs `Authorization: Bearer <api_key>`; a tuple: any one of them
+      (vLLM's `--api-key k1 k2`).
+    - `chat_template`: the template chats are rendered with, replacing the tokenizer's (vLLM's
+      --chat-template); a request's own still needs `trust_request_chat_template`.
+    - `return_tokens_as_token_ids`: every request's logprobs spell tokens "token_id:<id>" (vLLM's flag).
+    - `fastapi_docs`: /docs, /redoc and /openapi.json are served (vLLM's --disable-fastapi-docs: off).
     - `max_queued_requests`: completions that may wait beyond a full batch; more get 503.
     - `max_tokens`: the most a request may ask for, and the default when it asks for none.
     - `max_request_bytes`: a larger body gets 413.
@@ -53,7 +58,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     served_model_name: str | tuple[str, ...] | None = None
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
     max_queued_requests: int = 1024
     max_tokens: int | None = None
     max_request_bytes: int = 8 << 20
@@ -68,6 +73,9 @@ class ServeConfig:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    chat_template: str | None = None
+    return_tokens_as_token_ids: bool = False
+    fastapi_docs: bool = True
 
     @property
     def auto_tool_parser(self) -> str | None:
@@ -137,12 +145,16 @@ class ServeConfig:
                 self.served_model_name,
             )
         if self.api_key is not None:
+            keys = (self.api_key,) if isinstance(self.api_key, str) else self.api_key
             _check(
-                isinstance(self.api_key, str) and self.api_key != "",
+                isinstance(keys, tuple) and bool(keys) and all(isinstance(k, str) and k != "" for k in keys),
                 "api_key",
-                "a non-empty string",
+                "a non-empty string, or a tuple of them",
                 "<hidden>",
             )
+        if self.chat_template is not None:
+            _check(isinstance(self.chat_template, str) and self.chat_template.strip() != "",
+                   "chat_template", "a template's text", "<template>")  # fmt: skip
         _check(
             _int(self.max_queued_requests) and self.max_queued_requests >= 0,
             "max_queued_requests",

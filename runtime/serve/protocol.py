@@ -206,7 +206,7 @@ class SamplingFields(Body):
     structured_outputs: StructuredOutputs | None = None
     return_token_ids: bool = False  # each choice carries its token ids, the response the prompt's
     # vLLM's: logprobs spell each token "token_id:<id>", which a text cannot (bytes of a character).
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and its top k (rank, text)
     cache_salt: str | None = None  # vLLM's: the prompt finds cached KV only of prompts with this salt
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: what fits)

@@ -236,3 +236,71 @@ def test_a_lock_may_set_the_tool_and_reasoning_parsers_and_flags_still_win(calls
     declared, overridden = (runtime_cli.serve_config(args) for _, args, _ in calls)
     assert (declared.auto_tool_parser, declared.reasoning_parser) == ("hermes", "qwen3")
     assert (overridden.auto_tool_parser, overridden.reasoning_parser) == (None, "deepseek_r1")
+
+
+def test_a_vllm_command_line_keeps_its_meaning(calls, monkeypatch, tmp_path):
+    """What `vllm serve` lines carry: --model, -tp, several --api-key keys, --chat-template as a file,
+    vLLM's engine flags at the values fastpath honours, and the docs switch."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    argv = ["serve", "--model", "random:tiny-llama", "-tp", "1", "--api-key", "k1", "k2",
+            "--chat-template", str(template), "--swap-space", "4", "--max-logprobs", "20",
+            "--enable-chunked-prefill", "-pp", "1", "--disable-fastapi-docs", "--return-tokens-as-token-ids",
+            "--uvicorn-log-level", "warning"]  # fmt: skip
+    assert main(argv) == 0
+    ((_, args, name),) = calls
+    config = runtime_cli.serve_config(args)
+    assert name == "random:tiny-llama" and args.log_level == "warning"
+    assert config.api_key == ("k1", "k2") and config.chat_template == template.read_text()
+    assert (config.fastapi_docs, config.return_tokens_as_token_ids) == (False, True)
+    engine = runtime_cli.engine_kwargs(args)
+    assert {k: engine[k] for k in ("tensor_parallel_size", "swap_space", "max_logprobs", "pipeline_parallel_size")} == {
+        "tensor_parallel_size": 1, "swap_space": 4.0, "max_logprobs": 20, "pipeline_parallel_size": 1}  # fmt: skip
+    assert engine["enable_chunked_prefill"] is True
+
+
+def test_a_key_set_for_vllm_never_leaves_the_server_open(calls, monkeypatch):
+    monkeypatch.delenv("FASTPATH_API_KEY", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
+    assert main(["serve", "random:tiny-llama"]) == 0
+    assert runtime_cli.serve_config(calls[-1][1]).api_key == "from-vllm"
+    monkeypatch.setenv("FASTPATH_API_KEY", "ours")
+    assert main(["serve", "random:tiny-llama"]) == 0
+    assert runtime_cli.serve_config(calls[-1][1]).api_key == "ours", "ours first"
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--model", "a", "b"], "the model is given twice"),
+        (["random:tiny-llama", "--block-size", "16"], "--help lists the flags it takes, vLLM's among them"),
+        (["random:tiny-llama", "--chat-template", "no/such/file.jinja"], "neither a file nor a template"),
+    ],
+)
+def test_what_a_command_line_gets_wrong_is_a_usage_error(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(argv)
+    assert exit_.value.code == 2 and words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--max-model-len", "-1"], "--max-seq-len / --max-model-len: max_seq_len must be"),
+        (
+            ["--gpu-memory-utilization", "2"],
+            "--gpu-memory-utilization: gpu_memory_utilization must be in (0, 1]",
+        ),
+        (["--kv-cache-dtype", "fp8"], "--kv-cache-dtype: LLM(kv_cache_dtype='fp8') is not supported"),
+    ],
+)
+def test_a_value_the_engine_refuses_is_a_usage_error_naming_the_flag(flags, words, capsys):
+    """Exit 2 and one line, not a traceback after the model loaded."""
+    from fastpath.runtime import LLM
+
+    parser = argparse.ArgumentParser()
+    runtime_cli.add_arguments(parser)
+    args = parser.parse_args([*flags, "--no-engine-process"])
+    assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err, err

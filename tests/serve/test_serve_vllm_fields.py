@@ -194,3 +194,30 @@ def test_token_histograms_count_each_finished_completion(url):
     assert (
         metric(url, "vllm:request_prompt_tokens_sum") == prompt_sum + 2 * r.json()["usage"]["prompt_tokens"]
     )
+
+
+def test_server_wide_template_keys_and_docs_switch(tiny_text_checkpoint):
+    """vLLM's --chat-template renders every chat (and /tokenize's); any of several --api-key keys opens
+    the routes; --disable-fastapi-docs takes /docs and /openapi.json away; --return-tokens-as-token-ids
+    is the default a request may override."""
+    template = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}"
+    config = {"api_key": ("k1", "k2"), "chat_template": template, "fastapi_docs": False,
+              "return_tokens_as_token_ids": True}  # fmt: skip
+    with engine(tiny_text_checkpoint) as llm, running(llm, **config) as url:
+        for key in ("k1", "k2"):
+            auth = {"Authorization": f"Bearer {key}"}
+            r = httpx.post(f"{url}/tokenize", json={"model": "tiny", "messages": USER}, headers=auth)
+            assert r.status_code == 200, r.text
+            want = llm.get_tokenizer()("[user]Say hi.", add_special_tokens=False)["input_ids"]
+            assert r.json()["tokens"] == want
+        wrong = httpx.post(f"{url}/tokenize", json={"prompt": "x"}, headers={"Authorization": "Bearer k3"})
+        assert wrong.status_code == 401
+        assert httpx.get(f"{url}/docs").status_code == 404
+        assert httpx.get(f"{url}/openapi.json").status_code == 404
+        for own, spelled in ((None, True), (False, False)):  # the server's default, then the request's
+            body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 2, "logprobs": 1}
+            if own is not None:
+                body["return_tokens_as_token_ids"] = own
+            r = httpx.post(f"{url}/v1/completions", json=body, headers=auth)
+            tokens = r.json()["choices"][0]["logprobs"]["tokens"]
+            assert all(t.startswith("token_id:") for t in tokens) is spelled, tokens

@@ -1,0 +1,117 @@
+"""What one caller gets wrong stays that caller's: a bad event loop, an object the engine process
+cannot take, a task cancelled mid-stream, a fork. The engine keeps serving everyone else."""
+
+import asyncio
+import os
+import pickle
+
+import pytest
+
+from fastpath.runtime import LLM, EngineClosedError, SamplingParams
+
+LONG = SamplingParams(max_tokens=40, ignore_eos=True, temperature=0.0)
+SHORT = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0.0)
+BOUND_S = 120
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["in-process", "engine-process"])
+def llm(request):
+    engine = LLM(
+        "random:tiny-llama", device="cpu", max_seq_len=64, max_batch_size=8, engine_process=request.param
+    )
+    yield engine
+    engine.close()
+
+
+def test_a_loop_that_is_no_event_loop_is_refused_and_nothing_else_notices(llm):
+    others = [llm.submit([5, 6, 7], LONG) for _ in range(4)]
+    with pytest.raises(TypeError, match="loop must be an asyncio event loop, got object"):
+        llm.submit([5, 6, 7], SHORT, loop=object())
+    for h in others:
+        assert len(h.result(timeout=BOUND_S).outputs[0].token_ids) == 40
+    assert llm.closed_reason is None
+
+
+def test_a_cancelled_task_aborts_its_request(llm):
+    async def consume(handle):
+        async for _ in handle:
+            pass
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        handles = [
+            llm.submit([5, 6, 7], SamplingParams(max_tokens=60, ignore_eos=True), loop=loop) for _ in range(3)
+        ]
+        tasks = [asyncio.create_task(consume(h)) for h in handles]
+        await asyncio.sleep(0.05)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return handles
+
+    handles = asyncio.run(main())
+    for h in handles:
+        out = h.result(timeout=BOUND_S)
+        assert out.outputs[0].finish_reason == "abort" and len(out.outputs[0].token_ids) < 60
+    stats = llm.stats()
+    assert stats.running == 0 and stats.kv_blocks_free == stats.kv_blocks_total
+
+
+def test_leaving_a_handles_iteration_early_aborts_it(llm):
+    handle = llm.submit([5, 6, 7], SamplingParams(max_tokens=60, ignore_eos=True))
+    for _ in handle:
+        break
+    out = handle.result(timeout=BOUND_S)
+    assert out.outputs[0].finish_reason == "abort" and len(out.outputs[0].token_ids) < 60
+
+
+def _local_stop():
+    class Stop(str):  # a class pickle cannot name
+        pass
+
+    return Stop(".")
+
+
+def test_stop_strings_of_a_str_subclass_become_plain_strs():
+    params = SamplingParams(stop=[_local_stop()], bad_words=[_local_stop()])
+    assert type(params.stop[0]) is str and type(params.bad_words[0]) is str
+    assert pickle.loads(pickle.dumps(params)) == params
+
+
+def test_params_the_engine_process_cannot_take_fail_alone(llm):
+    """A params object that does not pickle fails its request at once, and the batch beside it runs."""
+    if llm.executor is not None:
+        pytest.skip("in-process: nothing is pickled")
+    bad = SHORT.clone()
+    object.__setattr__(bad, "seed", _Unpicklable())  # past validation, as no caller should
+    outs = llm.generate([[5, 6, 7], [5, 6, 7]], [SHORT, bad], errors="return", use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 3
+    assert "cannot be sent to the engine process" in outs[1].error
+
+
+class _Unpicklable:
+    def __reduce__(self):
+        raise TypeError("not today")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_a_clear_error_and_leaves_the_parents_engine_running(llm):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what generate() did, then leave without the parent's exit hooks
+        try:
+            llm.generate([[5, 6, 7]], SHORT, use_tqdm=False)
+            said = b"ran"
+        except EngineClosedError as exc:
+            said = str(exc).encode()
+        except BaseException as exc:
+            said = repr(exc).encode()
+        llm.close()  # must not stop the parent's engine
+        os.write(write, said)
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    said = os.read(read, 4096).decode()
+    os.close(read)
+    assert status == 0 and "forked" in said, said
+    assert len(llm.generate([[5, 6, 7]], SHORT, use_tqdm=False)[0].outputs[0].token_ids) == 3
