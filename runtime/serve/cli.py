@@ -412,6 +412,7 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
     except (ValueError, TypeError, OSError) as exc:  # a flag's value the engine refused, a missing folder
         print(f"error: {_in_flags(str(exc), given)}", file=sys.stderr)
         return 2
+    _log_limits(llm, config)
     try:
         if config.api_server_count == 1:
             return 0 if serve(llm, config, model_name=model_name, log_level=args.log_level) else 1
@@ -422,6 +423,22 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
             return 2
     finally:
         llm.close()
+
+
+def _log_limits(llm: Any, config: ServeConfig) -> None:
+    """The settings whose defaults are not vLLM's, once at start-up, so a `vllm serve` user sees them."""
+    c = llm.config
+    model_len = getattr(c.model, "max_position_embeddings", c.max_seq_len)
+    logging.getLogger("fastpath.serve").info(
+        "max_model_len %d (the model's %d; --max-model-len), max_num_seqs %d (--max-num-seqs), prefix "
+        "caching %s (--enable-prefix-caching), listening on %s (vLLM's default is every interface: "
+        "--host 0.0.0.0)",
+        c.max_seq_len,
+        model_len,
+        c.max_batch_size,
+        "on" if getattr(c, "enable_prefix_caching", False) else "off",
+        config.host,
+    )
 
 
 def _in_flags(message: str, given: Mapping[str, Any]) -> str:

@@ -304,3 +304,14 @@ def test_a_value_the_engine_refuses_is_a_usage_error_naming_the_flag(flags, word
     assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and words in err, err
+
+
+def test_start_up_names_the_defaults_that_are_not_vllms(caplog):
+    from types import SimpleNamespace
+
+    llm = SimpleNamespace(config=SimpleNamespace(max_seq_len=4096, max_batch_size=16, enable_prefix_caching=False,
+                                                 model=SimpleNamespace(max_position_embeddings=8192)))  # fmt: skip
+    with caplog.at_level("INFO", logger="fastpath.serve"):
+        runtime_cli._log_limits(llm, runtime_cli.ServeConfig())
+    assert "max_model_len 4096 (the model's 8192; --max-model-len)" in caplog.text
+    assert "prefix caching off" in caplog.text and "listening on 127.0.0.1" in caplog.text
