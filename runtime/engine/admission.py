@@ -97,6 +97,17 @@ def _encode_unsalted(prompt: Prompt, tokenizer: Any, limits: Limits | None) -> A
     return Admitted(None, check_ids(prompt, limits))
 
 
+def salted(prompt: Any, salt: str | None) -> Any:
+    """A prompt (text, token ids or a prompt dict) carrying `salt` as its cache_salt; as it is without."""
+    if salt is None:
+        return prompt
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "cache_salt": salt}
+    if isinstance(prompt, Mapping):
+        return {**prompt, "cache_salt": salt}
+    return {"prompt_token_ids": prompt, "cache_salt": salt}
+
+
 def check_cache_salt(salt: Any) -> str | None:
     """A prompt's cache_salt: None, or a non-empty string (as vLLM takes it)."""
     if salt is not None and (not isinstance(salt, str) or not salt):

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .admission import salted
 from .outputs import Logprob
 from .sampling_params import MAX_LOGPROBS, SamplingParams, doc
 from .waiting import progress_bar
@@ -169,14 +170,6 @@ def step_params(params: BeamSearchParams) -> SamplingParams:
     )
 
 
-def step_prompt(tokens: list[int], cache_salt: str | None) -> dict[str, Any]:
-    """A beam's one-token request, under its prompt's cache_salt where it has one."""
-    ask: dict[str, Any] = {"prompt_token_ids": tokens}
-    if cache_salt is not None:
-        ask["cache_salt"] = cache_salt
-    return ask
-
-
 def live_beams(searches: list[Search]) -> list[tuple[Search, BeamSearchSequence]]:
     return [(s, beam) for s in searches for beam in s.beams]
 
@@ -219,7 +212,7 @@ def _run(llm: LLM, searches: list[Search], params: BeamSearchParams, bar: Any) -
             return
         loras = [beam.lora_request for _, beam in live]
         adapters = {"lora_request": loras} if any(r is not None for r in loras) else {}
-        asks = [step_prompt(beam.tokens, search.cache_salt) for search, beam in live]
+        asks = [salted(beam.tokens, search.cache_salt) for search, beam in live]
         outs = llm.generate(asks, step, use_tqdm=False, **adapters)
         if bar is not None:
             bar.update(1)

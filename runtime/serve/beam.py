@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from ..engine.admission import salted
 from ..engine.beam_search import (
     BeamSearchParams,
     BeamSearchSequence,
@@ -27,7 +28,6 @@ from ..engine.beam_search import (
     extend,
     live_beams,
     step_params,
-    step_prompt,
 )
 from ..engine.outputs import CompletionOutput, RequestOutput
 from ..engine.sampling_params import SamplingParams
@@ -165,7 +165,7 @@ class BeamGeneration(Generation):
                 live = [(s, beam) for s, beam in live_beams(searches) if step < limits[id(s)]]
                 if not live:
                     break
-                asks = [step_prompt(beam.tokens, self.cache_salt) for _, beam in live]
+                asks = [salted(beam.tokens, self.cache_salt) for _, beam in live]
                 rid = f"{self.rid}-s{step}"
                 self._step_handles = await submit_in_thread(
                     self.state, lambda asks=asks: asks, step_params(params), rid, False, self.keys, self.lora

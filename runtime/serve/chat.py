@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ..engine.admission import reasoning_gate
+from ..engine.admission import reasoning_gate, salted
 from ..engine.sampling_params import GuidedDecodingParams, SamplingParams
 from ..engine.token_bytes import token_bytes
 from . import reasoning, tool_calls
@@ -19,7 +19,7 @@ from .beam import BeamGeneration, beam_params
 from .chat_reply import ReplyShape, ReplyStream
 from .errors import RequestInvalid, ServeError, error_body
 from .generation import Generation, client_request_id, request_id
-from .params import RequestKeys, check_room, request_keys, salted, sampling_params
+from .params import RequestKeys, check_room, request_keys, sampling_params
 from .protocol import ChatRequest
 from .responses import (
     SSE_DONE,

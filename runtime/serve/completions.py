@@ -11,11 +11,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from ..engine.admission import salted
 from ..engine.outputs import CompletionOutput, RequestOutput
 from .beam import BeamGeneration, beam_params
 from .errors import ServeError, error_body
 from .generation import Generation, client_request_id, request_id
-from .params import check_room, request_keys, salted, sampling_params
+from .params import check_room, request_keys, sampling_params
 from .protocol import CompletionRequest
 from .responses import (
     SSE_DONE,

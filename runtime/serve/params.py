@@ -207,14 +207,3 @@ def _guided(
         kind = next(iter(spec))
         message = str(exc).replace(f"GuidedDecodingParams.{kind}", key).replace("GuidedDecodingParams", key)
         raise RequestInvalid(message, key) from None
-
-
-def salted(prompt: Any, salt: str | None) -> Any:
-    """An engine prompt (text, token ids or a prompt dict) carrying the request's cache_salt."""
-    if salt is None:
-        return prompt
-    if isinstance(prompt, str):
-        return {"prompt": prompt, "cache_salt": salt}
-    if isinstance(prompt, Mapping):
-        return {**prompt, "cache_salt": salt}
-    return {"prompt_token_ids": prompt, "cache_salt": salt}
