@@ -212,7 +212,7 @@ def _run(llm: LLM, searches: list[Search], params: BeamSearchParams, bar: Any) -
             return
         loras = [beam.lora_request for _, beam in live]
         adapters = {"lora_request": loras} if any(r is not None for r in loras) else {}
-        asks = [salted(beam.tokens, search.cache_salt) for search, beam in live]
+        asks = [salted({"prompt_token_ids": beam.tokens}, search.cache_salt) for search, beam in live]
         outs = llm.generate(asks, step, use_tqdm=False, **adapters)
         if bar is not None:
             bar.update(1)

@@ -165,7 +165,7 @@ class BeamGeneration(Generation):
                 live = [(s, beam) for s, beam in live_beams(searches) if step < limits[id(s)]]
                 if not live:
                     break
-                asks = [salted(beam.tokens, self.cache_salt) for _, beam in live]
+                asks = [salted({"prompt_token_ids": beam.tokens}, self.cache_salt) for _, beam in live]
                 rid = f"{self.rid}-s{step}"
                 self._step_handles = await submit_in_thread(
                     self.state, lambda asks=asks: asks, step_params(params), rid, False, self.keys, self.lora
