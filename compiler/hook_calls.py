@@ -42,12 +42,8 @@ def _definition(module: str, attr: str) -> ast.FunctionDef | ast.AsyncFunctionDe
     """The one top-level def or class that binds `attr`, where nothing else at the top level does."""
     loaded = sys.modules.get(module)
     spec = getattr(loaded, "__spec__", None) if loaded is not None else hook_lookup.find(module)
-    if spec is None or not spec.has_location or not (spec.origin or "").endswith(".py"):
-        return None
-    try:
-        with open(spec.origin, "rb") as f:
-            tree = ast.parse(f.read(), spec.origin)
-    except (OSError, SyntaxError, ValueError):
+    tree = hook_lookup.parsed(spec) if spec is not None else None
+    if tree is None:
         return None
     found = [n for n in tree.body if getattr(n, "name", None) == attr]
     bound: set[str] = set()

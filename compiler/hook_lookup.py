@@ -71,12 +71,8 @@ def _defined(spec: ModuleSpec) -> set[str] | None:
     """Names bound at the module's top level, or None where its source cannot tell: no Python source,
     a star import, a module __getattr__, or names bound dynamically (globals(), setattr, exec,
     sys.modules)."""
-    if not spec.has_location or not (spec.origin or "").endswith(".py"):
-        return None
-    try:
-        with open(spec.origin, "rb") as f:
-            tree = ast.parse(f.read(), spec.origin)
-    except (OSError, SyntaxError, ValueError):
+    tree = parsed(spec)
+    if tree is None:
         return None
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -90,6 +86,17 @@ def _defined(spec: ModuleSpec) -> set[str] | None:
             names.update(node.names)  # a function that binds a module name when it runs
     bind(tree.body, names)
     return None if "__getattr__" in names else names
+
+
+def parsed(spec: ModuleSpec) -> ast.Module | None:
+    """The module's Python source, parsed; None where there is none, or it does not parse."""
+    if not spec.has_location or not (spec.origin or "").endswith(".py"):
+        return None
+    try:
+        with open(spec.origin, "rb") as f:
+            return ast.parse(f.read(), spec.origin)
+    except (OSError, SyntaxError, ValueError):
+        return None
 
 
 def _callee(func: ast.expr) -> str | None:

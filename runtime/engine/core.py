@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .executor import ExecutorCore, StepRecord
-from .request import FORKED, RequestHandle, closed_error, wake_on
+from .request import FORKED, RequestHandle, closed_error, fail_each, wake_on
 from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.engine")
@@ -282,12 +282,7 @@ class EngineCore:
             live, self._live = self._live, set()
             calls, self._calls = self._calls, deque()
             self._incoming.clear()
-        for handle in live:  # each alone: one caller's broken handle must not strand the rest
-            try:
-                if not handle.finished:
-                    handle.fail(str(error))
-            except Exception:
-                log.exception("failing request %s", handle.request_id)
+        fail_each(live, str(error), log)
         for _, future in calls:
             if future.set_running_or_notify_cancel():
                 future.set_exception(error)

@@ -30,7 +30,7 @@ from typing import Any
 
 from .core import EngineCore, EngineStats
 from .core_process import PipeSender, Recipe, engine_process_main
-from .request import FORKED, RequestHandle, closed_error
+from .request import FORKED, RequestHandle, closed_error, fail_each
 from .sequence import Sequence, Status
 
 log = logging.getLogger("fastpath.engine")
@@ -273,12 +273,7 @@ class EngineCoreClient:
             replies, self._replies = self._replies, {}
             self._seqs.clear()
         error = closed_error(self._closed)
-        for h in live:  # each alone: one caller's broken handle must not strand the rest
-            try:
-                if not h.finished:
-                    h.fail(str(error))
-            except Exception:
-                log.exception("failing request %s", h.request_id)
+        fail_each(live, str(error), log)
         for future in replies.values():
             if not future.done():
                 future.set_exception(error)

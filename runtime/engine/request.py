@@ -337,6 +337,16 @@ def closed_error(reason: str) -> EngineClosedError:
     return EngineClosedError(f"the engine is closed: {reason}")
 
 
+def fail_each(handles: Any, message: str, log: Any) -> None:
+    """Fail every unfinished handle, each alone: one caller's broken handle must not strand the rest."""
+    for handle in handles:
+        try:
+            if not handle.finished:
+                handle.fail(message)
+        except Exception:
+            log.exception("failing request %s", handle.request_id)
+
+
 FORKED = "this engine belongs to the process this one was forked from; make a new LLM in this process"
 
 

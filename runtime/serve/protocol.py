@@ -123,6 +123,15 @@ def every_key() -> frozenset[str]:
     return frozenset(keys)
 
 
+def _template_variables(cls: type, value: Any) -> Any:
+    check_template_kwargs(value)
+    return value
+
+
+# chat_template_kwargs carry template variables only: one validator, on every body that has them.
+_TEMPLATE_VARIABLES_ONLY = field_validator("chat_template_kwargs")(classmethod(_template_variables))
+
+
 class StreamOptions(Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -374,11 +383,7 @@ class ChatRequest(SamplingFields):
     continue_final_message: bool = False
     echo: bool = False  # vLLM's: the reply starts with the last message's text when it has the reply's role
 
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_variables_only(cls, value: Any) -> Any:
-        check_template_kwargs(value)
-        return value
+    _template_variables_only = _TEMPLATE_VARIABLES_ONLY
 
     @field_validator("top_logprobs")
     @classmethod
@@ -434,11 +439,7 @@ class TokenizeRequest(Body):
     tools: list[ChatTool] | None = None  # rendered as chat renders them, so the counts agree
     return_token_strs: bool = False
 
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_variables_only(cls, value: Any) -> Any:
-        check_template_kwargs(value)
-        return value
+    _template_variables_only = _TEMPLATE_VARIABLES_ONLY
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> TokenizeRequest:
@@ -682,11 +683,7 @@ class EmbeddingRequest(Body):
             raise ValueError("input must hold at least one text or token list")
         return value
 
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_variables_only(cls, value: Any) -> Any:
-        check_template_kwargs(value)
-        return value
+    _template_variables_only = _TEMPLATE_VARIABLES_ONLY
 
     @model_validator(mode="after")
     def _input_or_messages(self) -> EmbeddingRequest:

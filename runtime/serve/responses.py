@@ -246,10 +246,13 @@ def chat_choice(
     raw: TokenBytes | None = None,
     top: int = 0,
     as_ids: bool = False,
+    key: str = "message",
 ) -> dict[str, Any]:
+    """A chat choice: its whole `message`, or (`key` "delta", as chat_delta) a stream chunk's piece."""
+    said = {"role": "assistant", "content": c.text} if key == "message" else {"content": c.text}
     choice = {
         "index": index,
-        "message": {"role": "assistant", "content": c.text},
+        key: said,
         "logprobs": chat_logprobs(c, top, raw, as_ids),
         "finish_reason": c.finish_reason,
         "stop_reason": c.stop_reason,
@@ -267,16 +270,7 @@ def chat_delta(
     top: int = 0,
     as_ids: bool = False,
 ) -> dict[str, Any]:
-    choice = {
-        "index": index,
-        "delta": {"content": c.text},
-        "logprobs": chat_logprobs(c, top, raw, as_ids),
-        "finish_reason": c.finish_reason,
-        "stop_reason": c.stop_reason,
-    }
-    if return_token_ids:
-        choice["token_ids"] = list(c.token_ids)
-    return choice
+    return chat_choice(index, c, return_token_ids, raw, top, as_ids, key="delta")
 
 
 def worth_sending(c: CompletionOutput, token_ids: bool) -> bool:

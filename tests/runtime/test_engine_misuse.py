@@ -78,10 +78,11 @@ def test_stop_strings_of_a_str_subclass_become_plain_strs():
     assert pickle.loads(pickle.dumps(params)) == params
 
 
+@pytest.mark.parametrize(
+    "llm", [True], indirect=True, ids=["engine-process"]
+)  # in process, nothing is pickled
 def test_params_the_engine_process_cannot_take_fail_alone(llm):
     """A params object that does not pickle fails its request at once, and the batch beside it runs."""
-    if llm.executor is not None:
-        pytest.skip("in-process: nothing is pickled")
     bad = SHORT.clone()
     object.__setattr__(bad, "seed", _Unpicklable())  # past validation, as no caller should
     outs = llm.generate([[5, 6, 7], [5, 6, 7]], [SHORT, bad], errors="return", use_tqdm=False)
