@@ -29,7 +29,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from .core import EngineCore, EngineStats
-from .core_process import PipeSender, Recipe, engine_process_main
+from .core_process import PipeSender, Recipe, engine_process_main, sealed
 from .request import FORKED, RequestHandle, closed_error, fail_each
 from .sequence import Sequence, Status
 
@@ -73,7 +73,7 @@ class EngineCoreClient:
         (token to pass with its sequences, prompt logprobs). Raises what the engine raised
         (ValueError: invalid)."""
         token = next(self._tokens)
-        return token, self._rpc("prepare", token, prompt_ids, params, lora)
+        return token, self._rpc("prepare", token, sealed((prompt_ids, params, lora)))
 
     def forget(self, tokens: list[int]) -> None:
         """Prepared requests that will not be submitted."""
@@ -81,31 +81,30 @@ class EngineCoreClient:
             self._sender.put(("forget", tokens))
 
     def submit(self, handles: list[RequestHandle]) -> None:
-        now = time.monotonic()
         items = []
+        for h in handles:
+            seqs = h.sequences
+            members = [(s.seq_id, s.index, s.seed) for s in seqs]
+            # The biases as the client resolved them: the engine need not tokenize bad words again.
+            body = (
+                h.prompt_ids,
+                h.params,
+                seqs[0].streams,
+                members,
+                seqs[0].biases,
+                seqs[0].lora,
+                seqs[0].cache_salt,
+            )
+            items.append((h.engine_token, [s.seq_id for s in seqs], sealed(body)))
+        now = time.monotonic()
         with self._lock:
             if self._closed is not None:
                 raise closed_error(self._closed)
             for h in handles:
                 h.created = now
                 self._live.add(h)
-                seqs = h.sequences
-                self._seqs.update((s.seq_id, s) for s in seqs)
-                self.prompt_tokens += len(h.prompt_ids) * len(seqs)
-                members = [(s.seq_id, s.index, s.seed) for s in seqs]
-                # The biases as the client resolved them: the engine need not tokenize bad words again.
-                items.append(
-                    (
-                        h.engine_token,
-                        h.prompt_ids,
-                        h.params,
-                        seqs[0].streams,
-                        members,
-                        seqs[0].biases,
-                        seqs[0].lora,
-                        seqs[0].cache_salt,
-                    )
-                )
+                self._seqs.update((s.seq_id, s) for s in h.sequences)
+                self.prompt_tokens += len(h.prompt_ids) * len(h.sequences)
         self._send(("add", items))
 
     def abort(self, seq: Sequence) -> None:

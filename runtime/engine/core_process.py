@@ -52,6 +52,30 @@ class Recipe:
     log_level: int
 
 
+def sealed(body: tuple) -> bytes:
+    """A request's own objects, pickled apart from the message that carries them: one the engine
+    process cannot rebuild (a class of the caller's `__main__`) fails that request alone, by the ids
+    the message carries in the clear. Raises ValueError for one that does not pickle here."""
+    try:
+        return pickle.dumps(body, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise ValueError(
+            f"the request cannot be sent to the engine process: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def unsealed(blob: bytes) -> tuple[tuple | None, str | None]:
+    """(the body, None), or (None, why the engine process could not rebuild it)."""
+    try:
+        return pickle.loads(blob), None
+    except Exception as exc:
+        log.warning("a request could not be rebuilt in the engine process: %s: %s", type(exc).__name__, exc)
+        return None, (
+            f"the engine process could not rebuild this request ({type(exc).__name__}: {exc}); pass "
+            "objects it can import (not classes defined in __main__ or inside functions)"
+        )
+
+
 def portable_error(exc: BaseException) -> BaseException:
     """The exception itself when it survives pickling, else a RuntimeError that names it."""
     try:
@@ -215,6 +239,14 @@ class PublishingCore(EngineCore):
             self._add_update(updates, seq)
         self._publish(updates, plain)
 
+    def refuse(self, link: ClientLink, seq_ids: list[int], message: str) -> None:
+        """Sequences that never became Sequences here (unsealed failed): rejected and finished, as
+        _reject does for one the scheduler would not take."""
+        for seq_id in seq_ids:
+            link.put(("rejected", seq_id, message))
+        finished = [(i, [], [], [], [], None, None, 0, True, "abort", None) for i in seq_ids]
+        link.put(("step", finished, (), ()))
+
     def _reject(self, seq: Sequence, message: str) -> None:
         # Before its finish, on the same link: the client's handle fails alone with the message.
         link = self._link_of.get(seq.seq_id)
@@ -368,7 +400,11 @@ class LinkServer:
 
         self._compiler.submit(run)
 
-    def _submit_prepare(self, link: ClientLink, token: int, *body: Any) -> None:
+    def _submit_prepare(self, link: ClientLink, token: int, blob: bytes) -> None:
+        body, why = unsealed(blob)
+        if body is None:
+            self._reply(link, token, False, ValueError(why))
+            return
         link.compiling(token)  # on the reading thread, so a forget read after it finds it
         self._compiler.submit(self._prepare, link, token, *body)
 
@@ -401,8 +437,13 @@ class LinkServer:
     def _add(self, link: ClientLink, items: list[tuple]) -> None:
         seqs = []
         limits = self.llm._limits
-        for token, prompt_ids, params, streams, members, biases, lora, salt in items:
+        for token, seq_ids, blob in items:
             guided = link.prepared.pop(token, None) if token is not None else None
+            body, why = unsealed(blob)
+            if body is None:
+                self.core.refuse(link, seq_ids, why)
+                continue
+            prompt_ids, params, streams, members, biases, lora, salt = body
             for k, (seq_id, index, seed) in enumerate(members):
                 seq = Sequence(
                     seq_id,

@@ -2,6 +2,7 @@
 cannot take, a task cancelled mid-stream, a fork. The engine keeps serving everyone else."""
 
 import asyncio
+import operator
 import os
 import pickle
 
@@ -93,6 +94,32 @@ def test_params_the_engine_process_cannot_take_fail_alone(llm):
 class _Unpicklable:
     def __reduce__(self):
         raise TypeError("not today")
+
+
+class _BrokenOnLoad:
+    """Pickles here; rebuilding it anywhere raises (as a class of the caller's __main__ would there)."""
+
+    def __reduce__(self):
+        return (operator.truediv, (1, 0))
+
+
+@pytest.mark.parametrize("llm", [True], indirect=True, ids=["engine-process"])
+def test_a_request_the_engine_process_cannot_rebuild_fails_alone(llm):
+    bad = SHORT.clone()
+    object.__setattr__(bad, "spaces_between_special_tokens", _BrokenOnLoad())  # read here, as True
+    outs = llm.generate([[5, 6, 7], [5, 6, 7]], [SHORT, bad], errors="return", use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 3
+    assert "could not rebuild this request (ZeroDivisionError" in outs[1].error
+    assert llm.generate([[5, 6, 7]], SHORT, use_tqdm=False)[0].outputs[0].token_ids  # still serving
+
+
+@pytest.mark.parametrize("llm", [True], indirect=True, ids=["engine-process"])
+def test_a_prepared_request_the_engine_process_cannot_rebuild_fails_alone(llm):
+    bad = SamplingParams(max_tokens=3, prompt_logprobs=1)  # prompt logprobs go through a prepare first
+    object.__setattr__(bad, "spaces_between_special_tokens", _BrokenOnLoad())  # read here, as True
+    outs = llm.generate([[5, 6, 7], [5, 6, 7]], [SHORT, bad], errors="return", use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 3
+    assert "could not rebuild this request (ZeroDivisionError" in outs[1].error
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
