@@ -233,7 +233,9 @@ class SamplingFields(Body):
     @classmethod
     def _prompt_logprobs_not_streamed(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("stream"):  # as vLLM: they would come after the text
-            raise ValueError("is not available with stream: true")
+            if value == 0:  # vLLM takes 0 with a stream, and streams no prompt logprobs
+                return None
+            raise ValueError("is not available with stream: true (except 0)")
         return value
 
     @field_validator("cache_salt")

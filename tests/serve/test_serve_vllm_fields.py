@@ -221,3 +221,14 @@ def test_server_wide_template_keys_and_docs_switch(tiny_text_checkpoint):
             r = httpx.post(f"{url}/v1/completions", json=body, headers=auth)
             tokens = r.json()["choices"][0]["logprobs"]["tokens"]
             assert all(t.startswith("token_id:") for t in tokens) is spelled, tokens
+
+
+@pytest.mark.parametrize("route", ["completions", "chat/completions"])
+def test_prompt_logprobs_0_with_a_stream_is_taken_and_streams_none(url, route):
+    """vLLM refuses only k > 0 with a stream; 0 asks for nothing a stream could carry."""
+    body = {"prompt": PROMPT} if route == "completions" else {"messages": USER}
+    body |= {"max_tokens": 2, "prompt_logprobs": 0, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/{route}", json={"model": "tiny", **body}, timeout=60) as r:
+        assert r.status_code == 200
+        text = r.read().decode()
+    assert text.rstrip().endswith("data: [DONE]") and "prompt_logprobs" not in text
