@@ -117,6 +117,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -
         print(f"error: {exc}", file=sys.stderr)
         return FAILED
     if problems or args.validate:
+        if args.format == "text":
+            _note_unseen_hooks(units)
         return _report(problems, args.format, [u.loaded.filename for u in units])
     if args.explain:
         from .explain import explain
@@ -156,6 +158,25 @@ def prepare(
             problems += collisions.taken(loaded_plans, install_python, f"in {install_python}'s environment")
     units = [Unit(loaded, plan, out_dir / plan.name) for loaded, plan in loaded_plans]
     return units, sorted(set(problems), key=sort_key)
+
+
+def _note_unseen_hooks(units: list[Unit]) -> None:
+    """A hook whose module this Python cannot find was not checked: say so, rather than let "valid"
+    claim it (it may be installed only where the package runs)."""
+    from . import hook_lookup
+
+    for u in units:
+        hooks = u.plan.hooks
+        refs = [hooks.decode_prologue] if hooks.decode_prologue else []
+        refs += [r for event in hooks.executor_events().values() for r in event]
+        for ref in refs:
+            if hook_lookup.unseen(ref.module):
+                where = f"{u.loaded.filename}:{ref.line}" if ref.line else u.loaded.filename
+                print(
+                    f"{where}: note: hook {ref.path!r} not checked: no module {ref.module!r} is importable "
+                    f"here ({sys.executable}); it is looked up when the package is imported",
+                    file=sys.stderr,
+                )
 
 
 def _report(problems: list[Diagnostic], fmt: str, valid: list[str]) -> int:

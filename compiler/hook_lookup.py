@@ -36,6 +36,13 @@ def problem(module: str, attr: str) -> str | None:
     return f"{module} has no {attr!r}" + did_you_mean(attr, _public(names))
 
 
+def unseen(module: str) -> bool:
+    """Whether the module is not findable here, so that its hooks are checked only where the package
+    runs (problem() says nothing of them)."""
+    own = module == OWN or module.startswith(OWN + ".")
+    return not own and module not in sys.modules and find(module) is None
+
+
 def find(module: str) -> ModuleSpec | None:
     """The module's spec, its parents walked without running any of them (a parent already imported
     lends its __path__)."""

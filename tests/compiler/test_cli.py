@@ -204,3 +204,17 @@ def test_a_manifest_named_twice_is_validated_once_not_as_a_collision_with_itself
     )
     out = capsys.readouterr()
     assert out.out.count("valid") == 1 and "collid" not in out.err
+
+
+def test_validate_notes_a_hook_whose_module_is_not_importable_here(repo, capsys):
+    (repo / "examples/hooked.yaml").write_text(
+        GOOD.format(name="hooked") + "hooks:\n  executor_events:\n    after_warmup: [site_only_hooks:warm]\n"
+    )
+    assert run(repo, "--validate", "examples/hooked.yaml", "examples/one.yaml") == 0
+    out = capsys.readouterr()
+    assert "examples/hooked.yaml: valid" in out.out
+    (note,) = out.err.splitlines()
+    assert (
+        note.startswith("examples/hooked.yaml:") and "note: hook 'site_only_hooks:warm' not checked" in note
+    )
+    assert "no module 'site_only_hooks' is importable here" in note
