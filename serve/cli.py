@@ -33,9 +33,19 @@ def _parser(prog: str, defaults: dict[str, Any] | None) -> argparse.ArgumentPars
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """parse_args, where --served-model-name (several names, vLLM's) may come before the model: it
-    then took the model as one more name."""
+    then took the model as one more name. A --config file's options are the parser's defaults, and
+    its `model` gives way to one on the command line."""
+    from fastpath.runtime.serve.config_file import apply_config_file
+
+    apply_config_file(parser, argv)
     args = parser.parse_args(argv)
     names = args.served_model_name
+    if (
+        args.target is not None
+        and args.model_flag is not None
+        and args.model_flag == parser.get_default("model_flag")
+    ):
+        args.model_flag = None  # the file's model; the command line's wins
     if args.model_flag is not None:
         if args.target is not None:
             parser.error(f"the model is given twice: {args.target} and --model {args.model_flag}")

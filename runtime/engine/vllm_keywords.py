@@ -55,6 +55,7 @@ NEUTRAL: dict[str, Neutral] = {
     ),
     "disable_custom_all_reduce": Neutral(_bool, "the all-reduce is chosen by message size"),
     "disable_log_stats": Neutral(_bool, "statistics are kept in llm.stats (and /metrics), not logged"),
+    "block_size": Neutral(_one_of(None, 16), "the KV cache's blocks hold 16 tokens"),
     "swap_space": Neutral(_number, "no CPU swap: a preempted request is prefilled again"),
     "cpu_offload_gb": Neutral(_one_of(0, 0.0), "all weights stay on the device"),
     "max_seq_len_to_capture": Neutral(

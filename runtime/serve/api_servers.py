@@ -116,9 +116,11 @@ def serve_many(
             _stop_all(procs, STOP_MARGIN_S)  # a failed start leaves no server behind
             raise
         log.info(
-            "serving on http://%s:%d through %d API server processes (pids %s), engine process pid %s",
+            "serving on %s://%s:%d%s through %d API server processes (pids %s), engine process pid %s",
+            config.scheme,
             config.host,
             config.port,
+            config.root_path,
             len(procs),
             ", ".join(str(p.pid) for p in procs),
             llm.engine_pid,

@@ -160,12 +160,16 @@ async def _require_api_key(request: Request) -> None:
         raise ServeError("a valid API key is needed: Authorization: Bearer <key>", None, 401)
 
 
+def _each_method(router: APIRouter, path: str, endpoint: Any, *methods: str) -> None:
+    """One route a method: FastAPI names an operation by its route's first method, so one route of
+    several methods gives /openapi.json duplicate operation ids (and a warning each time it is built)."""
+    for method in methods:
+        router.add_api_route(path, endpoint, methods=[method], name=f"{endpoint.__name__}_{method.lower()}")
+
+
 def _public_routes() -> APIRouter:
     router = APIRouter()
 
-    # /ping is vLLM's (SageMaker's) spelling; HEAD is what some load balancers probe with.
-    @router.api_route("/health", methods=["GET", "HEAD"])
-    @router.api_route("/ping", methods=["GET", "POST", "HEAD"])
     async def health(request: Request) -> Response:
         state: ServerState = request.app.state.fastpath
         if state.gate.draining:
@@ -174,6 +178,10 @@ def _public_routes() -> APIRouter:
         if reason is not None:
             return error_response(503, f"the engine is closed: {reason}")
         return JSONResponse({"status": "ok"})
+
+    # /ping is vLLM's (SageMaker's) spelling; HEAD is what some load balancers probe with.
+    _each_method(router, "/health", health, "GET", "HEAD")
+    _each_method(router, "/ping", health, "GET", "POST", "HEAD")
 
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -215,7 +223,7 @@ def _v1_routes() -> APIRouter:
     router.add_api_route("/completions", create_completion, methods=["POST"])
     router.add_api_route("/chat/completions", create_chat_completion, methods=["POST"])
     router.add_api_route("/responses", create_response, methods=["POST"])
-    router.add_api_route("/responses/{response_id}", stored_response, methods=["GET", "DELETE"])
+    _each_method(router, "/responses/{response_id}", stored_response, "GET", "DELETE")
     router.add_api_route("/responses/{response_id}/cancel", stored_response, methods=["POST"])
     router.add_api_route("/embeddings", create_embedding, methods=["POST"])
     router.add_api_route("/score", create_score, methods=["POST"])

@@ -112,11 +112,13 @@ async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: R
     request.state.completion_tokens = usage.completion_tokens
     raw = _raw(gen)
     choices = []
-    as_ids, echoed = body.return_tokens_as_token_ids, echoed_text(body)
+    role = reply_role(body, gen.state.config.response_role)
+    as_ids, echoed = body.return_tokens_as_token_ids, echoed_text(body, role)
     for c in out.outputs:
         choice = chat_choice(c.index, c, body.return_token_ids, raw, body.top_logprobs or 0, as_ids)
         if not shape.plain:
             choice["message"], choice["finish_reason"] = shape.message(c.text, c.finish_reason)
+        choice["message"]["role"] = role
         if echoed:
             choice["message"]["content"] = echoed + (choice["message"]["content"] or "")
         choices.append(choice)
@@ -128,13 +130,18 @@ async def _respond(gen: Generation, env: Envelope, body: ChatRequest, request: R
     return JSONResponse(env.body(choices, usage=usage.as_dict(), **extra))
 
 
-def echoed_text(body: ChatRequest) -> str:
+def reply_role(body: ChatRequest, response_role: str) -> str:
+    """vLLM's: the server's response role after a generation prompt; without one the reply continues
+    the last message, and carries its role."""
+    return response_role if body.add_generation_prompt else body.messages[-1].role
+
+
+def echoed_text(body: ChatRequest, role: str) -> str:
     """What vLLM's chat `echo` puts before the reply: the last message's text, where that message has
-    the reply's role (the assistant's, or the last message's own without a generation prompt)."""
+    the reply's role."""
     if not body.echo:
         return ""
     last = body.messages[-1]
-    role = "assistant" if body.add_generation_prompt else last.role
     return (last.as_template_dict()["content"] or "") if last.role == role else ""
 
 
@@ -149,11 +156,16 @@ async def _events(
     try:
         # Each choice opens with its role alone, before any token (as OpenAI and vLLM send it), then
         # an echo's text in a chunk of its own (as vLLM sends it).
-        echoed = echoed_text(body)
+        role = reply_role(body, gen.state.config.response_role)
+        echoed = echoed_text(body, role)
         opened = chunk_usage(Usage(gen.prompt_tokens), include_usage, continuous)
         for index in range(body.n):
-            role = {"role": "assistant", "content": ""}
-            opening = {"index": index, "delta": role, "logprobs": None, "finish_reason": None}
+            opening = {
+                "index": index,
+                "delta": {"role": role, "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
             yield sse(env.body([opening], **opened))
             if echoed:
                 echo = {"index": index, "delta": {"content": echoed}, "logprobs": None, "finish_reason": None}

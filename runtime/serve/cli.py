@@ -19,6 +19,7 @@ from typing import Any
 from fastpath.vocab import REASONING_PARSERS, TOOL_CALL_PARSERS, install_line
 
 from .config import DEFAULT_PORT, ServeConfig
+from .config_file import FLAG, apply_config_file
 
 DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
@@ -73,6 +74,7 @@ VLLM_ENGINE_FLAGS: dict[str, tuple[str, Callable[[str], Any] | type[bool]]] = {
     "--disable-log-stats": ("disable_log_stats", bool),
     "--disable-custom-all-reduce": ("disable_custom_all_reduce", bool),
     "--enable-chunked-prefill": ("enable_chunked_prefill", bool),
+    "--block-size": ("block_size", int),
 }
 VLLM_SHORT = {"--quantization": "-q", "--pipeline-parallel-size": "-pp"}
 
@@ -90,6 +92,8 @@ SERVE_DEFAULTS: dict[str, Any] = {
     "enable_auto_tool_choice": False,
     "tool_call_parser": None,
     "reasoning_parser": None,
+    "root_path": "",
+    "response_role": "assistant",
 }
 
 
@@ -130,6 +134,34 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
     )
     s.add_argument(
         "--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json (vLLM's flag)"
+    )
+    s.add_argument(
+        FLAG,
+        metavar="FILE",
+        help="a YAML file of these options (keys: flag names without the dashes); a flag given on the "
+        "command line wins over it (vLLM's flag)",
+    )
+    s.add_argument(
+        "--root-path",
+        default=d["root_path"],
+        help="the path prefix a proxy serves this server under (ASGI root_path; vLLM's flag)",
+    )
+    s.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (PEM)")
+    s.add_argument("--ssl-certfile", default=None, help="and this certificate chain (PEM)")
+    s.add_argument(
+        "--ssl-ca-certs", default=None, help="CA certificates clients' certificates are checked against"
+    )
+    s.add_argument(
+        "--ssl-cert-reqs",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="client certificates: 0 not asked for, 1 optional, 2 required (Python's ssl.CERT_*; default: 0)",
+    )
+    s.add_argument(
+        "--response-role",
+        default=d["response_role"],
+        help="the role chat replies carry when the request adds a generation prompt (default: %(default)s)",
     )
     s.add_argument(
         "--max-queued-requests",
@@ -294,6 +326,12 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         chat_template=args.chat_template,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         fastapi_docs=not args.disable_fastapi_docs,
+        root_path=args.root_path,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_ca_certs=args.ssl_ca_certs,
+        ssl_cert_reqs=args.ssl_cert_reqs,
+        response_role=args.response_role,
     )
 
 
@@ -476,8 +514,11 @@ def package_main(
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=ServeArgumentParser)
     add_arguments(
-        commands.add_parser("serve", help="an OpenAI-compatible HTTP server for this package's engine"),
+        serve := commands.add_parser(
+            "serve", help="an OpenAI-compatible HTTP server for this package's engine"
+        ),
         serve_section,
     )
+    apply_config_file(serve, list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     return run(llm_factory, args, model_name=serve_section.get("served_model_name") or lock["name"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import ssl
 from dataclasses import dataclass, field
 
 from fastpath.vocab import REASONING_PARSERS, TOOL_CALL_PARSERS
@@ -53,6 +54,12 @@ class ServeConfig:
       "required" need neither: guided decoding holds them to the tools' schemas.
     - `reasoning_parser`: vLLM's --reasoning-parser: a chat reply's thinking goes out as `reasoning`
       (and `reasoning_content`), apart from its content (serve/reasoning.py).
+    - `root_path`: the path prefix a proxy serves the server under (ASGI root_path, vLLM's --root-path).
+    - `ssl_keyfile`, `ssl_certfile`: serve HTTPS with this key and certificate chain (PEM); both or
+      neither, and they must load together. `ssl_ca_certs`, `ssl_cert_reqs` (0, 1 or 2, Python's
+      ssl.CERT_NONE, CERT_OPTIONAL, CERT_REQUIRED): the clients' certificates.
+    - `response_role`: the role chat replies carry when the request adds a generation prompt (vLLM's
+      --response-role); without one, a reply continues the last message and carries its role.
     """
 
     host: str = "127.0.0.1"
@@ -76,6 +83,16 @@ class ServeConfig:
     chat_template: str | None = None
     return_tokens_as_token_ids: bool = False
     fastapi_docs: bool = True
+    root_path: str = ""
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
+    response_role: str = "assistant"
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
 
     @property
     def auto_tool_parser(self) -> str | None:
@@ -186,9 +203,41 @@ class ServeConfig:
             "an int in [1, 64]",
             self.api_server_count,
         )
+        _check(isinstance(self.root_path, str) and (self.root_path == "" or self.root_path.startswith("/"))
+               and self.root_path.isprintable(), "root_path", "'' or a path starting with '/'",
+               self.root_path)  # fmt: skip
+        _check(isinstance(self.response_role, str) and self.response_role.strip() == self.response_role != ""
+               and self.response_role.isprintable(), "response_role", "a role name such as 'assistant'",
+               self.response_role)  # fmt: skip
+        _check_tls(self)
         t = self.drain_timeout_s
         ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and 0 <= t <= 3600
         _check(ok, "drain_timeout_s", "seconds in [0, 3600]", t)
+
+
+def _check_tls(config: ServeConfig) -> None:
+    """The key and certificate load together here, so a bad pair is an error before the engine loads."""
+    _check(_int(config.ssl_cert_reqs) and config.ssl_cert_reqs in (0, 1, 2), "ssl_cert_reqs", "0, 1 or 2",
+           config.ssl_cert_reqs)  # fmt: skip
+    for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+        path = getattr(config, name)
+        _check(path is None or (isinstance(path, str) and os.path.isfile(path)), name, "None or a file", path)
+    if (config.ssl_keyfile is None) != (config.ssl_certfile is None):
+        raise ValueError("serve options ssl_keyfile and ssl_certfile go together: HTTPS needs both")
+    if config.ssl_certfile is None:
+        if config.ssl_ca_certs is not None or config.ssl_cert_reqs:
+            raise ValueError("serve options ssl_ca_certs and ssl_cert_reqs need ssl_keyfile and ssl_certfile")
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+        if config.ssl_ca_certs is not None:
+            context.load_verify_locations(config.ssl_ca_certs)
+    except (ssl.SSLError, OSError) as exc:
+        raise ValueError(
+            f"serve options ssl_certfile {config.ssl_certfile!r} and ssl_keyfile {config.ssl_keyfile!r} do not "
+            f"load: {exc}"
+        ) from None
 
 
 def _int(v: object) -> bool:

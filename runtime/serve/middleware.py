@@ -72,7 +72,8 @@ class RequestMiddleware:
             self._log(scope, info, status, start)
 
     def _log(self, scope: Scope, info: dict[str, Any], status: int, start: float) -> None:
-        label = scope["path"] if scope["path"] in self.state.routes else "other"
+        path = route_path(scope)
+        label = path if path in self.state.routes else "other"
         self.state.metrics.requests.labels(label, str(status)).inc()
         if not self.state.config.access_log or not access_log.isEnabledFor(logging.INFO):
             return
@@ -91,3 +92,9 @@ class RequestMiddleware:
             **info.get("timeline", {}),  # queue_ms, ttft_ms: where a slow first token waited
         }
         access_log.info(json.dumps({k: v for k, v in record.items() if v is not None}))
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app routes by: uvicorn puts --root-path in front of the request's own path."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path

@@ -76,6 +76,11 @@ def make_server(
         access_log=False,  # ours is structured (middleware.py)
         timeout_graceful_shutdown=config.drain_timeout_s,
         lifespan="off",
+        root_path=config.root_path,
+        ssl_keyfile=config.ssl_keyfile,
+        ssl_certfile=config.ssl_certfile,
+        ssl_ca_certs=config.ssl_ca_certs,
+        ssl_cert_reqs=config.ssl_cert_reqs,
     )
     return DrainingServer(uv, app.state.fastpath)
 
@@ -98,11 +103,13 @@ def serve(
     freeze_startup_heap(label)  # the app, the tokenizer and their imports (engine/heap.py)
     engine_closed = threading.Event()
     log.info(
-        "%sserving %r on http://%s:%d (OpenAI API under /v1; executor %s%s)",
+        "%sserving %r on %s://%s:%d%s (OpenAI API under /v1; executor %s%s)",
         label,
         server.state.model_name,
+        config.scheme,
         config.host,
         config.port,
+        config.root_path,
         llm.executor_name,
         " in its own process" if llm.in_engine_process else "",
     )

@@ -273,7 +273,7 @@ def test_a_key_set_for_vllm_never_leaves_the_server_open(calls, monkeypatch):
     ("argv", "words"),
     [
         (["--model", "a", "b"], "the model is given twice"),
-        (["random:tiny-llama", "--block-size", "16"], "--help lists the flags it takes, vLLM's among them"),
+        (["random:tiny-llama", "--enable-sleep-mode"], "--help lists the flags it takes, vLLM's among them"),
         (["random:tiny-llama", "--chat-template", "no/such/file.jinja"], "neither a file nor a template"),
     ],
 )
@@ -315,3 +315,99 @@ def test_start_up_names_the_defaults_that_are_not_vllms(caplog):
         runtime_cli._log_limits(llm, runtime_cli.ServeConfig())
     assert "max_model_len 4096 (the model's 8192; --max-model-len)" in caplog.text
     assert "prefix caching off" in caplog.text and "listening on 127.0.0.1" in caplog.text
+
+
+def test_a_config_file_gives_defaults_and_the_command_line_wins(calls, tmp_path):
+    """vLLM's --config: a YAML mapping keyed by flag names, either spelling; flags on the line win."""
+    path = tmp_path / "serve.yaml"
+    path.write_text(
+        "model: random:tiny-llama\nmax_num_seqs: 4\nport: 9001\nenable-prefix-caching: true\n"
+        "api-key: [k1, k2]\ndisable_fastapi_docs: true\nresponse-role: bot\n"
+    )
+    assert main(["serve", "--config", str(path), "--port", "9002"]) == 0
+    ((_, args, name),) = calls
+    config = runtime_cli.serve_config(args)
+    assert name == "random:tiny-llama" and config.port == 9002, "the line's port wins"
+    assert (config.api_key, config.fastapi_docs, config.response_role) == (("k1", "k2"), False, "bot")
+    engine = runtime_cli.engine_kwargs(args)
+    assert engine["max_batch_size"] == 4 and engine["enable_prefix_caching"] is True
+    assert main(["serve", "random:tiny-llama", f"--config={path}"]) == 0, "a model on the line wins too"
+    assert calls[-1][2] == "random:tiny-llama"
+
+
+def test_a_config_file_wins_over_a_manifest_and_loses_to_a_flag(tmp_path, calls):
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(MANIFEST)
+    file = tmp_path / "c.yaml"
+    file.write_text("max_tokens: 32\nport: 9300\n")
+    assert serve_main([str(manifest), "--config", str(file), "--port", "9301"]) == 0
+    config = runtime_cli.serve_config(calls[-1][1])
+    assert (config.max_tokens, config.port, config.served_model_name) == (32, 9301, "acme/m")
+
+
+def test_a_package_reads_a_config_file(tmp_path, calls):
+    file = tmp_path / "c.yaml"
+    file.write_text("stream_interval: 8\n")
+    lock = {"name": "pkg-name", "serve": {"stream_interval": 2}}
+    assert (
+        runtime_cli.package_main(["serve", "--config", str(file)], prog="p", llm_factory=dict, lock=lock) == 0
+    )
+    assert runtime_cli.serve_config(calls[-1][1]).stream_interval == 8
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("max_num_seqs: [1, 2]\n", "max_num_seqs: takes one value, got list"),
+        ("max_num_seqs: many\n", "max_num_seqs: invalid int value: 'many'"),
+        ("no_such_flag: 1\n", "'no_such_flag' is not an option here"),
+        ("enable_prefix_caching: maybe\n", "enable_prefix_caching: must be true or false, got 'maybe'"),
+        ("uvicorn_log_level: loud\n", "uvicorn_log_level: 'loud' is not one of"),
+        ("- a list\n", "must be a mapping of option names to values, got list"),
+        ("port: [\n", "not YAML"),
+    ],
+)
+def test_what_a_config_file_gets_wrong_names_the_file_and_key(tmp_path, text, words, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["random:tiny-llama", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--config {path}: " in err and words in err, err
+
+
+def test_a_missing_config_file_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["random:tiny-llama", "--config", str(tmp_path / "none.yaml")])
+    assert exit_.value.code == 2 and "No such file or directory" in capsys.readouterr().err
+
+
+def test_block_size_is_vllms_flag(calls):
+    assert main(["serve", "random:tiny-llama", "--block-size", "16"]) == 0
+    assert runtime_cli.engine_kwargs(calls[-1][1])["block_size"] == 16
+
+
+def test_a_block_size_other_than_fastpaths_is_refused_naming_the_flag(capsys):
+    from fastpath.runtime import LLM
+
+    parser = argparse.ArgumentParser()
+    runtime_cli.add_arguments(parser)
+    args = parser.parse_args(["--block-size", "32", "--no-engine-process"])
+    assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
+    assert "--block-size: LLM(block_size=32) is not supported" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--ssl-keyfile", "k.pem"], "serve option ssl_keyfile must be None or a file"),
+        (["--root-path", "api"], "serve option root_path must be '' or a path starting with '/'"),
+        (["--response-role", " "], "serve option response_role must be a role name"),
+        (["--ssl-cert-reqs", "2"], "ssl_ca_certs and ssl_cert_reqs need ssl_keyfile and ssl_certfile"),
+    ],
+)
+def test_a_bad_tls_or_path_option_is_refused_before_the_engine_starts(flags, words, capsys):
+    parser = argparse.ArgumentParser()
+    runtime_cli.add_arguments(parser)
+    assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), parser.parse_args(flags)) == 2
+    assert words in capsys.readouterr().err
