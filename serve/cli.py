@@ -51,7 +51,10 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
             parser.error(f"the model is given twice: {args.target} and --model {args.model_flag}")
         args.target = args.model_flag
         return args
-    if args.target is None and isinstance(names, list) and len(names) > 1:
+    # vLLM's `--served-model-name a b MODEL`: the option took the model as one more name. Only names
+    # from the command line (a --config file's list is no place for the model).
+    given = names is not parser.get_default("served_model_name")
+    if args.target is None and given and isinstance(names, list) and len(names) > 1 and names[-1] in argv:
         args.target = names.pop()
     if args.target is None:
         parser.error("the following arguments are required: MODEL_OR_MANIFEST (or --model)")

@@ -65,13 +65,9 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
     else `model_name` (what the command line named), else the engine's model. Behind
     `config.api_server_count` processes, each one's admission gate takes its share of the bounds."""
     config = config or ServeConfig()
+    names, adapters = check_serving(llm, config, model_name)
     if config.chat_template is not None:  # every process renders with it, as the tokenizer's own
-        tokenizer = llm.get_tokenizer()
-        if tokenizer is None:
-            raise ValueError("chat_template: this model has no tokenizer to render chats with")
-        tokenizer.chat_template = config.chat_template
-    served = config.served_model_name
-    names = (served,) if isinstance(served, str) else served or (model_name or _engine_model_name(llm),)
+        llm.get_tokenizer().chat_template = config.chat_template
     state = ServerState(
         llm=llm,
         config=config,
@@ -81,7 +77,7 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
         metrics=ServerMetrics(llm.stats, names[0], llm.config.max_seq_len),
         created=int(time.time()),
         routes=ROUTES,
-        adapters=_adapters(llm, config, names),
+        adapters=adapters,
     )
     docs = {} if config.fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="fastpath", summary="An OpenAI-compatible server for a fastpath engine", **docs)
@@ -102,6 +98,19 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
         app.include_router(_lora_routes(), prefix="/v1", dependencies=[Depends(_require_api_key)])
     app.include_router(_utility_routes(), dependencies=[Depends(_require_api_key)])
     return app
+
+
+def check_serving(
+    llm: Any, config: ServeConfig, model_name: str | None = None
+) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """(the served names, the LoRA modules' requests), once what `config` asks of this engine is checked: a chat template needs a
+    tokenizer, and each LoRA module an engine with LoRA on and an adapter it can run. ValueError
+    naming the option; the command line calls it before any API server starts."""
+    if config.chat_template is not None and llm.get_tokenizer() is None:
+        raise ValueError("chat_template: this model has no tokenizer to render chats with")
+    served = config.served_model_name
+    names = (served,) if isinstance(served, str) else served or (model_name or _engine_model_name(llm),)
+    return names, _adapters(llm, config, names)
 
 
 def _adapters(llm: Any, config: ServeConfig, names: tuple[str, ...]) -> dict[str, Any]:

@@ -8,10 +8,12 @@ A manifest's `serve:` section arrives as parser defaults, so a flag still overri
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -326,7 +328,7 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
         chat_template=args.chat_template,
         return_tokens_as_token_ids=args.return_tokens_as_token_ids,
         fastapi_docs=not args.disable_fastapi_docs,
-        root_path=args.root_path,
+        root_path=args.root_path.rstrip("/") if args.root_path else args.root_path,  # vLLM takes "/api/"
         ssl_keyfile=args.ssl_keyfile,
         ssl_certfile=args.ssl_certfile,
         ssl_ca_certs=args.ssl_ca_certs,
@@ -430,13 +432,14 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
         )
         return 2
     from .api_servers import serve_many
+    from .app import check_serving
     from .server import serve
 
     configure_logging(args.log_level)
     try:
         config = serve_config(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_in_serve_flags(str(exc))}", file=sys.stderr)
         return 2
     if config.api_server_count > 1 and args.engine_engine_process is False:
         print(
@@ -452,9 +455,14 @@ def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name
         return 2
     _log_limits(llm, config)
     try:
-        if config.api_server_count == 1:
-            return 0 if serve(llm, config, model_name=model_name, log_level=args.log_level) else 1
+        try:  # what the app asks of this engine, before any API server starts (one line, exit 2)
+            check_serving(llm, config, model_name)
+        except ValueError as exc:
+            print(f"error: {_in_serve_flags(str(exc))}", file=sys.stderr)
+            return 2
         try:
+            if config.api_server_count == 1:
+                return 0 if serve(llm, config, model_name=model_name, log_level=args.log_level) else 1
             return serve_many(llm, config, model_name=model_name, log_level=args.log_level)
         except OSError as exc:  # the address is taken, or not ours to bind
             print(f"error: {exc}", file=sys.stderr)
@@ -477,6 +485,27 @@ def _log_limits(llm: Any, config: ServeConfig) -> None:
         "on" if getattr(c, "enable_prefix_caching", False) else "off",
         config.host,
     )
+
+
+def _in_serve_flags(message: str) -> str:
+    """A ServeConfig error in the command line's words: "serve option root_path ..." as "--root-path: ..."."""
+    found = re.match(r"(?:serve options? )?(\w+)\b", message)
+    flag = _serve_flags().get(found.group(1)) if found else None
+    return f"{flag}: {message}" if flag else message
+
+
+@functools.cache
+def _serve_flags() -> dict[str, str]:
+    """ServeConfig field -> the flag that sets it (the first long spelling of the option of that dest)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    flags = {}
+    for action in parser._actions:  # argparse keeps no public list of its options
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if long and action.dest in ServeConfig.__dataclass_fields__:
+            flags.setdefault(action.dest, long[0])
+    flags["fastapi_docs"] = "--disable-fastapi-docs"
+    return flags
 
 
 def _in_flags(message: str, given: Mapping[str, Any]) -> str:

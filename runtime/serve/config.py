@@ -204,8 +204,8 @@ class ServeConfig:
             self.api_server_count,
         )
         _check(isinstance(self.root_path, str) and (self.root_path == "" or self.root_path.startswith("/"))
-               and self.root_path.isprintable(), "root_path", "'' or a path starting with '/'",
-               self.root_path)  # fmt: skip
+               and not self.root_path.endswith("/") and self.root_path.isprintable(), "root_path",
+               "'' or a path that starts with '/' and does not end with one", self.root_path)  # fmt: skip
         _check(isinstance(self.response_role, str) and self.response_role.strip() == self.response_role != ""
                and self.response_role.isprintable(), "response_role", "a role name such as 'assistant'",
                self.response_role)  # fmt: skip
@@ -221,23 +221,31 @@ def _check_tls(config: ServeConfig) -> None:
            config.ssl_cert_reqs)  # fmt: skip
     for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
         path = getattr(config, name)
-        _check(path is None or (isinstance(path, str) and os.path.isfile(path)), name, "None or a file", path)
+        _check(
+            path is None or (isinstance(path, str) and os.path.isfile(path)), name, "an existing file", path
+        )
     if (config.ssl_keyfile is None) != (config.ssl_certfile is None):
         raise ValueError("serve options ssl_keyfile and ssl_certfile go together: HTTPS needs both")
     if config.ssl_certfile is None:
-        if config.ssl_ca_certs is not None or config.ssl_cert_reqs:
-            raise ValueError("serve options ssl_ca_certs and ssl_cert_reqs need ssl_keyfile and ssl_certfile")
+        for name in ("ssl_ca_certs", "ssl_cert_reqs"):
+            if getattr(config, name):  # client certificates are asked for in a TLS handshake
+                raise ValueError(f"serve option {name} needs ssl_keyfile and ssl_certfile (HTTPS)")
         return
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
-        if config.ssl_ca_certs is not None:
-            context.load_verify_locations(config.ssl_ca_certs)
     except (ssl.SSLError, OSError) as exc:
         raise ValueError(
             f"serve options ssl_certfile {config.ssl_certfile!r} and ssl_keyfile {config.ssl_keyfile!r} do not "
-            f"load: {exc}"
+            f"load as a certificate chain and its key: {exc}"
         ) from None
+    if config.ssl_ca_certs is not None:
+        try:
+            context.load_verify_locations(config.ssl_ca_certs)
+        except (ssl.SSLError, OSError) as exc:
+            raise ValueError(
+                f"serve option ssl_ca_certs {config.ssl_ca_certs!r} holds no CA certificate that loads: {exc}"
+            ) from None
 
 
 def _int(v: object) -> bool:

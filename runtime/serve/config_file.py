@@ -13,22 +13,35 @@ import yaml
 FLAG = "--config"
 
 
-def config_path(argv: Sequence[str]) -> str | None:
-    """The file `--config FILE` (or `--config=FILE`) names; the last one given."""
+def config_path(argv: Sequence[str], flags: Sequence[str] = (FLAG,)) -> str | None:
+    """The file `--config FILE` (or `--config=FILE`) names; the last one given. `flags`: every option
+    the parser has, so that an abbreviation argparse takes for --config (`--conf`) counts too."""
     path = None
     for i, arg in enumerate(argv):
-        if arg == FLAG and i + 1 < len(argv):
+        if arg == "--":
+            break
+        name, eq, value = arg.partition("=")
+        if not _means_config(name, flags):
+            continue
+        if eq:
+            path = value
+        elif i + 1 < len(argv):
             path = argv[i + 1]
-        elif arg.startswith(FLAG + "="):
-            path = arg.removeprefix(FLAG + "=")
     return path
+
+
+def _means_config(name: str, flags: Sequence[str]) -> bool:
+    if name == FLAG:
+        return True
+    # argparse's abbreviations: a prefix of one long option only (its ambiguous ones it refuses itself).
+    return len(name) > 2 and FLAG.startswith(name) and [f for f in flags if f.startswith(name)] == [FLAG]
 
 
 def apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """Make the options of the file `argv` names with --config the defaults of `parser`; a file that
     cannot be read, or holds an option the parser lacks or a value it refuses, is a usage error
     naming the file and the key."""
-    path = config_path(argv)
+    path = config_path(argv, list(parser._option_string_actions) if parser.allow_abbrev else (FLAG,))
     if path is None:
         return
     where = f"{FLAG} {path}"
@@ -51,7 +64,7 @@ def apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
         if action is None or flag == FLAG or action.dest == "help":
             parser.error(f"{where}: {key!r} is not an option here ({parser.prog} --help lists them)")
         try:
-            setting = _value(action, value)
+            setting = _value(action, value, negated=flag.startswith("--no-"))
         except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
             parser.error(f"{where}: {key}: {exc}")
         if setting is not _UNSET:
@@ -62,10 +75,13 @@ def apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
 _UNSET = object()
 
 
-def _value(action: argparse.Action, value: Any) -> Any:
-    """A YAML value as the command line would have given it to `action`."""
+def _value(action: argparse.Action, value: Any, negated: bool) -> Any:
+    """A YAML value as the command line would have given it to `action`; `negated`: the key is a
+    switch's --no- spelling, so true turns it off."""
+    if value is None:
+        raise ValueError("needs a value (an empty or null one is not taken)")
     if isinstance(action, argparse.BooleanOptionalAction):
-        return _bool(value)
+        return _bool(value) != negated
     if action.nargs == 0:  # a switch (store_true, store_const): true sets it, false leaves it be
         return action.const if _bool(value) else _UNSET
     if action.nargs in ("+", "*") or isinstance(action.nargs, int):
@@ -79,6 +95,8 @@ def _value(action: argparse.Action, value: Any) -> Any:
 
 
 def _one(action: argparse.Action, value: Any) -> Any:
+    if value is None:
+        raise ValueError("needs a value (an empty or null one is not taken)")
     text = str(value).lower() if isinstance(value, bool) else str(value)
     try:
         converted = action.type(text) if action.type is not None else text

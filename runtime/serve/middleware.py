@@ -27,6 +27,11 @@ class RequestMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.state.config.root_path:
+            # The app's root path, as vLLM sets it on its FastAPI app (not uvicorn's, which would put
+            # it in front of every path): /prefix/v1/... (a proxy that keeps the prefix) and /v1/...
+            # (one that strips it) are both served, and /openapi.json names the prefix.
+            scope["root_path"] = self.state.config.root_path
         start = time.monotonic()
         info: dict[str, Any] = scope.setdefault("state", {})
         status = 500

@@ -400,10 +400,19 @@ def test_a_block_size_other_than_fastpaths_is_refused_naming_the_flag(capsys):
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
-        (["--ssl-keyfile", "k.pem"], "serve option ssl_keyfile must be None or a file"),
-        (["--root-path", "api"], "serve option root_path must be '' or a path starting with '/'"),
-        (["--response-role", " "], "serve option response_role must be a role name"),
-        (["--ssl-cert-reqs", "2"], "ssl_ca_certs and ssl_cert_reqs need ssl_keyfile and ssl_certfile"),
+        (["--ssl-keyfile", "k.pem"], "--ssl-keyfile: serve option ssl_keyfile must be an existing file"),
+        (
+            ["--root-path", "api"],
+            "--root-path: serve option root_path must be '' or a path that starts with '/'",
+        ),
+        (["--response-role", " "], "--response-role: serve option response_role must be a role name"),
+        (
+            ["--ssl-cert-reqs", "2"],
+            "--ssl-cert-reqs: serve option ssl_cert_reqs needs ssl_keyfile and ssl_certfile",
+        ),
+        (["--drain-timeout", "99999"], "--drain-timeout: serve option drain_timeout_s must be"),
+        (["--max-request-bytes", "5"], "--max-request-bytes: serve option max_request_bytes"),
+        (["--disable-fastapi-docs", "--root-path", "x"], "--root-path: serve option root_path must be"),
     ],
 )
 def test_a_bad_tls_or_path_option_is_refused_before_the_engine_starts(flags, words, capsys):
@@ -411,3 +420,65 @@ def test_a_bad_tls_or_path_option_is_refused_before_the_engine_starts(flags, wor
     runtime_cli.add_arguments(parser)
     assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), parser.parse_args(flags)) == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_config_files_no_spelling_turns_the_switch_off(calls, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("no-enable-prefix-caching: true\nno-engine-process: true\nno-access-log: true\n")
+    assert main(["serve", "random:tiny-llama", "--config", str(path)]) == 0
+    args = calls[-1][1]
+    engine = runtime_cli.engine_kwargs(args)
+    assert engine["enable_prefix_caching"] is False and engine["engine_process"] is False
+    assert args.access_log is False
+    path.write_text("no-enable-prefix-caching: false\n")
+    assert main(["serve", "random:tiny-llama", "--config", str(path)]) == 0
+    assert runtime_cli.engine_kwargs(calls[-1][1])["enable_prefix_caching"] is True
+
+
+def test_an_abbreviated_config_flag_is_read_too(calls, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("max_num_seqs: 3\n")
+    assert main(["serve", "random:tiny-llama", "--conf", str(path)]) == 0
+    assert runtime_cli.engine_kwargs(calls[-1][1])["max_batch_size"] == 3
+
+
+@pytest.mark.parametrize("text", ["api-key:\n", "host: null\n", "api-key: [k1, null]\n"])
+def test_an_empty_value_in_a_config_file_is_refused(tmp_path, text, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["random:tiny-llama", "--config", str(path)])
+    assert exit_.value.code == 2 and "needs a value" in capsys.readouterr().err
+
+
+def test_a_missing_model_is_never_taken_from_keys_or_a_config_files_names(tmp_path, capsys):
+    """Only the command line's --served-model-name may hold the model (vLLM's `--served-model-name a
+    MODEL`); a key is never read as the model, nor printed."""
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["--api-key", "k1", "s3cr3t-key"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "required: MODEL_OR_MANIFEST" in err and "s3cr3t-key" not in err
+    path = tmp_path / "c.yaml"
+    path.write_text("served-model-name: [a, b]\n")
+    with pytest.raises(SystemExit):
+        serve_main(["--config", str(path)])
+    assert "required: MODEL_OR_MANIFEST" in capsys.readouterr().err
+
+
+def test_a_root_path_loses_its_trailing_slash_as_vllm_takes_it(calls):
+    assert main(["serve", "random:tiny-llama", "--root-path", "/llm/"]) == 0
+    assert runtime_cli.serve_config(calls[-1][1]).root_path == "/llm"
+    with pytest.raises(ValueError, match="does not end with one"):
+        runtime_cli.ServeConfig(root_path="/llm/")
+
+
+def test_what_the_app_asks_of_the_engine_is_checked_before_serving(capsys):
+    """LoRA modules on an engine without LoRA: one line and exit 2, not a traceback from the app."""
+    from fastpath.runtime import LLM
+
+    parser = argparse.ArgumentParser()
+    runtime_cli.add_arguments(parser)
+    args = parser.parse_args(["--lora-modules", "a=/tmp", "--no-engine-process"])
+    assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --lora-modules: lora_modules need an engine with LoRA on"), err

@@ -42,17 +42,23 @@ def test_a_key_without_its_certificate_or_a_mismatched_pair_is_refused(pem, tmp_
     key, cert = pem
     with pytest.raises(ValueError, match="ssl_keyfile and ssl_certfile go together"):
         ServeConfig(ssl_keyfile=str(key))
-    with pytest.raises(ValueError, match="do not load"):
+    with pytest.raises(ValueError, match="do not load as a certificate chain and its key"):
         ServeConfig(ssl_keyfile=str(cert), ssl_certfile=str(cert))  # a certificate is no key
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="ssl_ca_certs .* holds no CA certificate"):
+        ServeConfig(ssl_keyfile=str(key), ssl_certfile=str(cert), ssl_ca_certs=str(junk))
 
 
-def test_a_root_path_is_the_prefix_the_proxy_strips_and_the_docs_name(llm):
-    """As FastAPI's root_path: the proxy in front strips the prefix; the app's docs and metrics know it."""
+def test_a_root_path_serves_with_and_without_the_prefix_and_the_docs_name_it(llm):
+    """vLLM's: the app's root_path, so a proxy may strip the prefix or keep it."""
     with running(llm, root_path="/llm") as url:
-        assert httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"] == "tiny"
-        spec = httpx.get(f"{url}/openapi.json", timeout=30).json()
+        for base in (f"{url}/llm", url):
+            assert httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"] == "tiny", base
+        assert client(f"{url}/llm").models.list().data[0].id == "tiny"
+        spec = httpx.get(f"{url}/llm/openapi.json", timeout=30).json()
         assert spec["servers"] == [{"url": "/llm"}]
-        assert metric(url, 'fastpath_http_requests_total{route="/v1/models",status="200"}') == 1
+        assert metric(url, 'fastpath_http_requests_total{route="/v1/models",status="200"}') == 3
 
 
 def test_chat_replies_carry_the_response_role_after_a_generation_prompt(llm):
