@@ -112,7 +112,7 @@ def check_cache_salt(salt: Any) -> str | None:
     """A prompt's cache_salt: None, or a non-empty string (as vLLM takes it)."""
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
-    return salt
+    return str.__str__(salt) if salt is not None else None  # a str subclass as the plain str it spells
 
 
 def check_ids(ids: Any, limits: Limits | None, room: int = 1) -> list[int]:

@@ -1,6 +1,7 @@
 """What `chat_template_kwargs` may carry: variables for the template, never arguments of the
 tokenizer's call. `return_tensors`, `padding` or `max_length` there would change what the call
-returns (an array, padded ids) instead of what the template renders."""
+returns (an array, padded ids) instead of what the template renders. `documents` (a RAG template's
+retrieved texts) is both, and passes through as vLLM passes it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 NOT_TEMPLATE_VARIABLES = frozenset(
     {
         "conversation", "chat_template", "add_generation_prompt", "continue_final_message", "tools",
-        "documents", "tokenize", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+        "tokenize", "return_tensors", "return_dict", "return_assistant_tokens_mask",
         "padding", "truncation", "max_length", "tokenizer_kwargs",
     }
 )  # fmt: skip

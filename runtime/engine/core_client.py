@@ -21,6 +21,7 @@ import atexit
 import itertools
 import logging
 import multiprocessing as mp
+import sys
 import threading
 import time
 import weakref
@@ -81,7 +82,7 @@ class EngineCoreClient:
             self._sender.put(("forget", tokens))
 
     def submit(self, handles: list[RequestHandle]) -> None:
-        items = []
+        items, unsent = [], []
         for h in handles:
             seqs = h.sequences
             members = [(s.seq_id, s.index, s.seed) for s in seqs]
@@ -95,7 +96,15 @@ class EngineCoreClient:
                 seqs[0].lora,
                 seqs[0].cache_salt,
             )
-            items.append((h.engine_token, [s.seq_id for s in seqs], sealed(body)))
+            try:
+                items.append((h.engine_token, [s.seq_id for s in seqs], sealed(body)))
+            except ValueError as exc:  # this request alone (its LoRARequest, say, a class of __main__)
+                unsent.append((h, str(exc)))
+        if unsent:
+            self.forget([h.engine_token for h, _ in unsent if h.engine_token is not None])
+            for h, message in unsent:
+                h.fail(message, rejected=True)
+            handles = [h for h in handles if all(h is not u for u, _ in unsent)]
         now = time.monotonic()
         with self._lock:
             if self._closed is not None:
@@ -348,16 +357,25 @@ def start_engine_process(recipe: Recipe) -> EngineCoreClient:
 def _await_ready(parent: Any, process: Any) -> tuple[str, Any]:
     while not parent.poll(0.5):
         if not process.is_alive():
-            raise EngineProcessError(
-                f"the engine process exited with code {process.exitcode} before it was ready"
-            )
+            raise EngineProcessError(_exited_early(process))
     try:
         return parent.recv()
     except EOFError:
         process.join(10)
-        raise EngineProcessError(
-            f"the engine process exited with code {process.exitcode} before it was ready"
-        ) from None
+        raise EngineProcessError(_exited_early(process)) from None
+
+
+def _exited_early(process: Any) -> str:
+    message = f"the engine process exited with code {process.exitcode} before it was ready"
+    if process.exitcode == 1 and getattr(sys.modules.get("__main__"), "__file__", None):
+        # A common cause in a script: spawn imports the script again in the child, which builds the
+        # LLM again at its top level, and multiprocessing refuses to start a process from there.
+        message += (
+            " (its error is above); if this script builds the LLM at its top level, it needs "
+            '`if __name__ == "__main__":` around that, since the engine process is started by spawn '
+            "and imports the script again"
+        )
+    return message
 
 
 _open_clients: weakref.WeakSet[EngineCoreClient] = weakref.WeakSet()

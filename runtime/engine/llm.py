@@ -49,6 +49,7 @@ from .admission import (
 from .beam_search import BeamSearchOutput, BeamSearchParams
 from .chat_kwargs import check_template_kwargs
 from .core import EngineCore, EngineStats
+from .engine_view import EngineView
 from .generation_defaults import generation_defaults
 from .lora_admission import LoRAAdmission, per_prompt
 from .native_executor import NativeExecutor
@@ -236,6 +237,11 @@ class LLM:
 
     def _peer_errors(self) -> contextlib.AbstractContextManager:
         return peer_errors(self.parallel)
+
+    @property
+    def llm_engine(self) -> EngineView:
+        """vLLM's `llm.llm_engine`, as far as ported scripts read it: get_tokenizer() and model_config."""
+        return EngineView(self)
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer

@@ -46,6 +46,7 @@ class CompletionOutput:
     stop_reason: int | str | None = field(
         default=None, metadata=doc("The stop string or stop token id that ended it; None for EOS or length.")
     )
+    lora_request: Any = field(default=None, metadata=doc("The LoRARequest it ran with, if any (vLLM's)."))
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -72,6 +73,20 @@ class RequestOutput:
         ),
     )
     lora_request: Any = field(default=None, metadata=doc("The LoRARequest it ran with, if any (vLLM's)."))
+    # vLLM's fields for what fastpath does not do, present so code that reads them runs.
+    metrics: Any = field(
+        default=None, metadata=doc("vLLM's per-request timings: None (llm.stats() and /metrics have them).")
+    )
+    encoder_prompt: str | None = field(default=None, metadata=doc("None: decoder-only models."))
+    encoder_prompt_token_ids: list[int] | None = field(
+        default=None, metadata=doc("None: decoder-only models.")
+    )
+    kv_transfer_params: dict[str, Any] | None = field(
+        default=None, metadata=doc("None: no disaggregated prefill.")
+    )
+    multi_modal_placeholders: dict[str, Any] = field(
+        default_factory=dict, metadata=doc("Empty: text-only models.")
+    )
 
 
 @dataclass(slots=True)

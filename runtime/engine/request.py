@@ -124,8 +124,9 @@ class RequestHandle:
         if self._async_wake is not None:
             self._async_wake.set()
 
-    def fail(self, message: str) -> None:
-        self.post(("error", message))
+    def fail(self, message: str, rejected: bool = False) -> None:
+        """End the request with `message`: the engine's failure, or (`rejected`) this request's own."""
+        self.post(("rejected" if rejected else "error", message))
         self.wake()
         if self.loop is not None:
             wake_on(self.loop, self.wake_async)
@@ -302,6 +303,7 @@ class RequestHandle:
             logprobs,
             c.finish_reason if finish else None,
             c.stop_reason if finish else None,
+            c.seq.lora,
         )
 
     def _logprobs(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import math
+import numbers
 import reprlib
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import Any
@@ -382,6 +383,10 @@ class SamplingParams:
         return object.__new__(cls)
 
     def __post_init__(self) -> None:
+        for name in _INT_FIELDS:  # NumPy's integers (a sweep's seeds, lengths) as the ints they are
+            v = getattr(self, name)
+            if type(v) is not int and isinstance(v, numbers.Integral) and not isinstance(v, bool):
+                object.__setattr__(self, name, int(v))
         self._check_sampling()
         self._check_lengths()
         self._check_penalties()
@@ -576,6 +581,12 @@ class SamplingParams:
         cleared = {k: None for k in guided if k not in given} if given else {k: None for k in guided[:2]}
         return replace(self, **{**cleared, **changes})
 
+    @classmethod
+    def from_optional(cls, **kwargs: Any) -> SamplingParams:
+        """vLLM's: n, the penalties, temperature and top_p given as None take their defaults (as a
+        JSON body's nulls would); any other None means what it means to SamplingParams itself."""
+        return cls(**{k: v for k, v in kwargs.items() if v is not None or k not in _DEFAULTED_WHEN_NONE})
+
     def with_seed(self, seed: int) -> SamplingParams:
         """A copy for one of `n` completions."""
         from dataclasses import replace
@@ -593,6 +604,19 @@ def _refuse_assignment(self: SamplingParams, name: str, value: Any) -> None:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+_DEFAULTED_WHEN_NONE = frozenset(
+    {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p"}
+)
+_INT_FIELDS = (
+    "n",
+    "top_k",
+    "seed",
+    "max_tokens",
+    "min_tokens",
+    "logprobs",
+    "prompt_logprobs",
+    "truncate_prompt_tokens",
+)
 
 
 SamplingParams.__setattr__ = _refuse_assignment  # type: ignore[method-assign, assignment]

@@ -74,6 +74,25 @@ NEUTRAL: dict[str, Neutral] = {
     ),
     "hf_overrides": Neutral(_one_of(None), "the checkpoint's config.json is read as it is"),
     "lora_dtype": Neutral(_one_of(None, "auto"), "adapters run in the model's dtype"),
+    "load_format": Neutral(_one_of("auto", "safetensors"), "weights load from the checkpoint's safetensors"),
+    "served_model_name": Neutral(
+        lambda v: (
+            v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(n, str) for n in v))
+        ),
+        "offline it names nothing; the server's --served-model-name names the model there",
+    ),
+    "enable_sleep_mode": Neutral(_one_of(False), "the engine keeps its weights and KV cache on the device"),
+    "async_scheduling": Neutral(_bool, "the host always schedules and stages step n+1 while step n runs"),
+    "speculative_config": Neutral(_one_of(None), "no speculative decoding"),
+    "model_impl": Neutral(_one_of("auto"), "fastpath's own model code"),
+    "logits_processors": Neutral(lambda v: v is None or v == [], "no custom logits processors"),
+    "limit_mm_per_prompt": Neutral(lambda v: v is None or v == {}, "text-only models"),
+    "kv_cache_memory_bytes": Neutral(
+        _one_of(None), "the KV cache is sized by gpu_memory_utilization, or kv_cache_blocks"
+    ),
+    "override_generation_config": Neutral(
+        lambda v: v is None or v == {}, "sampling defaults come from generation_config"
+    ),
     "fully_sharded_loras": Neutral(
         _one_of(False), "under tensor parallelism each rank holds the slice of B (or A) its shard needs"
     ),

@@ -143,3 +143,43 @@ def test_a_forked_child_gets_a_clear_error_and_leaves_the_parents_engine_running
     os.close(read)
     assert status == 0 and "forked" in said, said
     assert len(llm.generate([[5, 6, 7]], SHORT, use_tqdm=False)[0].outputs[0].token_ids) == 3
+
+
+def test_a_script_without_a_main_guard_is_told_what_it_needs(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "noguard.py"
+    script.write_text(
+        'from fastpath.runtime import LLM\nLLM("random:tiny-llama", device="cpu", engine_process=True)\n'
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=BOUND_S)
+    assert done.returncode != 0
+    assert 'it needs `if __name__ == "__main__":` around that' in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("llm", [True], indirect=True, ids=["engine-process"])
+def test_a_request_that_cannot_be_sent_fails_alone_and_the_batch_runs(llm, monkeypatch):
+    """What _admit cannot see (a LoRARequest of the caller's own class, say) fails at the pipe alone."""
+    from fastpath.runtime.engine import core_client
+
+    def sealed(body):
+        if body[0] == [9, 9, 9]:  # the prompt ids of the request that will not go
+            raise ValueError("the request cannot be sent to the engine process: PicklingError: no")
+        return real(body)
+
+    real = core_client.sealed
+    monkeypatch.setattr(core_client, "sealed", sealed)
+    outs = llm.generate([[5, 6, 7], [9, 9, 9], [5, 6, 7]], SHORT, errors="return", use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in (outs[0], outs[2])] == [3, 3]
+    assert "cannot be sent to the engine process" in outs[1].error
+
+
+def test_a_cache_salt_of_a_str_subclass_is_kept_as_its_plain_str():
+    from fastpath.runtime.engine.admission import check_cache_salt
+
+    class Salt(str):  # a class pickle cannot name
+        pass
+
+    salt = check_cache_salt(Salt("tenant-a"))
+    assert type(salt) is str and salt == "tenant-a"

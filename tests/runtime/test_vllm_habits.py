@@ -34,6 +34,10 @@ def llm(tiny_text_checkpoint):
         ({"max_logprobs": 50}, "at most 20 logprobs"),
         ({"task": "classify"}, "need heads fastpath does not have"),
         ({"download_dir": "/tmp/x"}, "nothing is downloaded"),
+        ({"load_format": "dummy"}, "weights load from the checkpoint's safetensors"),
+        ({"speculative_config": {"method": "ngram"}}, "no speculative decoding"),
+        ({"logits_processors": ["my.Processor"]}, "no custom logits processors"),
+        ({"block_size": 32}, "blocks hold 16 tokens"),
     ],
 )
 def test_vllm_keywords_asking_for_something_else_say_what_fastpath_does(kwargs, words):
@@ -45,7 +49,11 @@ def test_vllm_keywords_asking_for_something_else_say_what_fastpath_does(kwargs, 
 def test_vllm_keywords_at_values_fastpath_honours_are_accepted_and_misspellings_still_caught():
     ok = {"trust_remote_code": False, "revision": None, "tokenizer_mode": "auto", "kv_cache_dtype": "auto",
           "quantization": None, "enable_chunked_prefill": True, "pipeline_parallel_size": 1, "max_logprobs": 20,
-          "task": "generate", "compilation_config": None, "distributed_executor_backend": "mp"}  # fmt: skip
+          "task": "generate", "compilation_config": None, "distributed_executor_backend": "mp",
+          "load_format": "auto", "served_model_name": ["a", "b"], "enable_sleep_mode": False,
+          "async_scheduling": True, "speculative_config": None, "model_impl": "auto", "logits_processors": None,
+          "limit_mm_per_prompt": {}, "kv_cache_memory_bytes": None, "override_generation_config": None,
+          "block_size": 16}  # fmt: skip
     assert parse_options({**ok, "max_model_len": 128}).max_seq_len == 128
     with pytest.raises(TypeError, match="'kv_cache_dtyp'; did you mean 'kv_cache_dtype'"):
         parse_options({"kv_cache_dtyp": "auto"})
@@ -168,3 +176,43 @@ def test_a_negative_seed_is_a_seed_as_in_vllm(llm):
     assert a == b
     same = llm.generate(["hi"], params.clone(seed=(1 << 63) - 1), use_tqdm=False)[0].outputs[0].token_ids
     assert same == a  # taken mod 2**63
+
+
+def test_what_ported_scripts_read_off_the_engine_and_its_outputs(llm):
+    """llm.llm_engine's tokenizer and model config, and vLLM's output fields for what fastpath lacks."""
+    engine = llm.llm_engine
+    assert engine.get_tokenizer() is llm.get_tokenizer()
+    assert engine.model_config.max_model_len == 256 == engine.get_model_config().max_model_len
+    with pytest.raises(AttributeError, match="llm.llm_engine.add_request: fastpath has no vLLM LLMEngine"):
+        engine.add_request  # noqa: B018
+    out = llm.generate("Hello", GREEDY, use_tqdm=False)[0]
+    assert (out.metrics, out.encoder_prompt, out.kv_transfer_params, out.multi_modal_placeholders) == (
+        None, None, None, {})  # fmt: skip
+    assert out.outputs[0].lora_request is None
+
+
+def test_numpy_integers_are_taken_as_the_ints_they_are():
+    np = pytest.importorskip("numpy")
+    params = SamplingParams(max_tokens=np.int64(5), seed=np.int32(-3), top_k=np.int16(4), n=np.uint8(2))
+    assert (params.max_tokens, params.seed, params.top_k, params.n) == (5, -3, 4, 2)
+    assert all(type(v) is int for v in (params.max_tokens, params.seed, params.top_k, params.n))
+    with pytest.raises(ValueError, match="max_tokens must be"):
+        SamplingParams(max_tokens=np.int64(0))
+
+
+def test_from_optional_gives_vllms_nones_their_defaults():
+    """vLLM's: n, the penalties, temperature and top_p default when None; max_tokens None is "to the
+    end of the context", as it is to SamplingParams."""
+    params = SamplingParams.from_optional(
+        n=None, temperature=None, presence_penalty=None, max_tokens=None, top_p=0.5
+    )
+    assert (params.n, params.temperature, params.presence_penalty, params.top_p) == (1, 1.0, 0.0, 0.5)
+    assert params.max_tokens is None
+
+
+def test_chat_template_kwargs_pass_documents_through_to_the_template(llm):
+    template = "{% for d in documents %}[{{ d.text }}]{% endfor %}{{ messages[-1].content }}"
+    prompt = llm.render_chat(  # the prompt chat() would run
+        [{"role": "user", "content": "q"}], template, True, False, {"documents": [{"text": "A"}]}
+    )
+    assert prompt["prompt"] == "[A]q"
