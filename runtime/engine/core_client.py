@@ -82,22 +82,19 @@ class EngineCoreClient:
             self._sender.put(("forget", tokens))
 
     def submit(self, handles: list[RequestHandle]) -> None:
-        items, unsent = [], []
+        # A batch's requests mostly share one SamplingParams: sealed once a message, and unsealed
+        # once there, each request naming it by its index.
+        items, unsent, params, index = [], [], [], {}
         for h in handles:
             seqs = h.sequences
             members = [(s.seq_id, s.index, s.seed) for s in seqs]
             # The biases as the client resolved them: the engine need not tokenize bad words again.
-            body = (
-                h.prompt_ids,
-                h.params,
-                seqs[0].streams,
-                members,
-                seqs[0].biases,
-                seqs[0].lora,
-                seqs[0].cache_salt,
-            )
+            body = (h.prompt_ids, seqs[0].streams, members, seqs[0].biases, seqs[0].lora, seqs[0].cache_salt)
             try:
-                items.append((h.engine_token, [s.seq_id for s in seqs], sealed(body)))
+                if id(h.params) not in index:
+                    params.append(sealed(h.params))
+                    index[id(h.params)] = len(params) - 1
+                items.append((h.engine_token, [s.seq_id for s in seqs], index[id(h.params)], sealed(body)))
             except ValueError as exc:  # this request alone (its LoRARequest, say, a class of __main__)
                 unsent.append((h, str(exc)))
         if unsent:
@@ -114,7 +111,7 @@ class EngineCoreClient:
                 self._live.add(h)
                 self._seqs.update((s.seq_id, s) for s in h.sequences)
                 self.prompt_tokens += len(h.prompt_ids) * len(h.sequences)
-        self._send(("add", items))
+        self._send(("add", params, items))
 
     def abort(self, seq: Sequence) -> None:
         """Never raises and never blocks: an engine that is gone has ended the sequence already."""

@@ -434,16 +434,18 @@ class LinkServer:
         link.keep(token, guided)
         self._reply(link, token, True, plp)
 
-    def _add(self, link: ClientLink, items: list[tuple]) -> None:
+    def _add(self, link: ClientLink, sealed_params: list[bytes], items: list[tuple]) -> None:
         seqs = []
         limits = self.llm._limits
-        for token, seq_ids, blob in items:
+        shared = [unsealed(blob) for blob in sealed_params]  # (params, why): once for the items sharing it
+        for token, seq_ids, which, blob in items:
             guided = link.prepared.pop(token, None) if token is not None else None
-            body, why = unsealed(blob)
+            params, why = shared[which]
+            body, why = unsealed(blob) if params is not None else (None, why)
             if body is None:
                 self.core.refuse(link, seq_ids, why)
                 continue
-            prompt_ids, params, streams, members, biases, lora, salt = body
+            prompt_ids, streams, members, biases, lora, salt = body
             for k, (seq_id, index, seed) in enumerate(members):
                 seq = Sequence(
                     seq_id,

@@ -164,7 +164,7 @@ def test_a_request_that_cannot_be_sent_fails_alone_and_the_batch_runs(llm, monke
     from fastpath.runtime.engine import core_client
 
     def sealed(body):
-        if body[0] == [9, 9, 9]:  # the prompt ids of the request that will not go
+        if isinstance(body, tuple) and body[0] == [9, 9, 9]:  # the prompt ids of the request that will not go
             raise ValueError("the request cannot be sent to the engine process: PicklingError: no")
         return real(body)
 
@@ -183,3 +183,14 @@ def test_a_cache_salt_of_a_str_subclass_is_kept_as_its_plain_str():
 
     salt = check_cache_salt(Salt("tenant-a"))
     assert type(salt) is str and salt == "tenant-a"
+
+
+@pytest.mark.parametrize("llm", [True], indirect=True, ids=["engine-process"])
+def test_requests_sharing_params_that_cannot_be_rebuilt_fail_and_the_others_run(llm):
+    """A batch's shared SamplingParams go over once: all of their requests fail, and only they."""
+    bad = SHORT.clone()
+    object.__setattr__(bad, "spaces_between_special_tokens", _BrokenOnLoad())  # read here, as True
+    outs = llm.generate([[5, 6, 7]] * 4, [bad, SHORT, bad, SHORT], errors="return", use_tqdm=False)
+    assert [o.error is None for o in outs] == [False, True, False, True]
+    assert all("could not rebuild this request" in outs[i].error for i in (0, 2))
+    assert all(len(outs[i].outputs[0].token_ids) == 3 for i in (1, 3))
