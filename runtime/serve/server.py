@@ -97,29 +97,13 @@ def serve(
     """Serve until SIGTERM or SIGINT, drain, return True; False when the engine closed first. The
     caller closes `llm`. `label` names this process among several API servers, whose own watch
     (api_servers.py) also follows their supervisor: they pass `watch_engine=False`."""
-    owned = None
     if sock is None and config.port == 0:  # bound here, so the log below names the port it got
         from .api_servers import listen
 
-        sock = owned = listen(config.host, 0)
+        with listen(config.host, 0) as owned:
+            return serve(llm, config, model_name=model_name, sock=owned, log_level=log_level, label=label,
+                         watch_engine=watch_engine)  # fmt: skip
     port = sock.getsockname()[1] if sock is not None else config.port
-    try:
-        return _serve(llm, config, model_name, sock, port, log_level, label, watch_engine)
-    finally:
-        if owned is not None:
-            owned.close()
-
-
-def _serve(
-    llm: Any,
-    config: ServeConfig,
-    model_name: str | None,
-    sock: socket.socket | None,
-    port: int,
-    log_level: str,
-    label: str,
-    watch_engine: bool,
-) -> bool:
     server = make_server(llm, config, model_name=model_name, log_level=log_level)
     prompt_handoffs()  # the event loop and the engine client's pipe threads pass every token along
     freeze_startup_heap(label)  # the app, the tokenizer and their imports (engine/heap.py)

@@ -15,6 +15,13 @@ serve: {port: 9123, served_model_name: acme/m, api_key_env: ACME_KEY, max_tokens
 """
 
 
+def _args(argv):
+    """The serve options alone, as runtime_cli.run takes them."""
+    parser = argparse.ArgumentParser()
+    runtime_cli.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
 @pytest.fixture
 def calls(monkeypatch):
     seen = []
@@ -103,9 +110,7 @@ def test_a_package_serves_with_its_lock_as_defaults(calls):
 
 
 def test_a_bad_serve_option_is_refused_before_the_engine_starts(capsys):
-    parser = argparse.ArgumentParser()
-    runtime_cli.add_arguments(parser)
-    args = parser.parse_args(["--max-request-bytes", "5"])
+    args = _args(["--max-request-bytes", "5"])
     assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), args) == 2
     assert "max_request_bytes" in capsys.readouterr().err
 
@@ -210,13 +215,11 @@ def test_auto_tool_choice_takes_vllms_two_flags(calls):
 
 
 def test_auto_tool_choice_without_a_parser_is_refused_before_the_engine_starts(capsys):
-    parser = argparse.ArgumentParser()
-    runtime_cli.add_arguments(parser)
-    alone = parser.parse_args(["--enable-auto-tool-choice"])
+    alone = _args(["--enable-auto-tool-choice"])
     assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), alone) == 2
     assert "enable_auto_tool_choice needs tool_call_parser" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        parser.parse_args(["--tool-call-parser", "mistral"])
+        _args(["--tool-call-parser", "mistral"])
     assert "invalid choice: 'mistral'" in capsys.readouterr().err
 
 
@@ -298,9 +301,7 @@ def test_a_value_the_engine_refuses_is_a_usage_error_naming_the_flag(flags, word
     """Exit 2 and one line, not a traceback after the model loaded."""
     from fastpath.runtime import LLM
 
-    parser = argparse.ArgumentParser()
-    runtime_cli.add_arguments(parser)
-    args = parser.parse_args([*flags, "--no-engine-process"])
+    args = _args([*flags, "--no-engine-process"])
     assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and words in err, err
@@ -390,9 +391,7 @@ def test_block_size_is_vllms_flag(calls):
 def test_a_block_size_other_than_fastpaths_is_refused_naming_the_flag(capsys):
     from fastpath.runtime import LLM
 
-    parser = argparse.ArgumentParser()
-    runtime_cli.add_arguments(parser)
-    args = parser.parse_args(["--block-size", "32", "--no-engine-process"])
+    args = _args(["--block-size", "32", "--no-engine-process"])
     assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
     assert "--block-size: LLM(block_size=32) is not supported" in capsys.readouterr().err
 
@@ -416,9 +415,7 @@ def test_a_block_size_other_than_fastpaths_is_refused_naming_the_flag(capsys):
     ],
 )
 def test_a_bad_tls_or_path_option_is_refused_before_the_engine_starts(flags, words, capsys):
-    parser = argparse.ArgumentParser()
-    runtime_cli.add_arguments(parser)
-    assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), parser.parse_args(flags)) == 2
+    assert runtime_cli.run(lambda **kw: pytest.fail("the engine started"), _args(flags)) == 2
     assert words in capsys.readouterr().err
 
 
@@ -476,9 +473,7 @@ def test_what_the_app_asks_of_the_engine_is_checked_before_serving(capsys):
     """LoRA modules on an engine without LoRA: one line and exit 2, not a traceback from the app."""
     from fastpath.runtime import LLM
 
-    parser = argparse.ArgumentParser()
-    runtime_cli.add_arguments(parser)
-    args = parser.parse_args(["--lora-modules", "a=/tmp", "--no-engine-process"])
+    args = _args(["--lora-modules", "a=/tmp", "--no-engine-process"])
     assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --lora-modules: lora_modules need an engine with LoRA on"), err
