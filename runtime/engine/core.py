@@ -116,6 +116,8 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block, between steps; False when the engine caches no prefixes."""
+        if self._closed is not None:
+            raise closed_error(self._closed)
         cache = self.executor.scheduler.prefix_cache
         if cache is None:
             return False
@@ -123,6 +125,8 @@ class EngineCore:
         return True
 
     def stats(self) -> EngineStats:
+        if self._closed is not None:  # as the engine process's client does: no stale figures
+            raise closed_error(self._closed)
         ex = self.executor
         sched, alloc = ex.scheduler, ex.allocator
         cache = sched.prefix_cache

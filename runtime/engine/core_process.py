@@ -327,7 +327,7 @@ class LinkServer:
             "abort": lambda link, ids: self.core.abort_ids(ids),
             "prepare": self._submit_prepare,
             "forget": lambda link, tokens: link.forget(tokens),
-            "stats": lambda link, token: self._reply(link, token, True, self.core.stats()),
+            "stats": lambda link, token: self._answer(link, token, self.core.stats),
             "reset_prefix_cache": self._submit_reset,
             "pool": self._submit_pool,
             "link": self._open,
@@ -382,9 +382,19 @@ class LinkServer:
     def _reply(self, link: ClientLink, token: int, ok: bool, payload: Any) -> None:
         link.put(("reply", token, ok, payload))
 
+    def _answer(self, link: ClientLink, token: int, fn: Any) -> None:
+        """fn()'s result as the reply, or its error: a closed core's refusal goes back to the caller
+        instead of ending this loop (or leaving the caller waiting)."""
+        try:
+            out = fn()
+        except Exception as exc:
+            self._reply(link, token, False, portable_error(exc))
+        else:
+            self._reply(link, token, True, out)
+
     def _submit_reset(self, link: ClientLink, token: int) -> None:
         # It waits for the loop thread between steps: off the pipe reader, as a prepare is.
-        self._compiler.submit(lambda: self._reply(link, token, True, self.core.reset_prefix_cache()))
+        self._compiler.submit(self._answer, link, token, self.core.reset_prefix_cache)
 
     def _submit_pool(
         self, link: ClientLink, token: int, prompts: list, pooling_type: str, per_token: bool, loras: list

@@ -194,3 +194,16 @@ def test_requests_sharing_params_that_cannot_be_rebuilt_fail_and_the_others_run(
     assert [o.error is None for o in outs] == [False, True, False, True]
     assert all("could not rebuild this request" in outs[i].error for i in (0, 2))
     assert all(len(outs[i].outputs[0].token_ids) == 3 for i in (1, 3))
+
+
+@pytest.mark.parametrize("engine_process", [False, True], ids=["in-process", "engine-process"])
+def test_a_closed_engine_refuses_stats_and_prefix_resets_with_the_reason(engine_process):
+    llm = LLM(
+        "random:tiny-llama", device="cpu", max_seq_len=64, max_batch_size=2, engine_process=engine_process
+    )
+    assert llm.stats().running == 0
+    llm.close()
+    with pytest.raises(EngineClosedError, match="the engine is closed"):
+        llm.stats()
+    with pytest.raises(EngineClosedError, match="the engine is closed"):
+        llm.reset_prefix_cache()
