@@ -21,7 +21,7 @@ from typing import Any
 from fastpath.vocab import REASONING_PARSERS, TOOL_CALL_PARSERS, install_line
 
 from .config import DEFAULT_PORT, ServeConfig
-from .config_file import FLAG, apply_config_file
+from .config_file import FLAG, apply_config_file, takes_json
 
 DEFAULT_API_KEY_ENV = "FASTPATH_API_KEY"
 VLLM_API_KEY_ENV = "VLLM_API_KEY"
@@ -362,6 +362,7 @@ def _names(given: str | list[str] | None) -> str | tuple[str, ...] | None:
     return given[0] if len(given) == 1 else tuple(given)
 
 
+@takes_json
 def _origins(text: str) -> tuple[str, ...]:
     """'a,b' or vLLM's '["a", "b"]' -> ('a', 'b')."""
     if text.lstrip().startswith("["):
@@ -375,6 +376,7 @@ def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip() for o in text.split(",") if o.strip())
 
 
+@takes_json
 def _lora_module(text: str) -> tuple[str, str]:
     """'name=path' or vLLM's '{"name": ..., "path": ...}' -> (name, path)."""
     if text.lstrip().startswith("{"):

@@ -5,7 +5,8 @@ command line still wins over the file, and the file over a manifest's `serve:` s
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -73,6 +74,14 @@ def apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
 
 
 _UNSET = object()
+_JSON_TYPES: set[Callable[[str], Any]] = set()
+
+
+def takes_json(type_: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Mark an option's type as one that parses JSON text, so the file may give that option a YAML list
+    or mapping (vLLM's `allowed-origins: [...]`, `lora-modules: [{name: ..., path: ...}]`)."""
+    _JSON_TYPES.add(type_)
+    return type_
 
 
 def _value(action: argparse.Action, value: Any, negated: bool) -> Any:
@@ -89,15 +98,18 @@ def _value(action: argparse.Action, value: Any, negated: bool) -> Any:
         if action.nargs == "+" and not items:
             raise ValueError("needs at least one value")
         return [_one(action, v) for v in items]
-    if isinstance(value, list | dict):
-        raise ValueError(f"takes one value, got {type(value).__name__}")
     return _one(action, value)
 
 
 def _one(action: argparse.Action, value: Any) -> Any:
     if value is None:
         raise ValueError("needs a value (an empty or null one is not taken)")
-    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, list | dict):  # as JSON, where the flag takes JSON on the command line
+        if action.type not in _JSON_TYPES:
+            raise ValueError(f"takes one value, got a {'list' if isinstance(value, list) else 'mapping'}")
+        text = json.dumps(value)
+    else:
+        text = str(value).lower() if isinstance(value, bool) else str(value)
     try:
         converted = action.type(text) if action.type is not None else text
     except (TypeError, ValueError) as exc:  # argparse's own words; an ArgumentTypeError keeps its own

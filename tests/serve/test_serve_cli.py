@@ -359,7 +359,10 @@ def test_a_package_reads_a_config_file(tmp_path, calls):
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("max_num_seqs: [1, 2]\n", "max_num_seqs: takes one value, got list"),
+        ("max_num_seqs: [1, 2]\n", "max_num_seqs: takes one value, got a list"),
+        ("host: {a: 1}\n", "host: takes one value, got a mapping"),
+        ("allowed-origins: [1, 2]\n", "allowed-origins: a JSON list of strings"),
+        ("lora-modules: [{name: a}]\n", 'lora-modules: a JSON object with string "name" and "path"'),
         ("max_num_seqs: many\n", "max_num_seqs: invalid int value: 'many'"),
         ("no_such_flag: 1\n", "'no_such_flag' is not an option here"),
         ("enable_prefix_caching: maybe\n", "enable_prefix_caching: must be true or false, got 'maybe'"),
@@ -375,6 +378,20 @@ def test_what_a_config_file_gets_wrong_names_the_file_and_key(tmp_path, text, wo
         serve_main(["random:tiny-llama", "--config", str(path)])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"--config {path}: " in err and words in err, err
+
+
+def test_a_config_file_gives_json_taking_flags_yaml_lists_and_mappings(calls, tmp_path):
+    """What vLLM's flags take as JSON text, a YAML file gives as YAML: a list of origins, adapters as
+    mappings (or name=path strings)."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "allowed-origins: [https://a.example, https://b.example]\n"
+        "lora-modules:\n  - {name: sql, path: /ad/sql}\n  - chat=/ad/chat\n"
+    )
+    assert main(["serve", "random:tiny-llama", "--config", str(path)]) == 0
+    config = runtime_cli.serve_config(calls[-1][1])
+    assert config.allowed_origins == ("https://a.example", "https://b.example")
+    assert config.lora_modules == (("sql", "/ad/sql"), ("chat", "/ad/chat"))
 
 
 def test_a_missing_config_file_is_a_usage_error(tmp_path, capsys):
