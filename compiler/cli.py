@@ -174,7 +174,8 @@ def _note_unseen_hooks(units: list[Unit]) -> None:
                 where = f"{u.loaded.filename}:{ref.line}" if ref.line else u.loaded.filename
                 print(
                     f"{where}: note: hook {ref.path!r} not checked: no module {ref.module!r} is importable "
-                    f"here ({sys.executable}); it is looked up when the package is imported",
+                    f"here ({sys.executable}, or in the working directory); it is looked up when the "
+                    "package is imported (put its folder on PYTHONPATH to check it now)",
                     file=sys.stderr,
                 )
 

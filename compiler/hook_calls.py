@@ -1,7 +1,8 @@
 """Whether a hook's definition takes the call the executor makes, read from its source.
 
-A decode_prologue is called as `hook(executor, inputs)`, a class first instantiated with no arguments
-(runtime/hooks.instantiate); an executor event as `hook(executor)`. A top-level `def` or `class` whose
+A decode_prologue is called as `hook(executor, inputs)`, an executor event as `hook(executor)`; a class
+declared as either is first instantiated with no arguments (runtime/hooks.instantiate), and its
+instance called. A top-level `def` or `class` whose
 parameters cannot take that call fails when the package starts; this says so at compile time. Where
 the source cannot tell (no Python source, a decorator, a name bound otherwise, a class with bases and
 no `__call__` of its own), the definition is taken on trust, as hook_lookup takes names.
@@ -18,14 +19,13 @@ from . import hook_lookup
 
 @dataclass(frozen=True, slots=True)
 class HookCall:
-    """How the executor calls a hook: its arguments, and whether a class is instantiated first."""
+    """How the executor calls a hook (a class's instance, made with no arguments): its arguments."""
 
     args: tuple[str, ...]
-    instantiates: bool  # a class is made with no arguments, and its instance called with `args`
 
 
-PROLOGUE = HookCall(("executor", "inputs"), instantiates=True)
-EVENT = HookCall(("executor",), instantiates=False)
+PROLOGUE = HookCall(("executor", "inputs"))
+EVENT = HookCall(("executor",))
 
 
 def problem(module: str, attr: str, call: HookCall) -> str | None:
@@ -59,11 +59,6 @@ def _class_problem(node: ast.ClassDef, call: HookCall) -> str | None:
     init = methods.get("__init__")
     if init is not None and init.decorator_list:
         init = None
-    if not call.instantiates:  # the class itself is called: its __init__ takes the arguments
-        if init is not None:
-            return _takes(init.args, call.args, skip=1)
-        own = not node.bases and "__new__" not in methods
-        return f"is a class without __init__, and is called ({_listed(call.args)})" if own else None
     if init is not None and _takes(init.args, (), skip=1) is not None:
         return "is a class the executor makes with no arguments, but its __init__ needs some"
     method = methods.get("__call__")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import sys
 from importlib.machinery import ModuleSpec, PathFinder
 
@@ -44,8 +45,8 @@ def unseen(module: str) -> bool:
 
 
 def find(module: str) -> ModuleSpec | None:
-    """The module's spec, its parents walked without running any of them (a parent already imported
-    lends its __path__)."""
+    """The module's spec, from sys.path or the working directory, its parents walked without running
+    any of them (a parent already imported lends its __path__)."""
     parts = module.split(".")
     spec = None
     for i in range(len(parts)):
@@ -59,6 +60,8 @@ def find(module: str) -> ModuleSpec | None:
             if i == 0:
                 top = sys.modules.get(name, ...)  # None: an import blocked on purpose
                 spec = importlib.util.find_spec(name) if top is ... else getattr(top, "__spec__", None)
+                if spec is None and top is ...:  # `python -m pkg` in this folder would import it from here
+                    spec = PathFinder.find_spec(name, [os.getcwd()])
             elif locations is None:
                 return None  # a module, not a package: it has no submodules to find
             else:

@@ -218,3 +218,16 @@ def test_validate_notes_a_hook_whose_module_is_not_importable_here(repo, capsys)
         note.startswith("examples/hooked.yaml:") and "note: hook 'site_only_hooks:warm' not checked" in note
     )
     assert "no module 'site_only_hooks' is importable here" in note
+
+
+def test_validate_checks_a_hook_module_in_the_working_directory(repo, capsys):
+    """`python -m <pkg>` run from the manifest's folder imports hooks from there, so --validate looks
+    there too, instead of noting the usual layout (hooks beside the manifest) as unchecked."""
+    (repo / "teamhooks.py").write_text("def warm():\n    pass\n")
+    (repo / "examples/hooked.yaml").write_text(
+        GOOD.format(name="hooked") + "hooks:\n  executor_events:\n    after_warmup: [teamhooks:warm]\n"
+    )
+    assert run(repo, "--validate", "examples/hooked.yaml") != 0
+    err = capsys.readouterr().err
+    assert "teamhooks:warm" in err and "takes 0 positional arguments, but is called with 1" in err, err
+    assert "not checked" not in err

@@ -40,6 +40,9 @@ class Inherited(Prologue):
 class EventClass:
     def __init__(self, executor): ...
 
+class EventCallable:
+    def __call__(self, executor): ...
+
 @functools.lru_cache
 def decorated(): ...
 
@@ -66,8 +69,11 @@ def module(tmp_path, monkeypatch):
         ("PrologueNeedsConfig", hook_calls.PROLOGUE, "makes with no arguments, but its __init__ needs some"),
         ("PrologueOneArg", hook_calls.PROLOGUE, "takes 1 positional argument, but is called with 2"),
         ("NotCallable", hook_calls.PROLOGUE, "is a class without __call__"),
-        ("Prologue", hook_calls.EVENT, "is a class without __init__, and is called (executor)"),
+        ("Prologue", hook_calls.EVENT, "takes 2 positional arguments, but is called with 1 (executor)"),
         ("EventClass", hook_calls.PROLOGUE, "makes with no arguments, but its __init__ needs some"),
+        # the runtime instantiates an event's class with no arguments too, then calls the instance
+        ("EventClass", hook_calls.EVENT, "makes with no arguments, but its __init__ needs some"),
+        ("NotCallable", hook_calls.EVENT, "is a class without __call__, and its instance is called (executor)"),
     ],
 )  # fmt: skip
 def test_a_definition_that_cannot_take_the_call_says_why(module, attr, call, words):
@@ -84,7 +90,7 @@ def test_a_definition_that_cannot_take_the_call_says_why(module, attr, call, wor
         ("prologue_fn", hook_calls.PROLOGUE),
         ("Prologue", hook_calls.PROLOGUE),
         ("Inherited", hook_calls.PROLOGUE),
-        ("EventClass", hook_calls.EVENT),
+        ("EventCallable", hook_calls.EVENT),
         ("Inherited", hook_calls.EVENT),  # its base's __init__ is not read: taken on trust
         ("decorated", hook_calls.EVENT),
         ("rebound", hook_calls.EVENT),
