@@ -49,6 +49,7 @@ def add_wheel(wheel: Path, house: Path, dist_name: str) -> Path:
 def fastpath_wheel(house: Path) -> Path:
     """fastpath-llm's wheel of the running version, in `house`: built from the checkout fastpath runs
     from; for an installed fastpath, the one already in `house` (put there by hand), else downloaded."""
+    house = house.resolve()  # the build runs in the checkout: a relative folder would land there
     house.mkdir(parents=True, exist_ok=True)
     root = distribution.source_tree()
     if root is None and (present := _present(house)) is not None:

@@ -59,6 +59,37 @@ RESERVED_PACKAGES = {
     "nvidia": "the namespace of the CUDA libraries' wheels that torch and Triton load",
     "triton": "the kernel compiler the engine runs on CUDA",
 }
+# What an installed package imports at run time (fastpath-llm's dependencies and extras, and theirs
+# that the server and tokenizers load): a package of one of these names would be installed over it.
+# Not read from this environment's metadata, so a manifest is refused alike wherever it is checked.
+_RUNTIME_IMPORTS = {
+    "torch": "fastpath's tensor library",
+    "pydantic": "fastpath's settings models",
+    "pydantic_core": "fastpath's settings models",
+    "jinja2": "fastpath's chat templates",
+    "yaml": "fastpath's YAML reader (PyYAML)",
+    "safetensors": "fastpath's checkpoint reader",
+    "numpy": "fastpath's array library",
+    "rich": "fastpath's progress display",
+    "tqdm": "generate()'s progress bar",
+    "transformers": "fastpath's tokenizers and configs",
+    "tokenizers": "fastpath's tokenizers",
+    "huggingface_hub": "the tokenizers' checkpoint loader",
+    "xgrammar": "guided decoding (fastpath-llm[guided])",
+    "llguidance": "guided decoding (fastpath-llm[guided])",
+    "gguf": "catalog models' weights (fastpath-llm[smollm])",
+    "accelerate": "catalog models' loading (fastpath-llm[smollm])",
+    "fastapi": "fastpath's HTTP server (fastpath-llm[serve])",
+    "starlette": "fastpath's HTTP server (fastpath-llm[serve])",
+    "uvicorn": "fastpath's HTTP server (fastpath-llm[serve])",
+    "httpx": "fastpath's HTTP server (fastpath-llm[serve])",
+    "httptools": "fastpath's HTTP server (fastpath-llm[serve])",
+    "uvloop": "fastpath's HTTP server (fastpath-llm[serve])",
+    "h11": "fastpath's HTTP server (fastpath-llm[serve])",
+    "anyio": "fastpath's HTTP server (fastpath-llm[serve])",
+    "prometheus_client": "fastpath's metrics (fastpath-llm[serve])",
+}
+RESERVED_PACKAGES.update(_RUNTIME_IMPORTS)
 
 
 def _identifier_problem(part: str) -> str:

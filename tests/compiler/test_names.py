@@ -21,9 +21,14 @@ def compile_named(tmp_path, name, *args):
 @pytest.mark.parametrize(
     "name, owner",
     [
-        ("yaml", "the distribution 'PyYAML' installs it at"),
-        ("numpy", "the distribution 'numpy' installs it at"),
-        ("torch", "the distribution 'torch' installs it at"),
+        ("matplotlib", "the distribution 'matplotlib' installs it at"),
+        ("hypothesis", "the distribution 'hypothesis' installs it at"),
+        # what an installed package imports is refused wherever the manifest is checked, installed or not
+        ("yaml", "a name taken by fastpath's YAML reader (PyYAML)"),
+        ("torch", "a name taken by fastpath's tensor library"),
+        ("fastapi", "a name taken by fastpath's HTTP server (fastpath-llm[serve])"),
+        ("xgrammar", "a name taken by guided decoding"),
+        ("prometheus-client", "would make the package 'prometheus_client', a name taken by fastpath's metrics"),
         ("build", "a name taken by the build folder of every generated package"),
         ("pytest", "a name taken by the test runner"),
         ("json", "which shadows an existing module"),
@@ -55,10 +60,10 @@ def test_the_compilers_own_earlier_output_on_sys_path_is_not_a_collision(tmp_pat
 
 
 def test_install_into_another_python_checks_that_environment_too(tmp_path, capsys):
-    # The target interpreter is asked in a subprocess (here it is this venv again): `yaml` is PyYAML's there.
-    assert compile_named(tmp_path, "yaml", "--install", "--python", sys.executable) == 2
+    # The target interpreter is asked in a subprocess (here it is this venv again): `hypothesis` is there.
+    assert compile_named(tmp_path, "hypothesis", "--install", "--python", sys.executable) == 2
     err = capsys.readouterr().err
-    assert f"in {sys.executable}'s environment: the distribution 'PyYAML'" in err
+    assert f"in {sys.executable}'s environment: the distribution 'hypothesis'" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -107,3 +112,23 @@ def test_the_checkouts_examples_are_not_collisions_of_themselves():
         env={"PYTHONPATH": str(REPO / "generated" / "baseline"), "PATH": ""},
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_every_import_name_of_fastpaths_requirements_is_reserved():
+    """pyproject's dependencies and the extras a deployed package installs ([guided], [smollm], [serve])
+    each import under a name no generated package may take."""
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    from fastpath.schema.fieldtypes import RESERVED_PACKAGES
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    needs = [*project["dependencies"]]
+    for extra in ("guided", "smollm", "serve", "build"):
+        needs += project["optional-dependencies"][extra]
+    imports = {"pyyaml": "yaml", "scikit-build-core": "scikit_build_core", "prometheus-client": "prometheus_client"}
+    for need in needs:
+        dist = re.match(r"[A-Za-z0-9_.-]+", need).group(0).lower()
+        assert imports.get(dist, dist.replace("-", "_")) in RESERVED_PACKAGES, need
