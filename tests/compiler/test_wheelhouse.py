@@ -41,7 +41,7 @@ def test_a_relative_wheelhouse_gets_the_wheel_built_in_the_checkout(tmp_path, mo
     monkeypatch.chdir(user)
 
     def build(command, cwd, **kw):  # a build writes the wheel into the folder it was given, from cwd
-        out = Path(cwd) / [a for a in command if ".fastpath-wheel." in a][0]
+        out = Path(cwd) / next(a for a in command if ".fastpath-wheel." in a)
         (out / f"fastpath_llm-{distribution.version()}-py3-none-any.whl").write_bytes(b"PK")
         return subprocess.CompletedProcess(command, 0)
 
