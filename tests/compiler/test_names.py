@@ -28,7 +28,10 @@ def compile_named(tmp_path, name, *args):
         ("torch", "a name taken by fastpath's tensor library"),
         ("fastapi", "a name taken by fastpath's HTTP server (fastpath-llm[serve])"),
         ("xgrammar", "a name taken by guided decoding"),
-        ("prometheus-client", "would make the package 'prometheus_client', a name taken by fastpath's metrics"),
+        (
+            "prometheus-client",
+            "would make the package 'prometheus_client', a name taken by fastpath's metrics",
+        ),
         ("build", "a name taken by the build folder of every generated package"),
         ("pytest", "a name taken by the test runner"),
         ("json", "which shadows an existing module"),
@@ -128,7 +131,11 @@ def test_every_import_name_of_fastpaths_requirements_is_reserved():
     needs = [*project["dependencies"]]
     for extra in ("guided", "smollm", "serve", "build"):
         needs += project["optional-dependencies"][extra]
-    imports = {"pyyaml": "yaml", "scikit-build-core": "scikit_build_core", "prometheus-client": "prometheus_client"}
+    imports = {
+        "pyyaml": "yaml",
+        "scikit-build-core": "scikit_build_core",
+        "prometheus-client": "prometheus_client",
+    }
     for need in needs:
         dist = re.match(r"[A-Za-z0-9_.-]+", need).group(0).lower()
         assert imports.get(dist, dist.replace("-", "_")) in RESERVED_PACKAGES, need
