@@ -21,9 +21,13 @@ from .suggest import did_you_mean
 Status = Literal["stable", "prototype"]
 
 
-def spec(default: Any = ..., *, doc: str, status: Status = "stable", **kwargs: Any) -> FieldInfo:
-    """A model field with its documentation and API status (shown in the JSON Schema)."""
-    return Field(default, description=doc, json_schema_extra={"status": status}, **kwargs)
+def spec(
+    default: Any = ..., *, doc: str, status: Status = "stable", unique: bool = False, **kwargs: Any
+) -> FieldInfo:
+    """A model field with its documentation and API status (shown in the JSON Schema). `unique`: a list
+    whose items the model refuses twice, which the JSON Schema says too (uniqueItems)."""
+    extra: dict[str, Any] = {"status": status, **({"uniqueItems": True} if unique else {})}
+    return Field(default, description=doc, json_schema_extra=extra, **kwargs)
 
 
 def bounds(llm_kwarg: str) -> dict[str, int]:
@@ -198,7 +202,15 @@ PackageName = Annotated[
     AfterValidator(_check_package_name),
     WithJsonSchema({"type": "string", "pattern": PACKAGE_NAME_PATTERN, "maxLength": PACKAGE_NAME_MAX}),
 ]
-Checkpoint = Annotated[str, AfterValidator(_check_checkpoint)]
+# No control character, and one that str.strip() keeps (Python's whitespace, spelled out: ECMA's \s
+# differs): what the validators refuse that a JSON Schema can say.
+_KEPT = r"[^\u0000-\u0020\u007f\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+_PRINTABLE_NOT_BLANK = rf"^[^\u0000-\u001f\u007f]*{_KEPT}[^\u0000-\u001f\u007f]*$"
+Checkpoint = Annotated[
+    str,
+    AfterValidator(_check_checkpoint),
+    WithJsonSchema({"type": "string", "pattern": _PRINTABLE_NOT_BLANK}),
+]
 ImportPath = Annotated[
     str,
     AfterValidator(_check_import_path),
@@ -206,12 +218,18 @@ ImportPath = Annotated[
 ]
 FmhaName = Literal[FMHA_LIBRARIES]
 FmhaOrder = Annotated[tuple[FmhaName, ...], Field(min_length=1)]
-BatchSizes = Annotated[tuple[PositiveInt, ...], Field(min_length=1), AfterValidator(_strictly_increasing)]
+BatchSizes = Annotated[
+    tuple[PositiveInt, ...],
+    Field(min_length=1, json_schema_extra={"uniqueItems": True}),  # increasing: no size twice
+    AfterValidator(_strictly_increasing),
+]
 Host = Annotated[
     str, AfterValidator(_check_host), WithJsonSchema({"type": "string", "pattern": HOST_PATTERN})
 ]
 EnvVarName = Annotated[str, Field(pattern=ENV_VAR_PATTERN, max_length=128)]
 ServedModelName = Annotated[
-    str, AfterValidator(_check_served_name), WithJsonSchema({"type": "string", "maxLength": SERVED_NAME_MAX})
+    str,
+    AfterValidator(_check_served_name),
+    WithJsonSchema({"type": "string", "maxLength": SERVED_NAME_MAX, "pattern": _PRINTABLE_NOT_BLANK}),
 ]
 AutoOrBool = Annotated[Literal["auto", True, False], BeforeValidator(_exactly_auto_or_bool)]

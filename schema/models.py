@@ -144,14 +144,19 @@ class ExecutorEventsSpec(Section):
     after_warmup: tuple[ImportPath, ...] = spec(
         (),
         strict=False,
+        unique=True,
         status="prototype",
         doc="Run after warmup and graph capture, inside the warmup guard; an exception aborts start-up.",
     )
     before_overlap_loop: tuple[ImportPath, ...] = spec(
-        (), strict=False, status="prototype", doc="Run once, before the overlap loop enters its stream scope."
+        (),
+        strict=False,
+        unique=True,
+        status="prototype",
+        doc="Run once, before the overlap loop enters its stream scope.",
     )
     at_shutdown: tuple[ImportPath, ...] = spec(
-        (), strict=False, status="prototype", doc="Run at shutdown, also after an error."
+        (), strict=False, unique=True, status="prototype", doc="Run at shutdown, also after an error."
     )
 
     @model_validator(mode="after")
@@ -204,11 +209,12 @@ class FmhaSpec(Section):
     """Attention (FMHA) library precedence: the first available library that supports a call runs it."""
 
     prepend: tuple[FmhaName, ...] = spec(
-        (), strict=False, doc="Libraries tried before the enabled ones, in order."
+        (), strict=False, unique=True, doc="Libraries tried before the enabled ones, in order."
     )
     enabled: FmhaOrder | None = spec(
         None,
         strict=False,
+        unique=True,
         doc="Libraries tried after `prepend`, in order, at least one. Unset: the runtime's default order.",
     )
 

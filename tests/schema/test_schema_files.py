@@ -70,6 +70,33 @@ def test_the_json_schema_refuses_what_the_models_refuse():
             jsonschema.validate(bad, schema)
 
 
+@pytest.mark.parametrize(
+    ("good", "bad"),
+    [
+        ({"runtime": {"cuda_graphs": {"batch_sizes": [1, 2]}}}, {"runtime": {"cuda_graphs": {"batch_sizes": [1, 1]}}}),
+        ({"fmha": {"prepend": ["sdpa_flash"]}}, {"fmha": {"prepend": ["sdpa_flash", "sdpa_flash"]}}),
+        ({"fmha": {"enabled": ["sdpa_math"]}}, {"fmha": {"enabled": ["sdpa_math", "sdpa_math"]}}),
+        ({"hooks": {"executor_events": {"at_shutdown": ["a:b"]}}},
+         {"hooks": {"executor_events": {"at_shutdown": ["a:b", "a:b"]}}}),
+        ({"model": {"checkpoint": "models/a b"}}, {"model": {"checkpoint": " \u3000"}}),
+        ({"model": {"checkpoint": "models/a b"}}, {"model": {"checkpoint": "models/a\tb"}}),
+        ({"serve": {"served_model_name": "a b"}}, {"serve": {"served_model_name": "\u00a0"}}),
+    ],
+)  # fmt: skip
+def test_what_the_json_schema_can_say_of_the_models_item_and_string_rules_it_says(good, bad):
+    """Lists whose items the models take once, and strings they refuse blank or holding a control
+    character: the schema refuses them too, and takes the good twin."""
+    from fastpath.schema import ManifestError, parse_manifest
+
+    schema = json.loads(export.SCHEMA_FILE.read_text(encoding="utf-8"))
+    base = {"schema_version": 1, "name": "m", "model": {"checkpoint": "random:tiny-llama"}}
+    jsonschema.validate({**base, **good}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**base, **bad}, schema)
+    with pytest.raises(ManifestError):
+        parse_manifest(json.dumps({**base, **bad}), "m.yaml")
+
+
 def test_examples_point_editors_at_the_schema_and_pre_commit_checks_them():
     for example in EXAMPLES:
         first = example.read_text(encoding="utf-8").splitlines()[0]
