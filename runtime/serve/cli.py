@@ -423,13 +423,20 @@ def missing_server_modules() -> list[str]:
     return [m for m in SERVER_MODULES if not installed(m)]
 
 
-def run(llm_factory: Callable[..., Any], args: argparse.Namespace, *, model_name: str | None = None) -> int:
+def run(
+    llm_factory: Callable[..., Any],
+    args: argparse.Namespace,
+    *,
+    model_name: str | None = None,
+    distribution: str | None = None,
+) -> int:
     """Build the engine, serve until SIGTERM, drain, close the engine; 0, 1 when the engine (or an API
     server) died first, or 2 for a bad option."""
     missing = missing_server_modules()
     if missing:
         print(
-            f"error: the server needs {', '.join(missing)}, not installed: {install_line('serve')}",
+            f"error: the server needs {', '.join(missing)}, not installed: "
+            + (f"pip install '{distribution}[serve]'" if distribution else install_line("serve")),
             file=sys.stderr,
         )
         return 2
@@ -552,4 +559,9 @@ def package_main(
     )
     apply_config_file(serve, list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
-    return run(llm_factory, args, model_name=serve_section.get("served_model_name") or lock["name"])
+    return run(
+        llm_factory,
+        args,
+        model_name=serve_section.get("served_model_name") or lock["name"],
+        distribution=lock.get("distribution"),  # its [serve] extra pins the fastpath it was built with
+    )

@@ -494,3 +494,26 @@ def test_what_the_app_asks_of_the_engine_is_checked_before_serving(capsys):
     assert runtime_cli.run(lambda **kw: LLM("random:tiny-llama", device="cpu", **kw), args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --lora-modules: lora_modules need an engine with LoRA on"), err
+
+
+PACKAGE_WITHOUT_FASTAPI = """
+import sys
+sys.modules["fastapi"] = None  # as if the serve extra were not installed
+from fastpath.runtime.serve.cli import package_main
+lock = {"name": "my-model", "distribution": "fastpath-gen-my-model"}
+sys.exit(package_main(["serve"], prog="my_model", llm_factory=dict, lock=lock))
+"""
+
+
+def test_a_package_without_the_serve_extra_names_its_own_extra():
+    """The generated package's [serve] extra pins the fastpath it was built with, so that is the line."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PACKAGE_WITHOUT_FASTAPI], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "error: the server needs fastapi, not installed: pip install 'fastpath-gen-my-model[serve]'"
+    ), done.stderr
