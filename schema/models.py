@@ -336,6 +336,10 @@ class Manifest(Section):
                 f"{value} is newer than this fastpath understands (it reads schema_version {SCHEMA_VERSION}); "
                 f"upgrade it: pip install --upgrade {DISTRIBUTION}"
             )
+        if isinstance(value, str) and value.strip() == str(SCHEMA_VERSION):
+            raise ValueError(
+                f"{value!r} is a string: write the number, schema_version: {SCHEMA_VERSION} (no quotes)"
+            )
         if type(value) is not int or value != SCHEMA_VERSION:
             raise ValueError(
                 f"{value!r} is not supported; this fastpath reads schema_version {SCHEMA_VERSION}"
