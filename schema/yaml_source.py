@@ -61,6 +61,9 @@ def read_yaml(text: str, filename: str) -> YamlDocument:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
+        opened = exc.context_mark
+        if exc.problem and exc.context and opened is not None:  # where the unclosed thing began
+            problem = f"{exc.context} (line {opened.line + 1}, column {opened.column + 1}): {problem}"
         raise ManifestError.at(filename, mark.line + 1, mark.column + 1, f"invalid YAML: {problem}") from None
     except yaml.reader.ReaderError as exc:
         line, column = _line_column(text, exc.position)
