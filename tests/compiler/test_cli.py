@@ -231,3 +231,10 @@ def test_validate_checks_a_hook_module_in_the_working_directory(repo, capsys):
     err = capsys.readouterr().err
     assert "teamhooks:warm" in err and "takes 0 positional arguments, but is called with 1" in err, err
     assert "not checked" not in err
+
+
+def test_an_output_folder_that_is_a_file_is_refused_before_anything_runs(repo, capsys):
+    (repo / "out").write_text("mine\n")
+    assert run(repo, "examples/one.yaml", "-o", "out") == 2
+    assert "error: -o out: not a folder" in capsys.readouterr().err
+    assert (repo / "out").read_text() == "mine\n"
