@@ -78,6 +78,7 @@ def build_app(llm: Any, config: ServeConfig | None = None, *, model_name: str | 
         created=int(time.time()),
         routes=ROUTES,
         adapters=adapters,
+        model_path=model_name or _engine_model_name(llm),
     )
     docs = {} if config.fastapi_docs else {"docs_url": None, "redoc_url": None, "openapi_url": None}
     app = FastAPI(title="fastpath", summary="An OpenAI-compatible server for a fastpath engine", **docs)
@@ -207,10 +208,30 @@ def _model_card(state: ServerState, name: str) -> dict[str, Any]:
         "object": "model",
         "created": state.created,
         "owned_by": "fastpath",
-        # vLLM's: an adapter's root is its folder and its parent the base model.
-        "root": adapter.lora_path if adapter is not None else name,
+        # vLLM's: the base model's root is the model the server was started with, under any served
+        # name; an adapter's root is its folder and its parent the base model.
+        "root": adapter.lora_path if adapter is not None else state.model_path or name,
         "parent": state.model_name if adapter is not None else None,
         "max_model_len": state.llm.config.max_seq_len,
+        "permission": [_permission(state, name)],
+    }
+
+
+def _permission(state: ServerState, name: str) -> dict[str, Any]:
+    """vLLM's model_permission card (OpenAI's older field): everything allowed, nothing fine-tuned."""
+    return {
+        "id": f"modelperm-{name}",
+        "object": "model_permission",
+        "created": state.created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
     }
 
 

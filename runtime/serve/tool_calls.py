@@ -223,8 +223,11 @@ def _parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
         return text, []
     calls = []
     for match in _HERMES_CALL.finditer(text, start):
+        body = match.group(1)
+        if match.end() == len(text) and not text.endswith(_HERMES_CLOSE):  # cut before its close
+            body = body[: len(body) - held_back(body, _HERMES_CLOSE)]  # "...}\n</tool_c" ends "...}"
         try:
-            call = _call(_DECODER.decode(match.group(1).strip()), "arguments", "parameters")
+            call = _call(_DECODER.decode(body.strip()), "arguments", "parameters")
         except _BAD_JSON:
             return text, []
         if call is None:

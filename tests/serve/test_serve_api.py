@@ -33,6 +33,16 @@ def test_models_names_the_served_model(url, llm):
     assert model.max_model_len == llm.config.max_seq_len
 
 
+def test_each_served_names_card_has_the_started_model_as_its_root_and_vllms_permission(llm):
+    """vLLM's cards: `root` is the model the server was started with under every served name (tools
+    find the checkpoint behind an alias there), and a model_permission list."""
+    with running(llm, served_model_name=("alpha", "beta")) as url:
+        cards = client(url).models.list().data
+    assert [(c.id, c.model_extra["root"]) for c in cards] == [("alpha", "tiny"), ("beta", "tiny")]
+    (permission,) = cards[0].model_extra["permission"]
+    assert permission["object"] == "model_permission" and permission["allow_sampling"] is True
+
+
 def test_a_model_is_retrieved_by_name_and_another_is_404(url):
     assert client(url).models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError, match="does not exist"):

@@ -104,6 +104,14 @@ def test_hermes_reads_content_then_calls():
     assert parse("hermes", broken) == (broken, [])  # half a call is no call
     # a call whose closing tag max_tokens cut off still parses when its JSON is whole
     assert [c.name for c in parse("hermes", '<tool_call>{"name": "now", "arguments": {}}')[1]] == ["now"]
+    # ... also when it was cut inside the closing tag (vLLM's parser reads an open last call the same way)
+    for cut in ("\n</", "\n</tool_c", "</tool_call"):
+        content, calls = parse("hermes", 'Sure. <tool_call>\n{"name": "now", "arguments": {"a": 1}}' + cut)
+        assert content == "Sure. " and [(c.name, json.loads(c.arguments)) for c in calls] == [
+            ("now", {"a": 1})
+        ]
+    cut_json = 'Sure. <tool_call>{"name": "now", "arguments": {"a": 1</tool_c'
+    assert parse("hermes", cut_json) == (cut_json, [])
 
 
 def test_llama3_json_reads_calls_at_the_start_only():
