@@ -12,6 +12,7 @@ import logging
 import math
 import numbers
 import reprlib
+from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass, field, fields
 from typing import Any
 
@@ -207,10 +208,21 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _plain(v: Any) -> Any:
+    """NumPy's (or any) integers and reals as Python's int and float; anything else as it is."""
+    if isinstance(v, bool) or type(v) in (int, float):
+        return v
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    return v
+
+
 def _token_ids(name: str, value: Any) -> list[int]:
     if value is None:  # vLLM's default, which its callers pass explicitly
         return []
-    ids = list(value) if isinstance(value, (list, tuple)) else None
+    ids = [_plain(t) for t in value] if isinstance(value, (list, tuple)) else None
     _check(ids is not None, name, "a list of token ids", value)
     for t in ids:
         _check(_is_int(t) and 0 <= t <= MAX_TOKEN_ID, name, f"token ids in [0, {MAX_TOKEN_ID}]", value)
@@ -219,13 +231,43 @@ def _token_ids(name: str, value: Any) -> list[int]:
 
 # vLLM's SamplingParams fields fastpath lacks, and what to do instead: a TypeError that says so, not a
 # "did you mean" pointing at an unrelated field.
-VLLM_MISSING = {
-    "logits_processors": "no Python logits processors: sampling runs in fused kernels inside the step",
-    "best_of": "n completions are sampled and all returned; none are ranked away",
-    "output_kind": "generate() returns final outputs; stream() and submit() give deltas",
-    "extra_args": "no extension arguments",
-    "flat_logprobs": "logprobs are a list of {token id: Logprob} dicts, one a position",
+def _output_kind_is_final_or_cumulative(value: Any) -> bool:
+    # vLLM's RequestOutputKind: CUMULATIVE (0, its default) and FINAL_ONLY (2) both end, under
+    # generate(), in the final outputs fastpath returns; DELTA (1) is stream()'s.
+    name = getattr(value, "name", None)
+    return value is None or name in ("CUMULATIVE", "FINAL_ONLY") or (_is_int(value) and value in (0, 2))
+
+
+# vLLM's fields fastpath has nothing behind: (what fastpath does instead, the values taken as vLLM
+# code passes them by default, which change nothing, and a test of a value for them).
+VLLM_MISSING: dict[str, tuple[str, str, Callable[[Any, dict[str, Any]], bool]]] = {
+    "logits_processors": (
+        "no Python logits processors: sampling runs in fused kernels inside the step",
+        "None or an empty list",
+        lambda v, kw: v is None or (isinstance(v, list | tuple) and not v),
+    ),
+    "best_of": (
+        "n completions are sampled and all returned; none are ranked away",
+        "None or n",
+        lambda v, kw: v is None or (_is_int(v) and v == kw.get("n", 1)),
+    ),
+    "output_kind": (
+        "generate() returns final outputs; stream() and submit() give deltas",
+        "None, CUMULATIVE or FINAL_ONLY",
+        lambda v, kw: _output_kind_is_final_or_cumulative(v),
+    ),
+    "extra_args": ("no extension arguments", "None or {}", lambda v, kw: v is None or v == {}),
+    "flat_logprobs": (
+        "logprobs are a list of {token id: Logprob} dicts, one a position",
+        "False",
+        lambda v, kw: v is False,
+    ),
 }
+
+
+def _vllm_doc(name: str) -> Any:
+    what, accepted, _ = VLLM_MISSING[name]
+    return doc(f"vLLM's, taken only at {accepted}, which change nothing: {what}.")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -368,13 +410,26 @@ class SamplingParams:
         hash=False,  # a dict: __hash__ leaves it to __eq__
     )
 
+    # Inert: __post_init__ sets each back to its default.
+    logits_processors: list[Any] | None = field(
+        default=None, repr=False, compare=False, metadata=_vllm_doc("logits_processors")
+    )
+    best_of: int | None = field(default=None, repr=False, compare=False, metadata=_vllm_doc("best_of"))
+    output_kind: Any = field(default=None, repr=False, compare=False, metadata=_vllm_doc("output_kind"))
+    extra_args: dict[str, Any] | None = field(
+        default=None, repr=False, compare=False, metadata=_vllm_doc("extra_args")
+    )
+    flat_logprobs: bool = field(default=False, repr=False, compare=False, metadata=_vllm_doc("flat_logprobs"))
+
     def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
         # A misspelt keyword gets the field it was meant to be, not only the dataclass's TypeError.
         names = cls.__dataclass_fields__
-        for key in kwargs:
-            if key in VLLM_MISSING:
+        for key, value in kwargs.items():
+            if key in VLLM_MISSING and not VLLM_MISSING[key][2](value, kwargs):
+                what, accepted, _ = VLLM_MISSING[key]
                 raise TypeError(
-                    f"SamplingParams({key}=...) is vLLM's, and fastpath does not have it: {VLLM_MISSING[key]}"
+                    f"SamplingParams({key}=...) is vLLM's, and fastpath does not have it: {what}; it takes "
+                    f"{key}={accepted} only, which change nothing, and got {value!r}"
                 )
             if key not in names:
                 close = difflib.get_close_matches(key, list(names), n=1)
@@ -383,10 +438,16 @@ class SamplingParams:
         return object.__new__(cls)
 
     def __post_init__(self) -> None:
+        for name, default in _VLLM_DEFAULTS.items():  # __new__ took only values that change nothing
+            object.__setattr__(self, name, default)
         for name in _INT_FIELDS:  # NumPy's integers (a sweep's seeds, lengths) as the ints they are
             v = getattr(self, name)
             if type(v) is not int and isinstance(v, numbers.Integral) and not isinstance(v, bool):
                 object.__setattr__(self, name, int(v))
+        for name in _FLOAT_FIELDS:  # and its floats (np.float32(0.7)) as floats
+            v = getattr(self, name)
+            if type(v) is not float and isinstance(v, numbers.Real) and not isinstance(v, bool):
+                object.__setattr__(self, name, float(v))
         self._check_sampling()
         self._check_lengths()
         self._check_penalties()
@@ -494,7 +555,8 @@ class SamplingParams:
             _check(len(bias) <= MAX_BIASED, "logit_bias", f"at most {MAX_BIASED} entries", f"{len(bias)}")
             checked = {}
             for key, value in bias.items():
-                token = int(key) if isinstance(key, str) and key.isdecimal() else key
+                token = int(key) if isinstance(key, str) and key.isdecimal() else _plain(key)
+                value = _plain(value)
                 _check(_is_int(token) and 0 <= token <= MAX_TOKEN_ID, "logit_bias",
                        f"keyed by token ids in [0, {MAX_TOKEN_ID}]", key)  # fmt: skip
                 ok = _is_num(value) or value == -math.inf
@@ -604,8 +666,17 @@ def _refuse_assignment(self: SamplingParams, name: str, value: Any) -> None:
 
 
 _FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+_VLLM_DEFAULTS = {f.name: f.default for f in fields(SamplingParams) if f.name in VLLM_MISSING}
 _DEFAULTED_WHEN_NONE = frozenset(
     {"n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p"}
+)
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
 )
 _INT_FIELDS = (
     "n",

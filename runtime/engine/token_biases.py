@@ -94,7 +94,11 @@ def token_biases(
     if allowed is not None:
         left = {t for t, v in bias.items() if v != BANNED}
         if not left:
-            raise ValueError(f"bad_words ban every one of allowed_token_ids {sorted(set(allowed))[:8]}")
+            by = [name for name, on in (("logit_bias (-inf)", any(v == BANNED for v in (params.logit_bias or {}).values())),
+                                         ("bad_words", bool(banned))) if on]  # fmt: skip
+            raise ValueError(
+                f"{' and '.join(by)} ban every one of allowed_token_ids {sorted(set(allowed))[:8]}"
+            )
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
         if params.min_tokens and left <= stops:
             raise ValueError(

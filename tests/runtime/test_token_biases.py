@@ -1,6 +1,8 @@
 """logit_bias, allowed_token_ids and bad_words, as vLLM means them: biases added before penalties,
 bans that hold whatever the batch, and logprobs that stay the model's own."""
 
+import math
+
 import pytest
 from test_sampling_controls import token_ids
 
@@ -79,8 +81,12 @@ def test_requests_that_cannot_be_biased_fail_alone_with_their_own_error(llm):
     with pytest.raises(ValueError, match=r"bad_words: token ids \[4097\] are out of range \[0, 512\)"):
         biased_vocab = type("Tok", (), {"encode": lambda self, text, add_special_tokens=False: [7, 4097]})()
         token_biases(SamplingParams(bad_words=["hello"]), biased_vocab, 512)
-    with pytest.raises(ValueError, match="ban every one of allowed_token_ids"):
+    with pytest.raises(ValueError, match=r"request 0: bad_words ban every one of allowed_token_ids"):
         llm.generate(PROMPTS[:1], SamplingParams(allowed_token_ids=[71], bad_words=["e"]))
+    with pytest.raises(
+        ValueError, match=r"request 0: logit_bias \(-inf\) ban every one of allowed_token_ids \[33\]"
+    ):
+        llm.generate(PROMPTS[:1], SamplingParams(allowed_token_ids=[33], logit_bias={33: -math.inf}))
     stops_only = SamplingParams(allowed_token_ids=[40], stop_token_ids=[40], min_tokens=3)
     with pytest.raises(ValueError, match=r"allows \(\[40\]\) is a stop token, which min_tokens=3 bans"):
         llm.generate(PROMPTS[:1], stops_only)

@@ -119,12 +119,32 @@ def test_vllms_head_entry_points_say_they_are_not_here(llm, method):
         getattr(llm, method)(["hi"])
 
 
-@pytest.mark.parametrize(("field", "words"), [("logits_processors", "no Python logits processors"),
-                                              ("extra_args", "no extension arguments"),
-                                              ("best_of", "all returned")])  # fmt: skip
-def test_vllms_sampling_fields_fastpath_lacks_say_so_instead_of_a_wrong_suggestion(field, words):
-    with pytest.raises(TypeError, match=rf"SamplingParams\({field}=\.\.\.\) is vLLM's.*{words}"):
-        SamplingParams(**{field: None})
+@pytest.mark.parametrize(("field", "value", "words"), [("logits_processors", [print], "no Python logits processors"),
+                                                       ("extra_args", {"k": 1}, "no extension arguments"),
+                                                       ("best_of", 4, "all returned"),
+                                                       ("output_kind", 1, "stream\\(\\) and submit\\(\\) give deltas"),
+                                                       ("flat_logprobs", True, "one a position")])  # fmt: skip
+def test_vllms_sampling_fields_fastpath_lacks_say_so_instead_of_a_wrong_suggestion(field, value, words):
+    with pytest.raises(
+        TypeError, match=rf"SamplingParams\({field}=\.\.\.\) is vLLM's.*{words}.*takes {field}="
+    ):
+        SamplingParams(**{field: value})
+
+
+def test_vllms_sampling_fields_at_the_values_vllm_code_passes_change_nothing():
+    """Wrappers written for vLLM pass best_of=None, logits_processors=None and the like on every call."""
+    import enum
+
+    kind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
+    plain = SamplingParams(n=2, max_tokens=5, seed=3)
+    for extra in ({"best_of": None}, {"best_of": 2}, {"logits_processors": None}, {"logits_processors": []},
+                  {"extra_args": None}, {"extra_args": {}}, {"output_kind": None}, {"output_kind": 0},
+                  {"output_kind": kind.FINAL_ONLY}, {"output_kind": kind.CUMULATIVE}, {"flat_logprobs": False}):  # fmt: skip
+        got = SamplingParams(n=2, max_tokens=5, seed=3, **extra)
+        assert got == plain and hash(got) == hash(plain), extra
+        assert got.best_of is None and got.logits_processors is None and got.output_kind is None
+    with pytest.raises(TypeError, match="takes best_of=None or n only"):
+        SamplingParams(n=2, best_of=3)
 
 
 def test_eos_and_stop_tokens_end_a_sequence_in_vllms_order():
@@ -198,6 +218,28 @@ def test_numpy_integers_are_taken_as_the_ints_they_are():
     assert all(type(v) is int for v in (params.max_tokens, params.seed, params.top_k, params.n))
     with pytest.raises(ValueError, match="max_tokens must be"):
         SamplingParams(max_tokens=np.int64(0))
+
+
+def test_numpy_floats_and_token_ids_are_taken_as_pythons():
+    """A sweep's np.float32 temperatures, and ids taken from an array, as vLLM takes them."""
+    np = pytest.importorskip("numpy")
+    params = SamplingParams(
+        temperature=np.float32(0.5), top_p=np.float16(0.5), min_p=np.float64(0.25), repetition_penalty=np.float32(1.5),
+        stop_token_ids=[np.int64(2)], allowed_token_ids=list(np.array([5, 6])), logit_bias={np.int64(5): np.float32(1.5)},
+    )  # fmt: skip
+    assert (params.temperature, params.top_p, params.min_p, params.repetition_penalty) == (
+        0.5,
+        0.5,
+        0.25,
+        1.5,
+    )
+    assert all(type(v) is float for v in (params.temperature, params.top_p, params.min_p))
+    assert params.stop_token_ids == [2] and params.logit_bias == {5: 1.5}
+    assert type(params.stop_token_ids[0]) is int and type(next(iter(params.logit_bias))) is int
+    assert params == SamplingParams(temperature=0.5, top_p=0.5, min_p=0.25, repetition_penalty=1.5,
+                                    stop_token_ids=[2], allowed_token_ids=[5, 6], logit_bias={5: 1.5})  # fmt: skip
+    with pytest.raises(ValueError, match="temperature must be"):
+        SamplingParams(temperature=np.float32("nan"))
 
 
 def test_from_optional_gives_vllms_nones_their_defaults():
