@@ -18,6 +18,7 @@ caller's. `FASTPATH_GC_FREEZE=0` turns the freeze off (to measure it against).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import os
@@ -36,6 +37,10 @@ def freeze_startup_heap(label: str = "") -> int:
     start = time.perf_counter()
     gc.collect()
     gc.freeze()
+    # Frozen objects outlive the collection at interpreter exit, and extensions built with nanobind
+    # (Triton's) then report each as a leak on stderr: thaw them first. Registered once.
+    atexit.unregister(gc.unfreeze)
+    atexit.register(gc.unfreeze)
     frozen = gc.get_freeze_count()
     log.debug("%sfroze %d startup objects out of garbage collection in %.0f ms", label, frozen,
               (time.perf_counter() - start) * 1e3)  # fmt: skip
