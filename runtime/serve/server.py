@@ -40,11 +40,12 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.state = state
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
+    def handle_exit(self, sig: int, frame: Any, why: str | None = None) -> None:
+        """`why`: what asked for the drain when no signal did (the engine closing)."""
         if not self.state.gate.draining:
             log.info(
-                "signal %s: draining %d completion(s) for up to %.1f s",
-                signal.Signals(sig).name,
+                "%s: draining %d completion(s) for up to %.1f s",
+                why or f"signal {signal.Signals(sig).name}",
                 self.state.gate.in_flight,
                 self.state.config.drain_timeout_s,
             )
@@ -134,6 +135,6 @@ def _drain_when_the_engine_closes(server: DrainingServer, llm: Any, engine_close
         if reason is not None:
             log.error("the engine closed (%s): draining, then exiting with status 1", reason)
             engine_closed.set()
-            server.handle_exit(signal.SIGTERM, None)
+            server.handle_exit(signal.SIGTERM, None, why="the engine closed")
             return
         time.sleep(ENGINE_POLL_S)

@@ -41,3 +41,5 @@ def test_a_server_whose_engine_process_is_killed_exits_with_status_1(tiny_text_c
         assert not alive(engine)
     text = log.read_text()
     assert "the engine closed" in text and "exiting with status 1" in text, text
+    assert "the engine closed: draining" in text and "SIGTERM" not in text, "no signal was sent"
+    assert "nanobind" not in text, "the frozen heap is thawed before exit"
