@@ -38,7 +38,13 @@ class Unit:
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Compile fastpath manifests into generated packages.")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Compile fastpath manifests into generated packages.",
+        epilog="exit status: 0 ok; 1 drift under --check, or a failed write or build; 2 a refusal (an "
+        "invalid manifest, a name that would collide, an output folder it will not write into) or a "
+        "usage error",
+    )
     p.add_argument("manifests", nargs="*", metavar="MANIFEST", help="manifest YAML files")
     p.add_argument(
         "-o",
