@@ -28,7 +28,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(
         runtime_cli,
         "run",
-        lambda factory, args, model_name=None: seen.append((factory, args, model_name)) or 0,
+        lambda factory, args, model_name=None, **_: seen.append((factory, args, model_name)) or 0,
     )
     return seen
 
