@@ -173,6 +173,7 @@ class EngineCore:
                 with self._errors(), contextlib.closing(self.executor.steps()) as steps:
                     for record in steps:
                         self._deliver(record)
+                        self._end_broken_grammars()
                         if not self._take_work():
                             break
         except BaseException as exc:
@@ -246,6 +247,22 @@ class EngineCore:
         )
         self._last_delivery = now
         return now
+
+    def _end_broken_grammars(self) -> None:
+        """A request whose grammar refused the token it sampled ends with that error, rather than run
+        on unconstrained: its other bans left no token the grammar allows."""
+        guided = self.executor.guided
+        if guided is None or not guided.broken:
+            return
+        for seq in guided.take_broken():
+            if seq.finished:
+                continue
+            self.executor.scheduler.abort(seq)
+            self._reject(
+                seq,
+                f"guided decoding: {seq.guided.error}; the request's allowed_token_ids, bad_words or "
+                "logit_bias ban every token its grammar allows there",
+            )
 
     def _reject(self, seq: Sequence, message: str) -> None:
         """A sequence the scheduler would not take (its adapter could not be read): it fails alone."""

@@ -107,6 +107,7 @@ class GuidedDecoder:
         self.device_mask = torch.full((max_rows, self.words), -1, dtype=torch.int32, device=device)
         self.device_rows = torch.zeros(max_rows, dtype=torch.int32, device=device)
         self.calls = backend.calls
+        self.broken: list[Any] = []  # sequences whose row left its grammar: the engine ends each
         self._extension = extension
         # The C++ fill calls xgrammar's matchers through tvm-ffi; any other backend fills from Python.
         native = extension is not None and backend.name == "xgrammar"
@@ -169,16 +170,23 @@ class GuidedDecoder:
     def enqueue(self, seqs: list[Any], rows_total: int) -> None:
         """The row plan of the next launched decode step: each row's matcher, None for a free row."""
         states = [None if s is None else s.guided for s in seqs]
-        for state in states:
+        for seq, state in zip(seqs, states, strict=True):
             if state is not None and state.row.error is not None and not state.warned:
-                state.warned = True  # the row runs unconstrained from here
+                state.warned = True  # unconstrained until the engine ends it (take_broken)
                 log.warning("guided request: %s", state.row.error)
+                self.broken.append(seq)
         errors = self.filler.take_errors()
         if errors:
             raise RuntimeError("guided fill failed: " + "; ".join(errors))
         self.filler.enqueue(
             [None if s is None else s.row for s in states] + [None] * (rows_total - len(states))
         )
+
+    def take_broken(self) -> list[Any]:
+        """The sequences whose sampled token their grammar refused since the last call: a grammar and
+        the request's own bans (allowed_token_ids, bad_words, logit_bias) that left no token both allow."""
+        broken, self.broken = self.broken, []
+        return broken
 
     def launch_fill(self, dispatcher: Any) -> None:
         """Enqueue this step's fill on the current stream (or into the graph being captured)."""

@@ -159,3 +159,25 @@ def test_auto_falls_back_to_llguidance_without_xgrammar(tiny_text_checkpoint, mo
     out = llm.generate([PROMPTS[1]], _guided({"choice": CHOICES}, 0, max_tokens=40))[0]
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].text in CHOICES
     llm.close()
+
+
+def test_a_grammar_and_an_allow_list_with_nothing_in_common_fail_that_request_alone(llm):
+    """allowed_token_ids that the grammar never allows leave the sampler nothing: the token it draws
+    breaks both. That request ends with an error saying so (it ran on unconstrained before), and the
+    rest of the batch is untouched."""
+    (outside,) = llm.get_tokenizer().encode("Z", add_special_tokens=False)
+    spec = {"choice": ["yes", "no"]}
+    bad = SamplingParams(max_tokens=12, temperature=0.0, allowed_token_ids=[outside], guided=spec)
+    good = SamplingParams(max_tokens=12, temperature=0.0, guided=spec)
+    with pytest.raises(
+        RequestError, match=r"request 0: guided decoding: token \d+ was sampled outside the grammar"
+    ):
+        llm.generate(PROMPTS[:2], [bad, good])
+    try:
+        llm.generate(PROMPTS[:2], [bad, good])
+    except RequestError as exc:
+        failed, fine = exc.outputs
+    assert "allowed_token_ids, bad_words or logit_bias ban every token" in failed.error
+    assert fine.error is None and fine.outputs[0].text in ("yes", "no")
+    stats = llm.stats()
+    assert stats.running == 0 and stats.kv_blocks_free == stats.kv_blocks_total
