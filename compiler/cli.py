@@ -116,8 +116,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "fastpath-compile") -
     if args.python and not args.install:
         parser(prog).error("--python goes with --install")
     out_dir = args.output_dir or Path.cwd() / "generated"
-    if not args.validate and (out_dir.exists() or out_dir.is_symlink()) and not out_dir.is_dir():
-        print(f"error: -o {out_dir}: not a folder; name a folder (it is made if missing)", file=sys.stderr)
+    writes = not (args.validate or args.explain or args.check)
+    if writes and (out_dir.exists() or out_dir.is_symlink()) and not out_dir.is_dir():
+        named = f"-o {out_dir}" if args.output_dir else f"the output folder {out_dir}"
+        print(f"error: {named}: not a folder; name a folder (it is made if missing)", file=sys.stderr)
         return INVALID
     target = args.python if args.install else None
     try:

@@ -235,6 +235,7 @@ def _output_kind_is_final_or_cumulative(value: Any) -> bool:
     # vLLM's RequestOutputKind: CUMULATIVE (0, its default) and FINAL_ONLY (2) both end, under
     # generate(), in the final outputs fastpath returns; DELTA (1) is stream()'s.
     name = getattr(value, "name", None)
+    value = _plain(value)
     return value is None or name in ("CUMULATIVE", "FINAL_ONLY") or (_is_int(value) and value in (0, 2))
 
 
@@ -249,7 +250,7 @@ VLLM_MISSING: dict[str, tuple[str, str, Callable[[Any, dict[str, Any]], bool]]] 
     "best_of": (
         "n completions are sampled and all returned; none are ranked away",
         "None or n",
-        lambda v, kw: v is None or (_is_int(v) and v == kw.get("n", 1)),
+        lambda v, kw: v is None or (_is_int(_plain(v)) and _plain(v) == _plain(kw.get("n", 1))),
     ),
     "output_kind": (
         "generate() returns final outputs; stream() and submit() give deltas",

@@ -94,8 +94,9 @@ def token_biases(
     if allowed is not None:
         left = {t for t, v in bias.items() if v != BANNED}
         if not left:
-            by = [name for name, on in (("logit_bias (-inf)", any(v == BANNED for v in (params.logit_bias or {}).values())),
-                                         ("bad_words", bool(banned))) if on]  # fmt: skip
+            given = params.logit_bias or {}
+            by = [name for name, on in (("logit_bias (-inf)", any(given.get(t) == BANNED for t in allowed)),
+                                         ("bad_words", bool(banned.intersection(allowed)))) if on]  # fmt: skip
             raise ValueError(
                 f"{' and '.join(by)} ban every one of allowed_token_ids {sorted(set(allowed))[:8]}"
             )

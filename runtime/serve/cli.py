@@ -362,7 +362,7 @@ def _names(given: str | list[str] | None) -> str | tuple[str, ...] | None:
     return given[0] if len(given) == 1 else tuple(given)
 
 
-@takes_json
+@takes_json(list)
 def _origins(text: str) -> tuple[str, ...]:
     """'a,b' or vLLM's '["a", "b"]' -> ('a', 'b')."""
     if text.lstrip().startswith("["):
@@ -376,7 +376,7 @@ def _origins(text: str) -> tuple[str, ...]:
     return tuple(o.strip() for o in text.split(",") if o.strip())
 
 
-@takes_json
+@takes_json(dict)
 def _lora_module(text: str) -> tuple[str, str]:
     """'name=path' or vLLM's '{"name": ..., "path": ...}' -> (name, path)."""
     if text.lstrip().startswith("{"):

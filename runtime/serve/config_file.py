@@ -74,14 +74,18 @@ def apply_config_file(parser: argparse.ArgumentParser, argv: Sequence[str]) -> N
 
 
 _UNSET = object()
-_JSON_TYPES: set[Callable[[str], Any]] = set()
+_JSON_TYPES: dict[Callable[[str], Any], type] = {}
 
 
-def takes_json(type_: Callable[[str], Any]) -> Callable[[str], Any]:
-    """Mark an option's type as one that parses JSON text, so the file may give that option a YAML list
-    or mapping (vLLM's `allowed-origins: [...]`, `lora-modules: [{name: ..., path: ...}]`)."""
-    _JSON_TYPES.add(type_)
-    return type_
+def takes_json(kind: type) -> Callable[[Callable[[str], Any]], Callable[[str], Any]]:
+    """Mark an option's type as one that parses JSON text of `kind` (list or dict), so the file may give
+    the option that YAML (vLLM's `allowed-origins: [...]`, `lora-modules: [{name: ..., path: ...}]`)."""
+
+    def mark(type_: Callable[[str], Any]) -> Callable[[str], Any]:
+        _JSON_TYPES[type_] = kind
+        return type_
+
+    return mark
 
 
 def _value(action: argparse.Action, value: Any, negated: bool) -> Any:
@@ -104,10 +108,14 @@ def _value(action: argparse.Action, value: Any, negated: bool) -> Any:
 def _one(action: argparse.Action, value: Any) -> Any:
     if value is None:
         raise ValueError("needs a value (an empty or null one is not taken)")
-    if isinstance(value, list | dict):  # as JSON, where the flag takes JSON on the command line
-        if action.type not in _JSON_TYPES:
-            raise ValueError(f"takes one value, got a {'list' if isinstance(value, list) else 'mapping'}")
-        text = json.dumps(value)
+    if isinstance(value, list | dict):  # as JSON, where the flag takes JSON of that kind on the command line
+        got = "list" if isinstance(value, list) else "mapping"
+        kind = _JSON_TYPES.get(action.type)
+        if kind is None:
+            raise ValueError(f"takes one value, got a {got}")
+        if not isinstance(value, kind):
+            raise ValueError(f"takes a {'list' if kind is list else 'mapping'}, got a {got}")
+        text = json.dumps(value, default=str)  # a YAML date or time as its text
     else:
         text = str(value).lower() if isinstance(value, bool) else str(value)
     try:

@@ -21,9 +21,8 @@ class ServerState:
     routes: frozenset[str] = frozenset()  # the paths metrics label by; any other is "other"
     aliases: tuple[str, ...] = ()  # further names requests may use (vLLM's --served-model-name a b)
     adapters: dict[str, Any] = field(default_factory=dict)  # model name -> LoRARequest (--lora-modules)
-    model_path: str | None = (
-        None  # what the command line named (vLLM's `root` of each card); None: model_name
-    )
+    # vLLM's `root` of each card: the model `fastpath serve` was given (a package: its served name).
+    model_path: str | None = None
 
     @property
     def names(self) -> tuple[str, ...]:

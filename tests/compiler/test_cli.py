@@ -238,3 +238,8 @@ def test_an_output_folder_that_is_a_file_is_refused_before_anything_runs(repo, c
     assert run(repo, "examples/one.yaml", "-o", "out") == 2
     assert "error: -o out: not a folder" in capsys.readouterr().err
     assert (repo / "out").read_text() == "mine\n"
+    # what writes nothing is not refused for it
+    assert run(repo, "examples/one.yaml", "-o", "out", "--explain") == 0
+    (repo / "generated").write_text("mine\n")
+    assert run(repo, "examples/one.yaml") == 2
+    assert "error: the output folder " in capsys.readouterr().err

@@ -87,6 +87,15 @@ def test_requests_that_cannot_be_biased_fail_alone_with_their_own_error(llm):
         ValueError, match=r"request 0: logit_bias \(-inf\) ban every one of allowed_token_ids \[33\]"
     ):
         llm.generate(PROMPTS[:1], SamplingParams(allowed_token_ids=[33], logit_bias={33: -math.inf}))
+    # a ban on a token the request does not allow anyway is not named
+    with pytest.raises(ValueError, match=r"request 0: bad_words ban every one"):
+        llm.generate(
+            PROMPTS[:1], SamplingParams(allowed_token_ids=[71], bad_words=["e"], logit_bias={33: -math.inf})
+        )
+    with pytest.raises(ValueError, match=r"request 0: logit_bias \(-inf\) ban every one"):
+        llm.generate(
+            PROMPTS[:1], SamplingParams(allowed_token_ids=[33], bad_words=["e"], logit_bias={33: -math.inf})
+        )
     stops_only = SamplingParams(allowed_token_ids=[40], stop_token_ids=[40], min_tokens=3)
     with pytest.raises(ValueError, match=r"allows \(\[40\]\) is a stop token, which min_tokens=3 bans"):
         llm.generate(PROMPTS[:1], stops_only)

@@ -362,6 +362,8 @@ def test_a_package_reads_a_config_file(tmp_path, calls):
         ("max_num_seqs: [1, 2]\n", "max_num_seqs: takes one value, got a list"),
         ("host: {a: 1}\n", "host: takes one value, got a mapping"),
         ("allowed-origins: [1, 2]\n", "allowed-origins: a JSON list of strings"),
+        ("allowed-origins: {a: b}\n", "allowed-origins: takes a list, got a mapping"),
+        ("lora-modules: [[a, b]]\n", "lora-modules: takes a mapping, got a list"),
         ("lora-modules: [{name: a}]\n", 'lora-modules: a JSON object with string "name" and "path"'),
         ("max_num_seqs: many\n", "max_num_seqs: invalid int value: 'many'"),
         ("no_such_flag: 1\n", "'no_such_flag' is not an option here"),
@@ -386,12 +388,12 @@ def test_a_config_file_gives_json_taking_flags_yaml_lists_and_mappings(calls, tm
     path = tmp_path / "c.yaml"
     path.write_text(
         "allowed-origins: [https://a.example, https://b.example]\n"
-        "lora-modules:\n  - {name: sql, path: /ad/sql}\n  - chat=/ad/chat\n"
+        "lora-modules:\n  - {name: sql, path: /ad/sql}\n  - chat=/ad/chat\n  - {name: d, path: 2024-01-01}\n"
     )
     assert main(["serve", "random:tiny-llama", "--config", str(path)]) == 0
     config = runtime_cli.serve_config(calls[-1][1])
     assert config.allowed_origins == ("https://a.example", "https://b.example")
-    assert config.lora_modules == (("sql", "/ad/sql"), ("chat", "/ad/chat"))
+    assert config.lora_modules == (("sql", "/ad/sql"), ("chat", "/ad/chat"), ("d", "2024-01-01"))
 
 
 def test_a_missing_config_file_is_a_usage_error(tmp_path, capsys):
