@@ -170,10 +170,12 @@ class EngineCore:
         try:
             while self._wait_for_work():
                 self._last_delivery = time.monotonic()
+                guided = self.executor.guided  # looked up once, not each step
                 with self._errors(), contextlib.closing(self.executor.steps()) as steps:
                     for record in steps:
                         self._deliver(record)
-                        self._end_broken_grammars()
+                        if guided is not None and guided.broken:
+                            self._end_broken_grammars(guided)
                         if not self._take_work():
                             break
         except BaseException as exc:
@@ -248,12 +250,9 @@ class EngineCore:
         self._last_delivery = now
         return now
 
-    def _end_broken_grammars(self) -> None:
+    def _end_broken_grammars(self, guided: Any) -> None:
         """A request whose grammar refused the token it sampled ends with that error, rather than run
         on unconstrained: its other bans left no token the grammar allows."""
-        guided = self.executor.guided
-        if guided is None or not guided.broken:
-            return
         for seq in guided.take_broken():
             if seq.finished:
                 continue

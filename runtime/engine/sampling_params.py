@@ -441,14 +441,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         for name, default in _VLLM_DEFAULTS.items():  # __new__ took only values that change nothing
             object.__setattr__(self, name, default)
-        for name in _INT_FIELDS:  # NumPy's integers (a sweep's seeds, lengths) as the ints they are
+        for name in (*_INT_FIELDS, *_FLOAT_FIELDS):  # NumPy's numbers (a sweep's seeds, temperatures)
             v = getattr(self, name)
-            if type(v) is not int and isinstance(v, numbers.Integral) and not isinstance(v, bool):
-                object.__setattr__(self, name, int(v))
-        for name in _FLOAT_FIELDS:  # and its floats (np.float32(0.7)) as floats
-            v = getattr(self, name)
-            if type(v) is not float and isinstance(v, numbers.Real) and not isinstance(v, bool):
-                object.__setattr__(self, name, float(v))
+            plain = _plain(v)
+            if name in _FLOAT_FIELDS and type(plain) is int:
+                plain = float(plain)
+            if plain is not v:
+                object.__setattr__(self, name, plain)
         self._check_sampling()
         self._check_lengths()
         self._check_penalties()
